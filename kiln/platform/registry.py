@@ -1,0 +1,64 @@
+"""Stage registry: the names a YAML spec may use.
+
+Built-in stages are listed by import path so that naming a stage imports only its own
+module (the CLI stays fast, and a stage whose extra is not installed fails only when used).
+User stages register with `@register_stage("name")` or are named as `package.module:Class`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kiln.platform.errors import SpecError
+from kiln.platform.stage import Stage
+
+BUILTIN_STAGES: dict[str, str] = {
+    "text.read": "kiln.platform.builtin_stages:TextRead",
+    "text.stats": "kiln.platform.builtin_stages:TextStats",
+    "curate": "kiln.curator.stage:CurateStage",
+    "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
+    "train": "kiln.training.train_stage:TrainStage",
+    "export": "kiln.serving.export_stage:ExportStage",
+    "serve": "kiln.serving.serve_stage:ServeStage",
+}
+
+_registered: dict[str, type[Stage]] = {}
+
+
+def register_stage(name: str):
+    """Class decorator: make a Stage subclass available to YAML specs under `name`."""
+
+    def wrap(cls: type[Stage]) -> type[Stage]:
+        cls.type_name = cls.type_name or name
+        _registered[name] = cls
+        return cls
+
+    return wrap
+
+
+def _import(target: str, name: str) -> type[Stage]:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise SpecError(f"stage {name!r}: cannot import {module_name} ({e})") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Stage)):
+        raise SpecError(f"stage {name!r}: {target} is not a kiln Stage class")
+    return cls
+
+
+def stage_class(name: str) -> type[Stage]:
+    """Resolve a stage name from a spec to its class."""
+    if name in _registered:
+        return _registered[name]
+    if name in BUILTIN_STAGES:
+        return _import(BUILTIN_STAGES[name], name)
+    if ":" in name:
+        return _import(name, name)
+    known = ", ".join(sorted(set(BUILTIN_STAGES) | set(_registered)))
+    raise SpecError(f"unknown stage {name!r} (known: {known}; or give package.module:Class)")
+
+
+def available_stages() -> list[str]:
+    return sorted(set(BUILTIN_STAGES) | set(_registered))
