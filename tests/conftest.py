@@ -1,0 +1,53 @@
+"""Shared fixtures. One Ray session for the whole test run: `ray.init` costs seconds here."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A fresh local Ray for the whole session (never a stray head node), shut down at the end."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            configure_logging=False,
+        )
+    yield ray
+    ray.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
