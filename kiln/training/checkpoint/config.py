@@ -1,0 +1,16 @@
+"""Checkpoint settings. Owned by the checkpoint area; the trainer only reads it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CheckpointConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    dir: str | None = Field(None, description="Checkpoint root (local path or fsspec URI); None disables.")
+    interval_steps: int = Field(0, ge=0, description="Save every N steps (0: only at the end).")
+    interval_minutes: float | None = Field(None, gt=0, description="Also save when this much time passed.")
+    async_save: bool = Field(False, alias="async", description="Write in the background while training goes on.")
+    keep_last: int = Field(3, ge=1, description="Keep the newest N complete checkpoints.")
+    load_from: str | None = Field(None, description="Start from this checkpoint instead of the latest in dir.")
