@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "kiln.curator.cli",
     "kiln.training.data.cli",
     "kiln.training.cli",
+    "kiln.serving.export_cli",
     "kiln.serving.cli",
 ]
 
