@@ -15,6 +15,7 @@ from kiln.platform.stage import Stage
 BUILTIN_STAGES: dict[str, str] = {
     "text.read": "kiln.platform.builtin_stages:TextRead",
     "text.stats": "kiln.platform.builtin_stages:TextStats",
+    "noop": "kiln.platform.builtin_stages:Noop",
     "curate": "kiln.curator.stage:CurateStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
     "train": "kiln.training.train_stage:TrainStage",

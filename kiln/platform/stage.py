@@ -51,6 +51,8 @@ class Stage:
     input_kinds: ClassVar[dict[str, str]] = {}
     output_kinds: ClassVar[dict[str, str]] = {}
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
+    # False for stages whose effect is outside their outputs (a running endpoint): never skipped.
+    cacheable: ClassVar[bool] = True
 
     def __init__(
         self,
