@@ -1,0 +1,107 @@
+"""The attention core: softmax(q k^T) v with causal + sliding-window masking and GQA.
+
+It is its own module so parallelisms can swap it (context parallelism puts ring attention here)
+and recompute can target it (selective activation checkpointing).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.platform.errors import ConfigError
+
+BACKENDS = ("auto", "sdpa", "flash_attn", "te")
+
+
+def backend_available(name: str) -> bool:
+    """Whether an attention backend can run here (package importable and, for kernels, CUDA)."""
+    if name in ("auto", "sdpa"):
+        return True
+    package = {"flash_attn": "flash_attn", "te": "transformer_engine"}[name]
+    return torch.cuda.is_available() and importlib.util.find_spec(package) is not None
+
+
+def sliding_window_mask(seq_len: int, window: int | None, device=None) -> torch.Tensor:
+    """Boolean [S, S] mask, True where query i may attend key j: j <= i and i - j < window."""
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask &= (i - j) < window
+    return mask
+
+
+class AttentionCore(nn.Module):
+    """Causal attention over q [B, Hq, S, Dh] and k/v [B, Hkv, S, Dh] -> [B, Hq, S, Dh]."""
+
+    def __init__(self, head_dim: int, sliding_window: int | None = None, backend: str = "auto"):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ConfigError(f"model.attention_backend {backend!r} is unknown; expected one of {BACKENDS}")
+        if not backend_available(backend):
+            raise ConfigError(
+                f"model.attention_backend={backend!r} needs CUDA and the "
+                f"{'flash-attn' if backend == 'flash_attn' else 'transformer-engine'} package "
+                "(pip install 'kiln[gpu]'); use 'sdpa' or 'auto' here"
+            )
+        self.head_dim = head_dim
+        self.sliding_window = sliding_window
+        self.backend = backend
+        self._te_attention = None  # built on first use: TE wants the (TP-local) head counts
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        backend = self.backend
+        if backend == "auto":
+            # SDPA reaches FlashAttention-2/cuDNN for plain causal masks; with a window it needs
+            # an explicit mask, so the flash-attn package (if present) is faster there.
+            use_flash = (
+                self.sliding_window is not None
+                and q.is_cuda
+                and q.dtype in (torch.float16, torch.bfloat16)
+                and backend_available("flash_attn")
+            )
+            backend = "flash_attn" if use_flash else "sdpa"
+        if backend == "flash_attn":
+            return self._flash(q, k, v)
+        if backend == "te":
+            return self._te(q, k, v)
+        return self._sdpa(q, k, v)
+
+    def _sdpa(self, q, k, v):
+        gqa = q.shape[1] != k.shape[1]
+        if self.sliding_window is None or self.sliding_window >= q.shape[2]:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        mask = sliding_window_mask(q.shape[2], self.sliding_window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+    def _flash(self, q, k, v):
+        from flash_attn import flash_attn_func
+
+        window = (-1, -1) if self.sliding_window is None else (self.sliding_window - 1, 0)
+        out = flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window_size=window
+        )
+        return out.transpose(1, 2)
+
+    def _te(self, q, k, v):
+        import transformer_engine.pytorch as te
+
+        B, Hq, S, Dh = q.shape
+        if self._te_attention is None:
+            window = None if self.sliding_window is None else (self.sliding_window - 1, 0)
+            self._te_attention = te.DotProductAttention(
+                num_attention_heads=Hq,
+                kv_channels=Dh,
+                num_gqa_groups=k.shape[1],
+                attn_mask_type="causal",
+                window_size=window,
+                qkv_format="bshd",
+            )
+        out = self._te_attention(
+            q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        )
+        return out.view(B, S, Hq, Dh).transpose(1, 2)

@@ -1,0 +1,89 @@
+"""Model shape: one typed config, with presets from a test-sized model up to Llama-3-8B."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kiln.platform.errors import ConfigError
+
+
+class ModelConfig(BaseModel):
+    """A Llama-style decoder. Field names follow torchtitan; `to_hf` in serving maps them to HF."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vocab_size: int = Field(256, gt=0)
+    dim: int = Field(64, gt=0)
+    n_layers: int = Field(4, gt=0)
+    n_heads: int = Field(4, gt=0)
+    n_kv_heads: int | None = Field(None, description="GQA/MQA key-value heads (None: = n_heads).")
+    ffn_hidden_dim: int = Field(128, gt=0, description="SwiGLU hidden size.")
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = Field(256, gt=0)
+    sliding_window: int | None = Field(
+        None, gt=0, description="Each token sees itself and the previous window-1 tokens (Mistral)."
+    )
+    n_experts: int = Field(0, ge=0, description="0: dense feed-forward; >0: MoE in every layer.")
+    top_k: int = Field(2, gt=0)
+    capacity_factor: float | None = Field(None, gt=0, description="None: no token dropping.")
+    moe_aux_loss_coef: float = Field(0.01, ge=0)
+    tie_embeddings: bool = False
+    attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
+            )
+        if (self.dim // self.n_heads) % 2:
+            raise ConfigError("model.dim / model.n_heads (head dim) must be even for RoPE")
+        if self.n_experts and self.top_k > self.n_experts:
+            raise ConfigError(f"model.top_k ({self.top_k}) must be <= model.n_experts ({self.n_experts})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        """A named shape (`tiny`, `125m`, `1b`, `llama3_8b`), optionally with fields overridden."""
+        if name not in PRESETS:
+            raise ConfigError(f"model preset {name!r} is unknown; expected one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        """Parameter count computed from the shape (no model needed: FLOP and memory planning)."""
+        d, h = self.dim, self.ffn_hidden_dim
+        kv = self.n_kv_heads * self.head_dim
+        attn = d * d * 2 + d * kv * 2
+        ffn = 3 * d * h * max(1, self.n_experts) + (d * self.n_experts if self.n_experts else 0)
+        per_layer = attn + ffn + 2 * d
+        emb = self.vocab_size * d
+        out = 0 if self.tie_embeddings else self.vocab_size * d
+        total = self.n_layers * per_layer + d + emb + out
+        return total - emb if exclude_embedding else total
+
+
+PRESETS: dict[str, dict] = {
+    # Tests: fast on 2 CPU cores, 4 layers so pp=2 with 2 virtual stages has a layer per stage.
+    "tiny": dict(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=128,
+                 max_seq_len=256),
+    # GPT-2-small sized Llama.
+    "125m": dict(vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12,
+                 ffn_hidden_dim=2048, max_seq_len=2048),
+    # Llama-3.2-1B shape.
+    "1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+               ffn_hidden_dim=8192, rope_theta=500000.0, max_seq_len=4096, tie_embeddings=True),
+    # Llama-3-8B shape (FLOP and memory planning).
+    "llama3_8b": dict(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      ffn_hidden_dim=14336, rope_theta=500000.0, max_seq_len=8192),
+}
