@@ -1,0 +1,128 @@
+"""Mixture of experts: Mixtral-style top-k routing over SwiGLU experts, with a load-balancing loss.
+
+The layer holds no parallelism. Expert parallelism (kiln.training.parallel.expert_parallel)
+swaps `run_experts` for an all-to-all dispatch; context parallelism sets `reduce_stats` so the
+load-balancing statistics cover the whole sequence rather than one rank's slice of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Expert(nn.Module):
+    """One SwiGLU feed-forward expert; names match Mixtral's `experts.j.{w1,w2,w3}`."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts. forward(x [B, S, D]) -> [B, S, D]; sets `self.aux_loss`.
+
+    Routing follows Mixtral: softmax over all router logits, keep the top k, renormalise them
+    (equivalently, softmax over the top-k logits). With `capacity_factor` set, each expert takes
+    at most ceil(capacity_factor * tokens * top_k / n_experts) assignments; top-1 choices get
+    priority over top-2 and so on, then token order (GShard); dropped assignments contribute
+    nothing (the residual connection carries the token).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        n_experts: int,
+        top_k: int,
+        capacity_factor: float | None = None,
+    ):
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
+        self.dim = dim
+        self.n_experts = n_experts
+        self.top_k = top_k
+        self.capacity_factor = capacity_factor
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(dim, hidden_dim) for _ in range(n_experts))
+        self.aux_loss: torch.Tensor = torch.zeros(())
+        # Sums per-expert statistics over every rank holding part of the same sequences
+        # (context parallelism); None when this rank sees whole sequences.
+        self.reduce_stats: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, self.dim)
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E], fp32 like Mixtral
+        top_p, top_idx = probs.topk(self.top_k, dim=-1)
+        top_w = (top_p / top_p.sum(dim=-1, keepdim=True)).to(x.dtype)
+        self.aux_loss = self.load_balancing_loss(probs, top_idx)
+
+        token_idx, weight, counts = self.assign(top_idx, top_w)
+        y = self.run_experts(x[token_idx], counts)  # rows grouped by expert id
+        out = torch.zeros_like(x).index_add_(0, token_idx, y * weight.unsqueeze(-1))
+        return out.reshape(shape)
+
+    def load_balancing_loss(self, probs: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+        """Switch/Mixtral loss: E * sum_e (fraction of assignments to e) * (mean router prob of e).
+
+        Same value as Hugging Face's `load_balancing_loss_func` (equals top_k when balanced).
+        """
+        n_tokens = probs.new_tensor(float(probs.shape[0]))
+        assigned = torch.zeros(self.n_experts, device=probs.device, dtype=probs.dtype)
+        assigned = assigned.index_add_(
+            0, top_idx.reshape(-1), torch.ones_like(top_idx.reshape(-1), dtype=probs.dtype)
+        )
+        stats = torch.cat([assigned, probs.sum(dim=0), n_tokens.reshape(1)])
+        if self.reduce_stats is not None:
+            stats = self.reduce_stats(stats)
+        assigned, prob_sum, n_tokens = stats.split([self.n_experts, self.n_experts, 1])
+        # The assignment counts carry no gradient (as in Switch); only the router probs do.
+        fraction = (assigned / n_tokens).detach()
+        return self.n_experts * (fraction * prob_sum / n_tokens).sum()
+
+    def assign(
+        self, top_idx: torch.Tensor, top_w: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sort (token, expert) assignments by expert and apply the capacity.
+
+        Returns token index and routing weight per kept assignment (grouped by expert) and the
+        number of kept assignments per expert [E].
+        """
+        n_tokens, k = top_idx.shape
+        # Slot-major order: every token's top-1 choice precedes any top-2 choice.
+        expert = top_idx.t().reshape(-1)
+        token = torch.arange(n_tokens, device=top_idx.device).repeat(k)
+        weight = top_w.t().reshape(-1)
+        order = torch.argsort(expert, stable=True)
+        counts = torch.bincount(expert, minlength=self.n_experts)
+        if self.capacity_factor is not None:
+            capacity = math.ceil(self.capacity_factor * n_tokens * k / self.n_experts)
+            starts = torch.cumsum(counts, 0) - counts
+            rank_in_expert = torch.arange(order.numel(), device=order.device) - starts[expert[order]]
+            order = order[rank_in_expert < capacity]
+            counts = counts.clamp(max=capacity)
+        return token[order], weight[order], counts
+
+    def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Apply expert e to the next counts[e] rows of x (rows grouped by expert id)."""
+        chunks = x.split(counts.tolist(), dim=0)
+        return torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)], dim=0)
+
+
+def moe_aux_loss(model: nn.Module) -> torch.Tensor:
+    """Sum of the load-balancing losses of every MoE layer from the last forward (0 if none)."""
+    losses = [m.aux_loss for m in model.modules() if isinstance(m, MoE)]
+    if not losses:
+        return torch.zeros(())
+    return torch.stack([loss.float() for loss in losses]).sum()
