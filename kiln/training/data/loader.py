@@ -1,0 +1,148 @@
+"""The training data loader: data-parallel split, deterministic, resumable, prefetching.
+
+Batch b of DP rank r holds global samples `start + b * B * dp_size + r * B + [0, B)`, where
+`start` is where the loader (re)started. The whole state is the number of global samples consumed,
+so a resumed loader sees exactly the batches an uninterrupted one would — also with a different
+DP size or micro-batch size after the restart. Ranks of one replica (TP, CP, PP) pass the same
+`dp_rank` and get the same batch. Batches are assembled in a background thread; the state counts
+only batches handed out, never those prefetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class SampleSource(Protocol):
+    def gather(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class TokenLoader:
+    """Iterable of `(tokens [B, S], labels [B, S])` int64 tensors; endless."""
+
+    def __init__(
+        self,
+        source: SampleSource,
+        *,
+        seq_len: int,
+        micro_batch_size: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        prefetch: int = 2,
+        description: dict[str, Any] | None = None,
+    ) -> None:
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+        self.source = source
+        self.seq_len = seq_len
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.prefetch = prefetch
+        self.description = description or {}
+        self._start = 0  # global samples consumed before this loader's first batch
+        self._delivered = 0  # batches handed out since `_start`
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+
+    # -- addressing ----------------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.dp_size
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._start + self._delivered * self.global_batch_size
+
+    def sample_ids(self, batch: int) -> np.ndarray:
+        """Global sample numbers of this rank's `batch`-th batch since the (re)start."""
+        first = self._start + batch * self.global_batch_size + self.dp_rank * self.micro_batch_size
+        return np.arange(first, first + self.micro_batch_size, dtype=np.int64)
+
+    def _assemble(self, batch: int):
+        import torch
+
+        samples = torch.from_numpy(self.source.gather(self.sample_ids(batch)))
+        return samples[:, :-1], samples[:, 1:]
+
+    # -- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> TokenLoader:
+        return self
+
+    def __next__(self):
+        if self.prefetch <= 0:
+            out = self._assemble(self._delivered)
+        else:
+            if self._thread is None:
+                self._start_prefetch()
+            out = self._queue.get()
+            if isinstance(out, BaseException):
+                self.close()
+                raise out
+        self._delivered += 1
+        return out
+
+    def _start_prefetch(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._thread = threading.Thread(
+            target=self._produce,
+            args=(self._delivered, self._stop, self._queue),
+            daemon=True,
+            name="kiln-prefetch",
+        )
+        self._thread.start()
+
+    def _produce(self, batch: int, stop: threading.Event, q: queue.Queue) -> None:
+        while not stop.is_set():
+            try:
+                item = self._assemble(batch)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
+                item = e
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+            batch += 1
+
+    def close(self) -> None:
+        """Stop the prefetch thread (the loader can be iterated again afterwards)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+        self._thread = None
+        self._queue = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn down threading
+            self.close()
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "samples_consumed": self.samples_consumed,
+            "seq_len": self.seq_len,
+            "micro_batch_size": self.micro_batch_size,
+            "dp_size": self.dp_size,
+            **self.description,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after `state["samples_consumed"]` global samples (any DP/micro-batch size)."""
+        if state.get("seq_len", self.seq_len) != self.seq_len:
+            raise ValueError(
+                f"loader state is for seq_len {state['seq_len']}, this loader has {self.seq_len}"
+            )
+        self.close()
+        self._start = int(state["samples_consumed"])
+        self._delivered = 0
