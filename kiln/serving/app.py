@@ -1,0 +1,136 @@
+"""The REST endpoint as a Ray Serve application: one FastAPI ingress deployment whose replicas
+hold a backend (the model itself, or a client of a Triton server).
+
+    settings = AppSettings(model_dir="runs/.../export/hf", api_key="s3cret")
+    url = deploy(settings, port=8000)           # http://127.0.0.1:8000
+    ...
+    undeploy()                                   # or serve.shutdown()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from ray import serve
+
+from kiln.serving.backends import BatchingConfig
+from kiln.serving.protocol import Limits
+
+log = logging.getLogger("kiln")
+
+DEFAULT_APP_NAME = "kiln"
+
+
+class DeploymentOptions(BaseModel):
+    """Ray Serve deployment settings, passed through."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int = Field(1, ge=1, description="fixed replica count (ignored with autoscaling)")
+    autoscaling: dict[str, Any] | None = Field(
+        None,
+        description="Ray Serve autoscaling_config, e.g. {min_replicas: 1, max_replicas: 4, "
+        "target_ongoing_requests: 8}",
+    )
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (torch threads follow)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
+    max_ongoing_requests: int = Field(
+        64, ge=1, description="requests a replica works on at once; must exceed max_batch_size to fill batches"
+    )
+
+
+class AppSettings(BaseModel):
+    """What one endpoint serves and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local", "triton"] = "local"
+    model_dir: str | None = Field(None, description="exported Hugging Face model dir (local backend)")
+    triton_url: str | None = Field(None, description="Triton gRPC address host:port (triton backend)")
+    triton_model: str | None = Field(None, description="model name in the Triton repository")
+    model_name: str | None = Field(None, description="name clients use; default: the model's own")
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer <api_key>'")
+    limits: Limits = Field(default_factory=Limits)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+    @model_validator(mode="after")
+    def _backend_inputs(self) -> AppSettings:
+        if self.backend == "local" and not self.model_dir:
+            raise ValueError("backend 'local' needs model_dir")
+        if self.backend == "triton" and not (self.triton_url and self.triton_model):
+            raise ValueError("backend 'triton' needs triton_url and triton_model")
+        return self
+
+
+def make_backend(settings: AppSettings):
+    from kiln.serving.backends import LocalBackend, TritonBackend
+
+    if settings.backend == "local":
+        return LocalBackend(settings.model_dir, settings.model_name, settings.batching)  # type: ignore[arg-type]
+    return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
+
+
+@serve.deployment(name="KilnServer")
+@serve.ingress()
+class KilnServer:
+    """One replica: the backend plus the FastAPI routes over it (built at replica start)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = AppSettings.model_validate(settings)
+        self.backend = make_backend(self.settings)
+
+    def __serve_build_asgi_app__(self):
+        from kiln.serving.rest_api import create_api
+
+        return create_api(self.backend, self.settings.limits, self.settings.api_key)
+
+    async def __del__(self):
+        await self.backend.close()
+
+
+def build_app(settings: AppSettings):
+    """The Ray Serve application (bind only; `deploy` runs it)."""
+    opts = settings.deployment
+    options: dict[str, Any] = {
+        "max_ongoing_requests": opts.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
+    }
+    if opts.autoscaling:
+        options["autoscaling_config"] = opts.autoscaling
+    else:
+        options["num_replicas"] = opts.num_replicas
+    return KilnServer.options(**options).bind(settings.model_dump(mode="json"))
+
+
+def start_http(host: str = "127.0.0.1", port: int = 8000) -> str:
+    """Start Serve's HTTP proxy (once per Ray cluster) and return its base URL. If Serve already
+    runs, its address is kept (Ray allows one per cluster) and that one is returned."""
+    from ray.serve.context import _get_global_client
+
+    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+    cfg = _get_global_client().http_config
+    if (cfg.host, cfg.port) != (host, port):
+        log.warning("Ray Serve already listens on %s:%s; using that address", cfg.host, cfg.port)
+    shown = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{shown}:{cfg.port}"
+
+
+def deploy(
+    settings: AppSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str = DEFAULT_APP_NAME,
+    route_prefix: str = "/",
+) -> str:
+    """Run the app on Ray Serve (Ray must be initialised) and return the endpoint's base URL."""
+    base = start_http(host, port)
+    serve.run(build_app(settings), name=name, route_prefix=route_prefix)
+    return base + ("" if route_prefix == "/" else route_prefix)
+
+
+def undeploy(name: str = DEFAULT_APP_NAME) -> None:
+    serve.delete(name)
