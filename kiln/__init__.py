@@ -10,12 +10,19 @@ __version__ = "0.1.0"
 
 from kiln.platform.artifact import Artifact  # noqa: E402
 from kiln.platform.errors import KilnError  # noqa: E402
+from kiln.platform.pipeline import Pipeline, RunResult  # noqa: E402
 from kiln.platform.registry import register_stage, stage_class  # noqa: E402
+from kiln.platform.runtime import Runtime  # noqa: E402
+from kiln.platform.spec import load_pipeline  # noqa: E402
 from kiln.platform.stage import Stage, StageConfig, StageContext  # noqa: E402
 
 __all__ = [
     "Artifact",
     "KilnError",
+    "Pipeline",
+    "RunResult",
+    "Runtime",
+    "load_pipeline",
     "Stage",
     "StageConfig",
     "StageContext",

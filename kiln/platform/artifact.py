@@ -24,6 +24,13 @@ def _fs(uri: str):
     return fs, path
 
 
+def parquet_files(directory: str) -> list[str]:
+    """The Parquet shards directly inside an artifact directory, sorted (not `rejected/`, not the manifest)."""
+    fs, root = _fs(directory)
+    files = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".parquet"))
+    return files if "://" not in directory else [fs.unstrip_protocol(p) for p in files]
+
+
 @dataclass
 class Artifact:
     """A directory (local path or fsspec URI) plus its manifest."""

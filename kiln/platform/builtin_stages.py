@@ -93,11 +93,13 @@ class TextStats(Stage):
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from collections import Counter
 
-        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
         import ray
 
+        from kiln.platform.artifact import parquet_files
+
         ctx.ray()
-        texts = ds.dataset(ctx.inputs["corpus"].path, format="parquet").to_table(columns=["text"])["text"].to_pylist()
+        texts = [t for f in parquet_files(ctx.inputs["corpus"].path) for t in pq.read_table(f, columns=["text"])["text"].to_pylist()]
         n = self.config.chunk_size
         count = ray.remote(num_cpus=0.25)(_count)
         parts = ray.get([count.remote(texts[i : i + n]) for i in range(0, len(texts), n)])

@@ -102,6 +102,9 @@ def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | N
             raise SpecError(f"{where}.inputs: expected a mapping of slot: artifact")
         try:
             cls = stage_class(str(entry["stage"]))
+        except KilnError as e:
+            raise type(e)(f"{where}: {e}") from None
+        try:
             stages.append(cls(config, name=entry.get("name"), inputs={k: str(v) for k, v in inputs.items()}))
         except KilnError as e:
             raise type(e)(f"{source}: {e}") from None

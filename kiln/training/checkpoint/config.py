@@ -14,3 +14,8 @@ class CheckpointConfig(BaseModel):
     async_save: bool = Field(False, alias="async", description="Write in the background while training goes on.")
     keep_last: int = Field(3, ge=1, description="Keep the newest N complete checkpoints.")
     load_from: str | None = Field(None, description="Start from this checkpoint instead of the latest in dir.")
+    save_final: bool = Field(True, description="Always save after the last training step.")
+    load_optimizer: bool = Field(
+        True, description="Restore optimizer, schedulers, data position and step (False: weights only, a fresh run)."
+    )
+    thread_count: int = Field(1, ge=1, description="Writer threads per rank.")

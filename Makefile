@@ -1,0 +1,37 @@
+# Two commands a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch first, pinned, so pip takes the local CPU wheel and never a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test test-fast lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.kiln-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.kiln-test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(VENV)/.kiln-installed $@
+
+demo: $(VENV)/.kiln-installed
+	$(BIN)/kiln run kiln/pipelines/quickstart.yaml
+
+test: $(VENV)/.kiln-test-installed
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=25
+
+test-fast: $(VENV)/.kiln-test-installed
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.kiln-test-installed
+	$(BIN)/ruff check kiln tests bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,126 @@
+"""Typed configuration of the curator: readers, cleaning, filters, dedup, engines and output.
+
+Every threshold is a field; `None` switches that rule off. The YAML `curate` stage config and
+`kiln curate --config FILE` both load into `CurateConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.platform.stage import StageConfig
+
+C4_POLICY_PHRASES = [
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReadConfig(_Section):
+    text_field: str = "text"
+    id_field: str = "id"
+    source_field: str = "source"
+    max_doc_chars: int = Field(1_000_000, gt=0, description="longer documents go to rejected/ as too_large")
+    chunk_docs: int = Field(2000, gt=0, description="documents per streamed batch")
+    split_bytes: int = Field(32 << 20, gt=0, description="plain JSONL files are split into byte ranges this big")
+    text_files_per_task: int = Field(500, gt=0)
+
+
+class CleanConfig(_Section):
+    fix_unicode: bool = True
+    normalization: Literal["NFC", "NFKC", "none"] = "NFC"
+    remove_control_chars: bool = True
+    normalize_whitespace: bool = True
+    boilerplate_lines: bool = True
+    boilerplate_phrases: list[str] = Field(default_factory=lambda: list(C4_POLICY_PHRASES))
+    redact_pii: bool = False
+    pii_kinds: list[Literal["email", "ip", "phone"]] = Field(default_factory=lambda: ["email", "ip", "phone"])
+
+
+class FilterConfig(_Section):
+    """Gopher quality + repetition rules, C4 rules, URL ratio, language id. `None` disables a rule."""
+
+    min_words: int | None = 50
+    max_words: int | None = 100_000
+    min_mean_word_length: float | None = 3.0
+    max_mean_word_length: float | None = 10.0
+    max_symbol_word_ratio: float | None = 0.1
+    max_bullet_line_ratio: float | None = 0.9
+    max_ellipsis_line_ratio: float | None = 0.3
+    min_alpha_word_ratio: float | None = 0.8
+    max_non_alnum_ratio: float | None = 0.35
+    max_digit_ratio: float | None = 0.15
+    max_dup_line_fraction: float | None = 0.3
+    max_dup_line_char_fraction: float | None = 0.2
+    max_dup_para_fraction: float | None = 0.3
+    max_dup_para_char_fraction: float | None = 0.2
+    top_ngram_char_fraction: dict[int, float] | None = Field(
+        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16}
+    )
+    dup_ngram_char_fraction: dict[int, float] | None = Field(
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+    )
+    min_terminal_punct_line_ratio: float | None = 0.1
+    lorem_ipsum: bool = True
+    max_javascript_line_ratio: float | None = 0.2
+    max_curly_brace_ratio: float | None = 0.01
+    max_url_char_ratio: float | None = 0.2
+    languages: list[str] | None = Field(default_factory=lambda: ["en", "ja"])
+    language_bytes: int = Field(1024, gt=0, description="langid reads this many UTF-8 bytes of each doc")
+    no_space_script_ratio: float = Field(
+        0.3, description="docs whose letters are at least this fraction CJK/kana/Thai use character rules"
+    )
+    no_space_ngram_scale: int = Field(2, gt=0, description="n-gram sizes are multiplied by this for character tokens")
+    custom: list[str] = Field(default_factory=list, description="'module:Class' of extra DocumentFilter classes")
+
+
+class FuzzyConfig(_Section):
+    enabled: bool = True
+    ngram: int = Field(24, gt=0, description="character n-gram (shingle) width")
+    bands: int = Field(20, gt=0)
+    rows: int = Field(13, gt=0)
+    seed: int = 42
+    signature: Literal["oph", "permutations"] = Field(
+        "oph", description="one-permutation MinHash with optimal densification, or k independent hashes"
+    )
+    verify: bool = True
+    threshold: float = Field(0.8, ge=0, le=1, description="Jaccard a verified candidate pair must reach")
+    max_bucket_size: int = Field(1000, gt=1, description="members per bucket compared with their anchor")
+
+
+class DedupConfig(_Section):
+    exact: bool = True
+    fuzzy: FuzzyConfig = Field(default_factory=FuzzyConfig)
+
+
+class OutputConfig(_Section):
+    shard_docs: int = Field(50_000, gt=0, description="documents per output shard")
+    seed: int = 0
+    compression: str = "zstd"
+    plot: bool = True
+
+
+class CurateConfig(StageConfig):
+    input: list[str] = Field(default_factory=list, description="files, folders or globs")
+    read: ReadConfig = Field(default_factory=ReadConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    stream: Literal["ray", "inline"] = Field("ray", description="Ray Data actors, or one in-process loop")
+    actors: int | None = Field(None, description="Ray Data actors (default: one per CPU of the machine)")
+    backend: Literal["auto", "pandas", "cudf"] = "auto"
+    cluster: Literal["local", "ray"] = Field("local", description="Dask scheduler: threads here, or Dask-on-Ray")
+    dask_partitions: int | None = Field(None, description="dedup partitions (default: from the data size)")
+    rmm_async: bool = True
+    rmm_release_threshold: str | None = "10GB"

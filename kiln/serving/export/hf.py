@@ -1,0 +1,108 @@
+"""Export a kiln model as a Hugging Face Llama / Mistral / Mixtral directory.
+
+Writes `config.json`, `generation_config.json`, `model.safetensors` and, when a tokenizer is
+known, `tokenizer.json` + `tokenizer_config.json`, so `AutoModelForCausalLM.from_pretrained`
+and `AutoTokenizer.from_pretrained` load it with no kiln code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from kiln.platform.errors import InputError
+from kiln.serving.export.hf_format import hf_config, kiln_to_hf_state
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor], object | None]:
+    """(kiln model config, kiln state dict, tokenizers.Tokenizer or None) from a Generator or a path."""
+    from kiln.serving.generate import Generator, load_checkpoint_state, load_tokenizer
+
+    if isinstance(source, Generator):
+        cfg = source.model_config
+        if cfg is None:
+            raise InputError("this Generator has no model_config; build it with Generator.load")
+        return cfg, source.model.state_dict(), source.tokenizer if tokenizer is None else load_tokenizer(tokenizer, [])[0]
+    path = os.fspath(source)
+    if os.path.isdir(os.path.join(path, "hf")):
+        path = os.path.join(path, "hf")
+    if os.path.exists(os.path.join(path, "config.json")):
+        from kiln.serving.export.hf_format import read_hf_dir
+
+        _, cfg, state = read_hf_dir(path)
+    else:
+        cfg, state = load_checkpoint_state(path)
+    search = [path, os.path.dirname(os.path.normpath(path)), os.path.dirname(os.path.dirname(os.path.normpath(path)))]
+    try:
+        tok = load_tokenizer(tokenizer, search)[0]
+    except InputError:
+        if tokenizer is not None:
+            raise
+        tok = None
+    return cfg, state, tok
+
+
+def _special_tokens(tok) -> dict[str, str]:
+    """bos/eos/unk/pad names for tokenizer_config.json, from the tokenizer's own special tokens."""
+    if tok is None:
+        return {}
+    vocab = tok.get_vocab(with_added_tokens=True)
+    eos = next((t for t in ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>") if t in vocab), None)
+    bos = next((t for t in ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>") if t in vocab), None)
+    unk = next((t for t in ("<unk>", "<|unk|>") if t in vocab), None)
+    pad = next((t for t in ("<pad>", "<|pad|>") if t in vocab), None)
+    out = {"eos_token": eos, "bos_token": bos, "unk_token": unk, "pad_token": pad or eos}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def save_tokenizer(tok, out_dir: str) -> dict[str, str]:
+    """tokenizer.json + a tokenizer_config.json that AutoTokenizer understands."""
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    specials = _special_tokens(tok)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 1_000_000,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        **specials,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return specials
+
+
+def export_hf(source, out_dir: str, *, tokenizer=None, dtype: str = "float32") -> dict:
+    """Write `source` (a Generator, a kiln checkpoint dir or an HF dir) as an HF model dir.
+
+    Returns a summary: architecture, parameter count, files written.
+    """
+    from safetensors.torch import save_file
+
+    if dtype not in _DTYPES:
+        raise InputError(f"dtype {dtype!r}: expected one of {sorted(_DTYPES)}")
+    cfg, state, tok = resolve_source(source, tokenizer)
+    os.makedirs(out_dir, exist_ok=True)
+    specials = save_tokenizer(tok, out_dir) if tok is not None else {}
+    ids = {k: tok.token_to_id(v) for k, v in specials.items()} if tok is not None else {}
+    config = hf_config(cfg, bos_token_id=ids.get("bos_token"), eos_token_id=ids.get("eos_token"))
+    config["torch_dtype"] = dtype
+    hf_state = kiln_to_hf_state(state, tie_embeddings=bool(cfg.get("tie_embeddings")))
+    hf_state = {k: v.to("cpu", _DTYPES[dtype]).contiguous() for k, v in hf_state.items()}
+    save_file(hf_state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
+    with open(os.path.join(out_dir, "kiln_model.json"), "w") as f:
+        json.dump(cfg, f, indent=2)  # the exact kiln shape, for a lossless round trip
+    return {
+        "architecture": config["architectures"][0],
+        "parameters": int(sum(t.numel() for t in hf_state.values())),
+        "files": sorted(os.listdir(out_dir)),
+    }

@@ -1,0 +1,114 @@
+"""Export a kiln model as a Triton model repository served by the python backend.
+
+    <repo>/<model>/config.pbtxt     max_batch_size, dynamic batching, instance_group, I/O
+    <repo>/<model>/1/model.py        the TritonPythonModel (kiln/serving/export/triton_model.py)
+    <repo>/<model>/1/hf/             weights + tokenizer in Hugging Face format
+    <repo>/<model>/1/runtime/kiln/   the kiln modules generation needs (no Ray)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.platform.errors import InputError
+
+_INPUTS = [
+    # name, type, dims, optional
+    ("text_input", "TYPE_STRING", "[ 1 ]", False),
+    ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
+    ("temperature", "TYPE_FP32", "[ 1 ]", True),
+    ("top_k", "TYPE_INT32", "[ 1 ]", True),
+    ("top_p", "TYPE_FP32", "[ 1 ]", True),
+    ("seed", "TYPE_INT64", "[ 1 ]", True),
+    ("stop", "TYPE_STRING", "[ -1 ]", True),
+    ("stream", "TYPE_BOOL", "[ 1 ]", True),
+]
+_OUTPUTS = [
+    ("text_output", "TYPE_STRING"),
+    ("finish_reason", "TYPE_STRING"),
+    ("prompt_tokens", "TYPE_INT32"),
+    ("completion_tokens", "TYPE_INT32"),
+]
+
+
+class TritonExportConfig(BaseModel):
+    """How the Triton model is served."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = Field("kiln", pattern=r"^[A-Za-z0-9_.-]+$")
+    max_batch_size: int = Field(8, ge=1, description="Rows Triton may batch into one execute().")
+    max_queue_delay_us: int = Field(2000, ge=0, description="Dynamic batching: wait this long for more rows.")
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
+    instance_count: int = Field(1, ge=1)
+    decoupled: bool = Field(False, description="Decoupled transaction policy: `stream` sends deltas.")
+    default_max_tokens: int = Field(64, ge=1)
+    max_tokens_limit: int = Field(4096, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_threads: int = Field(0, ge=0, description="torch threads per instance (0: torch's default).")
+
+
+def config_pbtxt(cfg: TritonExportConfig) -> str:
+    """The model configuration Triton reads."""
+    inputs = ",\n".join(
+        f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if o else ""} }}'
+        for n, t, d, o in _INPUTS
+    )
+    outputs = ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: [ 1 ] }}' for n, t in _OUTPUTS)
+    params = {
+        "default_max_tokens": cfg.default_max_tokens,
+        "max_tokens_limit": cfg.max_tokens_limit,
+        "dtype": cfg.dtype,
+        "torch_threads": cfg.torch_threads,
+    }
+    parameters = "\n".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()
+    )
+    return f"""name: "{cfg.model_name}"
+backend: "python"
+max_batch_size: {cfg.max_batch_size}
+dynamic_batching {{ max_queue_delay_microseconds: {cfg.max_queue_delay_us} }}
+model_transaction_policy {{ decoupled: {str(cfg.decoupled).lower()} }}
+input [
+{inputs}
+]
+output [
+{outputs}
+]
+instance_group [ {{ count: {cfg.instance_count} kind: {cfg.instance_kind} }} ]
+{parameters}
+"""
+
+
+def export_triton(source, repo_dir: str, cfg: TritonExportConfig | None = None, *, tokenizer=None, **fields) -> str:
+    """Write a Triton model repository for `source` (a Generator, a checkpoint, an HF dir).
+
+    An already exported HF directory is copied as is. Returns the model directory.
+    """
+    from kiln.serving.export.hf import export_hf
+    from kiln.serving.export.runtime import copy_runtime
+
+    cfg = cfg.model_copy(update=fields) if cfg else TritonExportConfig(**fields)
+    model_dir = os.path.join(repo_dir, cfg.model_name)
+    version_dir = os.path.join(model_dir, "1")
+    if os.path.exists(model_dir):
+        shutil.rmtree(model_dir)
+    os.makedirs(version_dir)
+    hf_dir = os.path.join(version_dir, "hf")
+    is_hf_dir = isinstance(source, (str, os.PathLike)) and os.path.exists(os.path.join(source, "config.json"))
+    if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
+        shutil.copytree(source, hf_dir)
+    else:
+        export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype)
+    if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
+        raise InputError("Triton export needs a tokenizer (text in, text out): pass tokenizer=")
+    here = os.path.dirname(os.path.abspath(__file__))
+    shutil.copyfile(os.path.join(here, "triton_model.py"), os.path.join(version_dir, "model.py"))
+    copy_runtime(os.path.join(version_dir, "runtime"))
+    with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
+        f.write(config_pbtxt(cfg))
+    return model_dir

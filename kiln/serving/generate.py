@@ -1,0 +1,351 @@
+"""Text generation for kiln models: batched, left-padded, KV-cached decoding with stop strings.
+
+    gen = Generator.load("runs/.../export/hf")          # or a kiln checkpoint dir (+ tokenizer=)
+    [c] = gen.generate(["Once upon a time"], SamplingParams(max_new_tokens=32))
+    for delta in gen.stream("Once upon a time", SamplingParams(temperature=0.8, seed=1)): ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from kiln.platform.errors import InputError
+from kiln.serving.kv_cache import KVCache, forward_with_cache, model_shape
+from kiln.serving.sampling import SamplingParams, make_generator, sample_next
+
+__all__ = ["Completion", "Generator", "SamplingParams"]
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>")
+
+
+class Completion(BaseModel):
+    text: str
+    token_ids: list[int]
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class _Sequence:
+    """One prompt being completed: its tokens so far and why it stopped."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    rng: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None  # set when a stop string cut the text
+    finish_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Generator:
+    """A kiln `Transformer` plus a `tokenizers.Tokenizer`, ready to complete prompts."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        model_name: str = "kiln",
+        eos_token_ids: Sequence[int] | None = None,
+        max_seq_len: int | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else _find_eos(tokenizer))
+        self.max_seq_len = max_seq_len or model.rope_cos.shape[0]
+        self.model_config: dict | None = None  # set by load(); export needs it
+        self.tokenizer_dir: str | None = None
+
+    # ---- loading -------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        path: str,
+        *,
+        tokenizer=None,
+        model_name: str | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Generator:
+        """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise InputError(f"{path}: no such model directory")
+        if os.path.isdir(os.path.join(path, "hf")):
+            path = os.path.join(path, "hf")
+        if os.path.exists(os.path.join(path, "config.json")):
+            from kiln.serving.export.hf_format import read_hf_dir
+
+            _, cfg, state = read_hf_dir(path)
+        else:
+            cfg, state = load_checkpoint_state(path)
+        tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
+        model = build_model(cfg, state, device=device, dtype=dtype)
+        name = model_name or os.path.basename(os.path.normpath(path)) or "kiln"
+        if name in ("hf", "latest") or name.startswith("step"):
+            name = "kiln"
+        gen = cls(model, tok, model_name=name, eos_token_ids=_find_eos(tok, tok_dir))
+        gen.model_config = cfg
+        gen.tokenizer_dir = tok_dir
+        return gen
+
+    # ---- tokens <-> text -----------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text).ids
+        if not ids:
+            if not self.eos_token_ids:
+                raise InputError("prompt is empty and the tokenizer has no end-of-text token to start from")
+            ids = [min(self.eos_token_ids)]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.tok_embeddings.weight.device
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[str],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_cache: bool = True,
+    ) -> list[Completion]:
+        """Complete every prompt (one batch). `params` is shared or one per prompt."""
+        seqs = self._sequences(prompts, params)
+        steps = self._decode_cached(seqs) if use_cache else self._decode_uncached(seqs)
+        for _ in steps:
+            pass
+        return [self._completion(s) for s in seqs]
+
+    def generate_ids(
+        self, prompt_ids: list[list[int]], params: SamplingParams | Sequence[SamplingParams], use_cache: bool = True
+    ) -> list[list[int]]:
+        """Token ids in, new token ids out (no tokenizer needed; stop strings ignored)."""
+        plist = _per_prompt(params, len(prompt_ids))
+        seqs = [_Sequence(list(p), q.model_copy(update={"stop": []}), make_generator(q, self.device))
+                for p, q in zip(prompt_ids, plist)]
+        for _ in self._decode_cached(seqs) if use_cache else self._decode_uncached(seqs):
+            pass
+        return [s.token_ids for s in seqs]
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text deltas as tokens arrive; joined they equal `generate([prompt])[0].text`."""
+        [seq] = self._sequences([prompt], params)
+        sent = ""
+        for _ in self._decode_cached([seq]):
+            text = self._text(seq)
+            if not seq.done:
+                text = _hold_back(text, seq.params.stop)
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :]
+                sent = text
+        final = self._text(seq)
+        if len(final) > len(sent):
+            yield final[len(sent) :]
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _sequences(self, prompts, params) -> list[_Sequence]:
+        plist = _per_prompt(params, len(prompts))
+        seqs = []
+        for prompt, p in zip(prompts, plist):
+            ids = self.encode(prompt)
+            if len(ids) >= self.max_seq_len:
+                raise InputError(f"prompt has {len(ids)} tokens; the model's context is {self.max_seq_len}")
+            seqs.append(_Sequence(ids, p, make_generator(p, self.device)))
+        return seqs
+
+    def _push(self, seq: _Sequence, token: int) -> None:
+        """Record one new token and decide whether the sequence is finished."""
+        if token in self.eos_token_ids:
+            seq.finish_reason = "stop"
+            return
+        seq.token_ids.append(token)
+        if seq.params.stop:
+            text = self.decode(seq.token_ids)
+            cuts = [i for i in (text.find(s) for s in seq.params.stop if s) if i >= 0]
+            if cuts:
+                seq.text = text[: min(cuts)]
+                seq.finish_reason = "stop"
+                return
+        if len(seq.token_ids) >= seq.params.max_new_tokens:
+            seq.finish_reason = "length"
+
+    def _text(self, seq: _Sequence) -> str:
+        return seq.text if seq.text is not None else self.decode(seq.token_ids)
+
+    def _completion(self, seq: _Sequence) -> Completion:
+        return Completion(
+            text=self._text(seq),
+            token_ids=seq.token_ids,
+            finish_reason=seq.finish_reason or "length",
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.token_ids),
+        )
+
+    @torch.inference_mode()
+    def _decode_cached(self, seqs: list[_Sequence]) -> Iterator[None]:
+        """Prefill the left-padded prompts once, then one [B, 1] step per token; yields per step."""
+        for s in seqs:
+            if s.params.max_new_tokens == 0:
+                s.finish_reason = "length"
+        active = [s for s in seqs if not s.done]
+        if not active:
+            return
+        lengths = [len(s.prompt_ids) for s in active]
+        width = max(lengths)
+        budget = max(s.params.max_new_tokens for s in active)
+        capacity = min(width + budget, self.max_seq_len)
+        pad = torch.tensor([width - n for n in lengths], device=self.device)
+        tokens = torch.zeros(len(active), width, dtype=torch.long, device=self.device)
+        for row, s in enumerate(active):
+            tokens[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+        n_layers, _, n_kv_heads, head_dim = model_shape(self.model)
+        cache = KVCache(
+            n_layers, len(active), n_kv_heads, head_dim, capacity, pad,
+            self._sliding_window(), self.model.tok_embeddings.weight.dtype, self.device,
+        )
+        logits = forward_with_cache(self.model, tokens, cache)
+        while True:
+            next_tokens = sample_next(logits, [s.params for s in active], [s.rng for s in active]).tolist()
+            for s, t in zip(active, next_tokens):
+                self._push(s, t)
+            if cache.length >= capacity:  # context full
+                for s in active:
+                    s.finish_reason = s.finish_reason or "length"
+            yield
+            keep = [i for i, s in enumerate(active) if not s.done]
+            if not keep:
+                return
+            if len(keep) < len(active):  # finished rows leave the batch
+                rows = torch.tensor(keep, device=self.device)
+                cache.keep_rows(rows)
+                active = [active[i] for i in keep]
+                next_tokens = [next_tokens[i] for i in keep]
+            step = torch.tensor(next_tokens, device=self.device)[:, None]
+            logits = forward_with_cache(self.model, step, cache)
+
+    @torch.inference_mode()
+    def _decode_uncached(self, seqs: list[_Sequence]) -> Iterator[None]:
+        """The reference: the model's own forward over the whole sequence at every step."""
+        for s in seqs:
+            if s.params.max_new_tokens == 0:
+                s.finish_reason = "length"
+            while not s.done:
+                ids = torch.tensor([s.prompt_ids + s.token_ids], device=self.device)
+                logits = self.model(ids)[:, -1]
+                self._push(s, sample_next(logits, [s.params], [s.rng]).item())
+                if ids.shape[1] + 1 >= self.max_seq_len:
+                    s.finish_reason = s.finish_reason or "length"
+                yield
+
+    def _sliding_window(self) -> int | None:
+        if self.model_config is not None:
+            return self.model_config.get("sliding_window")
+        cfg = getattr(self.model, "cfg", None) or getattr(self.model, "config", None)
+        return getattr(cfg, "sliding_window", None)
+
+
+def _per_prompt(params, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
+    return params
+
+
+def _hold_back(text: str, stops: list[str]) -> str:
+    """Withhold a tail that may still become a stop string, or is half a UTF-8 character."""
+    text = text.rstrip("\ufffd")
+    cut = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]
+
+
+def _find_eos(tokenizer, tok_dir: str | None = None) -> list[int]:
+    """End-of-text ids: tokenizer_config.json's eos_token, else a conventionally named token."""
+    names = []
+    if tok_dir and os.path.exists(os.path.join(tok_dir, "tokenizer_config.json")):
+        with open(os.path.join(tok_dir, "tokenizer_config.json")) as f:
+            eos = json.load(f).get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        if eos:
+            names.append(eos)
+    names += list(_EOS_CANDIDATES)
+    for name in names:
+        token_id = tokenizer.token_to_id(name)
+        if token_id is not None:
+            return [token_id]
+    return []
+
+
+def load_tokenizer(tokenizer, search: list[str]):
+    """A `tokenizers.Tokenizer` (returned as is), a tokenizer.json path, a dir, or None: search."""
+    from tokenizers import Tokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer, None
+    candidates = [os.fspath(tokenizer)] if tokenizer is not None else search
+    for c in candidates:
+        f = c if c.endswith(".json") else os.path.join(c, "tokenizer.json")
+        if os.path.isfile(f):
+            return Tokenizer.from_file(f), os.path.dirname(f)
+    raise InputError(f"no tokenizer.json found in {', '.join(candidates)} (pass a tokenizer)")
+
+
+def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Model config and state dict from a kiln checkpoint (a step dir, or a root with `latest`)."""
+    from kiln.training.checkpoint import latest_checkpoint, load_model_state
+
+    step_dir = path
+    if not os.path.exists(os.path.join(path, "kiln.json")):
+        step_dir = latest_checkpoint(path)
+        if step_dir is None:
+            raise InputError(f"{path}: neither a Hugging Face dir (config.json) nor a kiln checkpoint")
+    cfg, state = load_model_state(step_dir)
+    return dict(cfg), state
+
+
+def build_model(cfg: dict, state: dict[str, torch.Tensor], *, device=None, dtype=torch.float32) -> nn.Module:
+    """A kiln `Transformer` with these weights, in eval mode."""
+    from kiln.training.model.config import ModelConfig
+    from kiln.training.model.transformer import Transformer
+
+    model_cfg = ModelConfig(**{**cfg, "attention_backend": "sdpa"})
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = Transformer(model_cfg)  # real init keeps the (non-persistent) RoPE tables right
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "output.weight")]
+    if missing or unexpected:
+        raise InputError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if model_cfg.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    return model.to(device=device, dtype=dtype).eval()

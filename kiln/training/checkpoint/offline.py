@@ -1,0 +1,49 @@
+"""Read a checkpoint in one process, without torch.distributed (export and inspection use this)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+from kiln.platform.errors import InputError
+from kiln.training.checkpoint import storage
+
+
+def resolve(path: str) -> str:
+    """A checkpoint folder, or a root whose `latest` pointer names one."""
+    path = path.rstrip("/")
+    if storage.is_complete(path):
+        return path
+    latest = storage.latest_checkpoint(path)
+    if latest is None:
+        raise InputError(f"{path}: no complete checkpoint here (expected .metadata + kiln.json, or a `latest` pointer)")
+    return latest
+
+
+def read_sidecar(path: str) -> dict[str, Any]:
+    return storage.read_json(storage.join(resolve(path), storage.SIDECAR))
+
+
+def load_state(path: str, prefix: str | None = None) -> dict[str, Any]:
+    """Full (unsharded) tensors of every key under `prefix` ("model", "optimizer", ...) or all."""
+    from kiln.training.checkpoint.checkpointer import make_reader
+
+    ckpt = resolve(path)
+    reader = make_reader(ckpt)
+    keys = set(reader.read_metadata().state_dict_metadata)
+    if prefix is not None:
+        keys = {k for k in keys if k.startswith(prefix + ".")}
+    state = _load_state_dict_from_keys(keys, storage_reader=make_reader(ckpt))
+    return state[prefix] if prefix is not None else state
+
+
+def load_model_state(ckpt_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(model config dict, state dict with global parameter names) of a checkpoint or a root."""
+    ckpt = resolve(ckpt_dir)
+    return read_sidecar(ckpt).get("model", {}), load_state(ckpt, "model")
+
+
+def latest_checkpoint(root: str) -> str | None:
+    return storage.latest_checkpoint(root)

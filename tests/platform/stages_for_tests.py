@@ -1,0 +1,52 @@
+"""Stages used by the platform tests (named in specs as tests.platform.stages_for_tests:Name)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kiln.platform.stage import Stage, StageConfig, StageContext
+
+
+class CountConfig(StageConfig):
+    log: str
+    value: int = 1
+
+
+class CountRuns(Stage):
+    """Appends a line to `log` each time it really runs; outputs a Stats artifact."""
+
+    type_name = "test.count"
+    Config = CountConfig
+    output_kinds = {"out": "Stats"}
+
+    def run(self, ctx: StageContext):
+        with open(self.config.log, "a") as f:
+            f.write(f"{self.name}\n")
+        (Path(ctx.outputs["out"].path) / "value.txt").write_text(str(self.config.value))
+        ctx.outputs["out"].counts = {"value": self.config.value}
+        return {"value": self.config.value}
+
+
+class HangConfig(StageConfig):
+    marker: str
+    log: str
+
+
+class HangOnce(Stage):
+    """The first time: writes `marker` and hangs (the test kills the process). Later: finishes."""
+
+    type_name = "test.hang"
+    Config = HangConfig
+    input_kinds = {"inp": "Stats"}
+    output_kinds = {"out": "Stats"}
+
+    def run(self, ctx: StageContext):
+        with open(self.config.log, "a") as f:
+            f.write(f"{self.name}\n")
+        marker = Path(self.config.marker)
+        if not marker.exists():
+            marker.write_text("started")
+            time.sleep(300)
+        (Path(ctx.outputs["out"].path) / "done.txt").write_text("ok")
+        return {}
