@@ -61,7 +61,7 @@ class Pipeline:
             raise SpecError(f"pipeline name {name!r}: expected a non-empty name without '/'")
         self.name = name
         self.stages = list(stages)
-        self.runs_dir = Path(runs_dir or _default_runs_dir())
+        self.runs_dir = Path(runs_dir or _default_runs_dir()).resolve()
         seen: set[str] = set()
         for st in self.stages:
             if st.name in seen:

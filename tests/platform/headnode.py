@@ -1,0 +1,73 @@
+"""A real Ray head node for tests: started on free ports, stopped by killing its process group
+(`ray stop` would stop every Ray on the machine)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port
+
+BIN = Path(sys.executable).parent
+
+
+class HeadNode:
+    def __init__(self, num_cpus: int = 4):
+        self.gcs_port, self.dash_port = free_port(), free_port()
+        self.num_cpus = num_cpus
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dash_port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_ADDRESS": "",
+        }
+
+    def __enter__(self) -> HeadNode:
+        cmd = [
+            str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
+            f"--port={self.gcs_port}", "--node-ip-address=127.0.0.1",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash_port}",
+            f"--num-cpus={self.num_cpus}",
+        ]
+        self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.dashboard_url}/api/version", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__(None, None, None)
+        raise RuntimeError("Ray head node did not come up within 90 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc = None
