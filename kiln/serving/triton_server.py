@@ -1,0 +1,186 @@
+"""Run the real tritonserver that the `nvidia-pytriton` wheel ships, on free local ports.
+
+    with TritonServer("exported/triton") as server:
+        client = tritonclient.http.InferenceServerClient(server.http_url)
+        ...
+
+What it takes to run here (see DESIGN.md, Serving): the interpreter's LIBDIR and the wheel's
+`nvidia_pytriton.libs` on LD_LIBRARY_PATH, this environment's `bin/` first on PATH (the
+python-backend stub takes its Python from there), and a backend directory holding
+`backends/python` plus the stub built for this Python version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+from kiln.platform.errors import InputError, KilnError
+
+log = logging.getLogger("kiln.triton")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pytriton_dirs() -> tuple[str, str]:
+    """(tritonserver dist dir, bundled shared-library dir) of the installed nvidia-pytriton."""
+    try:
+        import pytriton
+    except ImportError:
+        raise KilnError("tritonserver needs the nvidia-pytriton package (pip install nvidia-pytriton)") from None
+    package = os.path.dirname(pytriton.__file__)
+    return os.path.join(package, "tritonserver"), os.path.join(os.path.dirname(package), "nvidia_pytriton.libs")
+
+
+class TritonServer:
+    """A tritonserver process over `repo_dir`: started on free ports, ready on enter, stopped on exit."""
+
+    def __init__(
+        self,
+        repo_dir: str,
+        *,
+        host: str = "127.0.0.1",
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        startup_timeout_s: float = 180.0,
+        log_verbose: int = 0,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        if not os.path.isdir(repo_dir):
+            raise InputError(f"{repo_dir}: no such Triton model repository")
+        self.repo_dir = os.path.abspath(repo_dir)
+        self.host = host
+        self.http_port = http_port or _free_port()
+        self.grpc_port = grpc_port or _free_port()
+        self.metrics_port = metrics_port or _free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.log_verbose = log_verbose
+        self.extra_args = list(extra_args or [])
+        self.process: subprocess.Popen | None = None
+        self._workdir: str | None = None
+        self.log_path: str | None = None
+
+    # tritonclient takes host:port without a scheme
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    def _prepare(self) -> tuple[list[str], dict[str, str]]:
+        """The backend directory, the command line and the environment."""
+        dist, libs = _pytriton_dirs()
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = os.path.join(dist, "python_backend_stubs", version, "triton_python_backend_stub")
+        if not os.path.exists(stub):
+            raise KilnError(f"nvidia-pytriton has no python-backend stub for Python {version}")
+        self._workdir = tempfile.mkdtemp(prefix="kiln-triton-")
+        backends = os.path.join(self._workdir, "backends")
+        shutil.copytree(os.path.join(dist, "backends", "python"), os.path.join(backends, "python"))
+        shutil.copy(stub, os.path.join(backends, "python", "triton_python_backend_stub"))
+        env = dict(os.environ)
+        lib_dirs = [sysconfig.get_config_var("LIBDIR") or "", libs, env.get("LD_LIBRARY_PATH", "")]
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in lib_dirs if p)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        # each server gets its own shared-memory names, so servers running side by side never clash
+        shm_prefix = f"kiln{os.getpid()}{uuid.uuid4().hex[:6]}"
+        cmd = [
+            os.path.join(dist, "bin", "tritonserver"),
+            f"--model-repository={self.repo_dir}",
+            f"--backend-directory={backends}",
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--exit-timeout-secs=5",
+            f"--log-verbose={self.log_verbose}",
+            *self.extra_args,
+        ]
+        return cmd, env
+
+    def start(self) -> TritonServer:
+        cmd, env = self._prepare()
+        self.log_path = os.path.join(self._workdir, "tritonserver.log")
+        log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
+        with open(self.log_path, "wb") as out:
+            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        url = f"http://{self.http_url}/v2/health/ready"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise KilnError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.25)
+        raise KilnError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (Triton drains for up to --exit-timeout-secs), SIGKILL if it lingers."""
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the stubs go too
+                proc.wait()
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def wait(self) -> int:
+        """Block until the server exits (for `kiln triton up`)."""
+        return self.process.wait() if self.process else 0
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
