@@ -1,0 +1,49 @@
+"""A tiny random kiln model with a tokenizer trained on the spot, exported as A's export does."""
+
+from __future__ import annotations
+
+import os
+
+TEXT = [
+    "the quick brown fox jumps over the lazy dog",
+    "a kiln fires clay into something that lasts",
+    "serving a model means answering requests quickly and correctly",
+    "ray serve batches requests; triton batches them too",
+] * 8
+
+
+def train_tokenizer(vocab_size: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(TEXT, trainer)
+    return tok
+
+
+def make_tiny_model(out_dir: str, *, seed: int = 0, max_seq_len: int = 512, **overrides) -> str:
+    """Write an exported Hugging Face dir for a random tiny Llama; returns its path."""
+    import torch
+
+    from kiln.serving.export.hf import export_hf
+    from kiln.serving.generate import Generator
+    from kiln.training.model.config import ModelConfig
+    from kiln.training.model.transformer import Transformer
+
+    tok = train_tokenizer()
+    cfg = ModelConfig.preset(
+        "tiny", vocab_size=tok.get_vocab_size(), n_layers=2, max_seq_len=max_seq_len, **overrides
+    )
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    gen = Generator(model, tok, model_name="tiny")
+    gen.model_config = cfg.model_dump(mode="json")
+    os.makedirs(out_dir, exist_ok=True)
+    export_hf(gen, out_dir)
+    return out_dir
