@@ -37,7 +37,9 @@ class DeploymentOptions(BaseModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (torch threads follow)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
     max_ongoing_requests: int = Field(
-        64, ge=1, description="requests a replica works on at once; must exceed max_batch_size to fill batches"
+        64,
+        ge=1,
+        description="requests a replica works on at once; must exceed max_batch_size to fill batches",
     )
 
 
@@ -47,8 +49,12 @@ class AppSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["local", "triton"] = "local"
-    model_dir: str | None = Field(None, description="exported Hugging Face model dir (local backend)")
-    triton_url: str | None = Field(None, description="Triton gRPC address host:port (triton backend)")
+    model_dir: str | None = Field(
+        None, description="exported Hugging Face model dir (local backend)"
+    )
+    triton_url: str | None = Field(
+        None, description="Triton gRPC address host:port (triton backend)"
+    )
     triton_model: str | None = Field(None, description="model name in the Triton repository")
     model_name: str | None = Field(None, description="name clients use; default: the model's own")
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <api_key>'")

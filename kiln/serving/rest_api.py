@@ -47,7 +47,9 @@ from kiln.serving.rest_kserve import (
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _error_response(request: Request, message: str, status: int, param: str | None = None) -> JSONResponse:
+def _error_response(
+    request: Request, message: str, status: int, param: str | None = None
+) -> JSONResponse:
     is_openai = "/v1/" in request.url.path
     body = openai_error(message, status, param) if is_openai else kserve_error(message)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -58,9 +60,16 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     err = exc.errors()[0]
     # drop "body" and pydantic's union-member tags ("str", "list[str]") from the location
     tags = {"str", "int", "float", "bool", "none"}
-    loc = [str(p) for p in err.get("loc", ()) if p != "body" and str(p) not in tags and "[" not in str(p)]
+    loc = [
+        str(p)
+        for p in err.get("loc", ())
+        if p != "body" and str(p) not in tags and "[" not in str(p)
+    ]
     if err.get("type") == "json_invalid":
-        return f"request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})", None
+        return (
+            f"request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')})",
+            None,
+        )
     field = ".".join(loc) or "body"
     return f"{field}: {err.get('msg', 'invalid')}", field
 
@@ -116,12 +125,16 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
         scheme, _, token = header.partition(" ")
         if not header:
             raise RequestError("missing API key: send 'Authorization: Bearer <key>'", status=401)
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), api_key.encode()
+        ):
             raise RequestError("invalid API key", status=401)
 
     def require_model(model: str | None) -> None:
         if model is not None and model != name:
-            raise RequestError(f"model {model!r} not found; this server serves {name!r}", 404, "model")
+            raise RequestError(
+                f"model {model!r} not found; this server serves {name!r}", 404, "model"
+            )
 
     @api.exception_handler(RequestError)
     async def on_request_error(request: Request, exc: RequestError):
@@ -169,7 +182,9 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
             )
         results = await backend.complete(prompts, params)
         choices = [
-            CompletionChoice(text=(p + r.text) if req.echo else r.text, index=i, finish_reason=r.finish_reason)
+            CompletionChoice(
+                text=(p + r.text) if req.echo else r.text, index=i, finish_reason=r.finish_reason
+            )
             for i, (p, r) in enumerate(zip(prompts, results))
         ]
         usage = None
@@ -179,9 +194,11 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
             usage = Usage(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct)
         return CompletionResponse(model=name, choices=choices, usage=usage)
 
-    async def _openai_stream(backend: Backend, prompt: str, params, echo: bool) -> AsyncIterator[str]:
+    async def _openai_stream(
+        backend: Backend, prompt: str, params, echo: bool
+    ) -> AsyncIterator[str]:
         first = CompletionResponse(model=name, choices=[])
-        chunk = lambda text, reason: first.model_copy(  # noqa: E731
+        chunk = lambda text, reason: first.model_copy(
             update={"choices": [CompletionChoice(text=text, index=0, finish_reason=reason)]}
         ).model_dump_json()
         if echo:

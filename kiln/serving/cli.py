@@ -1,0 +1,115 @@
+"""`kiln serve MODEL_DIR` (a REST endpoint on Ray Serve) and `kiln generate --url URL PROMPT`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an exported model over REST (OpenAI, KServe v2, Triton generate) on Ray Serve",
+        description="Serve an exported model (an ExportedModel dir, or a Hugging Face dir) until Ctrl-C.",
+    )
+    p.add_argument(
+        "model_dir", metavar="MODEL_DIR", help="exported model (with hf/ and/or triton/)"
+    )
+    p.add_argument("--backend", choices=["local", "triton"], default="local")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", help="name clients use (default: the model's)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("KILN_API_KEY"),
+        help="require this Bearer key (env KILN_API_KEY)",
+    )
+    p.add_argument("--triton-url", help="existing Triton gRPC host:port (default: start one)")
+    p.add_argument("--triton-model", help="model name in the Triton repository")
+    p.add_argument("--max-batch-size", type=int, default=8, help="dynamic batching (local backend)")
+    p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
+    p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask"
+    )
+    p.add_argument(
+        "--address", help="Ray cluster address (default: RAY_ADDRESS or an embedded Ray)"
+    )
+    p.set_defaults(func=_serve)
+
+    g = subparsers.add_parser("generate", help="complete a prompt with a running endpoint")
+    g.add_argument("prompt", metavar="PROMPT")
+    g.add_argument("--url", required=True, help="endpoint base URL, e.g. http://127.0.0.1:8000")
+    g.add_argument("--api-key", default=os.environ.get("KILN_API_KEY"))
+    g.add_argument("--model")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--stream", action="store_true", help="print text as it arrives")
+    g.set_defaults(func=_generate)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from kiln.platform.runtime import Runtime
+    from kiln.serving.rest_launch import launch
+
+    deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
+    if args.max_replicas:
+        deployment["autoscaling"] = {
+            "min_replicas": args.replicas,
+            "max_replicas": args.max_replicas,
+        }
+    settings = {
+        "backend": args.backend,
+        "model_name": args.model_name,
+        "api_key": args.api_key,
+        "triton_url": args.triton_url,
+        "triton_model": args.triton_model,
+        "limits": {"max_new_tokens": args.max_new_tokens},
+        "batching": {
+            "max_batch_size": args.max_batch_size,
+            "batch_wait_timeout_s": args.batch_wait_ms / 1000,
+        },
+        "deployment": deployment,
+    }
+    runtime = Runtime(address=args.address).ensure()
+    try:
+        endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)
+        print(f"kiln: serving {endpoint.model_name!r} at {endpoint.url}", flush=True)
+        print(
+            f"  OpenAI:  {endpoint.url}/v1/completions   KServe v2: {endpoint.url}/v2/models/{endpoint.model_name}/infer",
+            flush=True,
+        )
+        print("  Ctrl-C to stop", flush=True)
+        endpoint.wait()
+    finally:
+        runtime.shutdown()
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from kiln.serving.client import KilnClient
+
+    fields = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
+    with KilnClient(args.url, api_key=args.api_key, model=args.model) as client:
+        if args.stream:
+            for delta in client.stream(args.prompt, **fields):
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        else:
+            print(client.complete(args.prompt, **fields))
+    return 0

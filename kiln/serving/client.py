@@ -1,0 +1,97 @@
+"""A small client for a kiln endpoint (any OpenAI-compatible /v1/completions server works).
+
+client = KilnClient("http://127.0.0.1:8000", api_key="s3cret")
+client.health()                                   # True when /v2/health/ready says so
+client.complete("Once upon a time", max_tokens=32, temperature=0)
+for delta in client.stream("Once upon a time"): print(delta, end="")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Self
+
+import httpx
+
+from kiln.platform.errors import KilnError
+
+
+class EndpointError(KilnError):
+    """The endpoint answered with an error (the message is the server's)."""
+
+
+class KilnClient:
+    def __init__(
+        self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = 120.0
+    ):
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self.model = model
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _body(self, prompt: str, fields: dict[str, Any]) -> dict[str, Any]:
+        body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}
+        if self.model:
+            body["model"] = self.model
+        return body
+
+    @staticmethod
+    def _raise_for(r: httpx.Response) -> None:
+        if r.status_code < 400:
+            return
+        try:
+            err = r.json()["error"]
+            message = err["message"] if isinstance(err, dict) else str(err)
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:200]
+        raise EndpointError(f"{r.request.url}: HTTP {r.status_code}: {message}")
+
+    def complete(self, prompt: str, **fields: Any) -> str:
+        """The completion text. Fields as OpenAI's: max_tokens, temperature, top_p, stop, seed, top_k."""
+        try:
+            r = self._http.post("/v1/completions", json=self._body(prompt, fields))
+        except httpx.HTTPError as e:
+            raise EndpointError(f"{self.url}: {e}") from None
+        self._raise_for(r)
+        return r.json()["choices"][0]["text"]
+
+    def stream(self, prompt: str, **fields: Any) -> Iterator[str]:
+        """Text deltas as the server sends them (server-sent events)."""
+        body = self._body(prompt, {**fields, "stream": True})
+        try:
+            with self._http.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    self._raise_for(r)
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[len("data: ") :]
+                    if data == "[DONE]":
+                        return
+                    text = json.loads(data)["choices"][0]["text"]
+                    if text:
+                        yield text
+        except httpx.HTTPError as e:
+            raise EndpointError(f"{self.url}: {e}") from None
+
+    def models(self) -> list[str]:
+        r = self._http.get("/v1/models")
+        self._raise_for(r)
+        return [m["id"] for m in r.json()["data"]]
+
+    def health(self) -> bool:
+        try:
+            return self._http.get("/v2/health/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
