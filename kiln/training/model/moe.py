@@ -73,6 +73,12 @@ class MoE(nn.Module):
         out = torch.zeros_like(x).index_add_(0, token_idx, y * weight.unsqueeze(-1))
         return out.reshape(shape)
 
+    def __getstate__(self):
+        # aux_loss is a graph tensor after a forward; copies and pickles keep its value only.
+        state = dict(super().__getstate__())
+        state["aux_loss"] = state["aux_loss"].detach()
+        return state
+
     def load_balancing_loss(self, probs: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
         """Switch/Mixtral loss: E * sum_e (fraction of assignments to e) * (mean router prob of e).
 

@@ -1,0 +1,171 @@
+"""Expert parallelism: each rank of the `ep` group holds n_experts/ep experts of every MoE layer.
+
+Routing stays local (each rank routes its own tokens, so the load-balancing loss and the capacity
+are those of the rank's micro-batch, as in a single-process run of that micro-batch). The
+assignments, sorted by expert, go to the experts' owners with `all_to_all_single` (the per-expert
+counts are exchanged first, also with `all_to_all_single`), the owners run their experts, and a
+second `all_to_all_single` brings the results back. Both exchanges are autograd-aware.
+
+Rank j holds experts [j*E/ep, (j+1)*E/ep) under their global names (`moe.experts.5.w1.weight`),
+so checkpoints are independent of the ep size.
+
+Gradients: expert weights are not FSDP-managed (`expert_parameters(model)` are FSDP's
+`ignored_params`). An expert's gradient already sums the contributions of every rank in its ep
+group; a hook on each expert weight sums it over the ranks holding copies of the same expert (the
+rest of the data-parallel mesh, when ep < dp) and divides by the data-parallel size, so expert
+gradients match the averaged gradients FSDP produces for the other weights.
+Clipping: expert weights differ across the ep group, so the global grad norm must add
+`expert_grad_norm_sq(model)` (already summed over the ep group) to the other parameters' squared
+norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from kiln.platform.errors import ConfigError
+from kiln.training.model.moe import MoE
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with uneven splits; the backward runs it the other way round."""
+
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.output_splits, ctx.input_splits, ctx.group = output_splits, input_splits, group
+        out = x.new_empty((sum(output_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_in = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))
+        dist.all_to_all_single(grad_in, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)
+        return grad_in, None, None, None
+
+
+class ExpertParallelMoE(MoE):
+    """An MoE whose experts live on the ranks of `ep_group` (set by apply_expert_parallel)."""
+
+    ep_group: dist.ProcessGroup
+
+    def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ep = dist.get_world_size(self.ep_group)
+        n_local = self.n_experts // ep
+        # How many rows each source rank sends to each of my experts: [ep, n_local].
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts.contiguous(), group=self.ep_group)
+        recv_counts = recv_counts.view(ep, n_local)
+        send_splits = counts.view(ep, n_local).sum(1).tolist()
+        recv_splits = recv_counts.sum(1).tolist()
+
+        received = _AllToAll.apply(x, recv_splits, send_splits, self.ep_group)  # by source, then expert
+        # Regroup rows by local expert (stable: source order kept within an expert).
+        expert_of_row = torch.arange(n_local, device=x.device).repeat(ep).repeat_interleave(recv_counts.flatten())
+        order = torch.argsort(expert_of_row, stable=True)
+        chunks = received[order].split(recv_counts.sum(0).tolist(), dim=0)
+        # Expert weights are outside FSDP's mixed precision: compute in their dtype.
+        y = torch.cat([expert(c.to(expert.w1.weight.dtype)) for expert, c in zip(self.experts.values(), chunks)])
+        y = y.to(x.dtype)
+        y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
+        return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
+
+
+def _dp_mesh_of(ep_mesh: DeviceMesh) -> DeviceMesh | None:
+    """The data-parallel dims (dp_replicate, dp_shard, cp) of the world mesh ep_mesh came from."""
+    root = ep_mesh._get_root_mesh() if hasattr(ep_mesh, "_get_root_mesh") else None
+    names = tuple(root.mesh_dim_names or ()) if root is not None else ()
+    dims = tuple(d for d in ("dp_replicate", "dp_shard", "cp") if d in names and root[d].size() > 1)
+    if not dims:
+        return None
+    return root[dims] if len(dims) > 1 else root[dims[0]]
+
+
+def _replica_group(ep_mesh: DeviceMesh, dp_mesh: DeviceMesh) -> dist.ProcessGroup | None:
+    """Ranks of my data-parallel group that hold the same experts as I do (None if only me)."""
+    mine = (tuple(sorted(dp_mesh.mesh.flatten().tolist())), ep_mesh.get_local_rank())
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    groups: dict[tuple, list[int]] = {}
+    for rank, key in enumerate(everyone):
+        groups.setdefault(key, []).append(rank)
+    if all(len(ranks) == 1 for ranks in groups.values()):
+        return None
+    group, _ = dist.new_subgroups_by_enumeration(sorted(groups.values()))
+    return group
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, dp_mesh: DeviceMesh | None = None) -> nn.Module:
+    """Keep this rank's share of every MoE layer's experts and dispatch tokens to their owners.
+
+    `dp_mesh`: the mesh over which the trainer averages gradients (default: the dp_replicate,
+    dp_shard and cp dims of ep_mesh's world mesh). It must contain ep_mesh.
+    """
+    group = ep_mesh.get_group()
+    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    dp_mesh = dp_mesh if dp_mesh is not None else _dp_mesh_of(ep_mesh)
+    dp_size = dp_mesh.size() if dp_mesh is not None else ep
+    replicas = _replica_group(ep_mesh, dp_mesh) if dp_mesh is not None and dp_size > ep else None
+
+    for name, module in model.named_modules():
+        if not isinstance(module, MoE):
+            continue
+        if module.n_experts % ep:
+            raise ConfigError(f"model.n_experts={module.n_experts} must be a multiple of parallel.ep={ep}")
+        n_local = module.n_experts // ep
+        owned = range(rank * n_local, (rank + 1) * n_local)
+        module.experts = nn.ModuleDict({str(j): module.experts[j] for j in owned})
+        module.__class__ = ExpertParallelMoE
+        module.ep_group = group
+        for param in module.experts.parameters():
+            param.register_hook(_expert_grad_hook(replicas, dp_size))
+    return model
+
+
+def _expert_grad_hook(replicas: dist.ProcessGroup | None, dp_size: int):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad / dp_size
+        if replicas is not None:
+            dist.all_reduce(grad, group=replicas)
+        return grad
+
+    return hook
+
+
+def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """Every expert weight of every MoE layer (FSDP's `ignored_params`: they are EP-sharded)."""
+    return {p for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters()}
+
+
+def expert_grad_norm_sq(model: nn.Module) -> torch.Tensor:
+    """Squared L2 norm of the expert gradients over the whole ep group (add before the sqrt)."""
+    total = torch.zeros((), dtype=torch.float32)
+    group = None
+    for m in model.modules():
+        if isinstance(m, ExpertParallelMoE):
+            group = m.ep_group
+        if isinstance(m, MoE):
+            for p in m.experts.parameters():
+                if p.grad is not None:
+                    total = total.to(p.grad.device) + p.grad.detach().float().pow(2).sum()
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    return total
+
+
+def local_expert_ids(module: MoE) -> list[int]:
+    """Global ids of the experts this rank holds in one MoE layer."""
+    experts = module.experts
+    return [int(k) for k in experts.keys()] if isinstance(experts, nn.ModuleDict) else list(range(len(experts)))
+
+
+__all__ = [
+    "ExpertParallelMoE",
+    "apply_expert_parallel",
+    "expert_grad_norm_sq",
+    "expert_parameters",
+    "local_expert_ids",
+]

@@ -1,0 +1,54 @@
+"""Rank functions for the expert-parallel tests (module level so worker processes can import them)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from kiln.training.model.moe import MoE
+from kiln.training.parallel.expert_parallel import apply_expert_parallel, expert_grad_norm_sq, local_expert_ids
+
+# (n_experts, top_k, capacity_factor)
+CASES = [(4, 2, None), (4, 1, 1.0), (8, 2, 0.75)]
+AUX_COEF = 0.1
+
+
+def _loss(moe: MoE, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = moe(x)
+    return out, (out * w).sum() + AUX_COEF * moe.aux_loss
+
+
+def ep_vs_single() -> list[tuple]:
+    """Max |EP - single process| of outputs and gradients; reference loss = mean over ranks."""
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("ep",))
+    errors = []
+    for seed, (n_experts, top_k, capacity) in enumerate(CASES):
+        torch.manual_seed(seed)
+        ref = MoE(16, 24, n_experts, top_k, capacity)
+        x = torch.randn(ep, 3, 10, 16)  # one micro-batch per rank
+        w = torch.randn(ep, 3, 10, 16)
+        ref_outs, ref_losses = zip(*(_loss(ref, x[r], w[r]) for r in range(ep)))
+        (sum(ref_losses) / ep).backward()
+
+        moe = apply_expert_parallel(copy.deepcopy(ref), mesh)
+        moe.zero_grad()
+        out, loss = _loss(moe, x[rank], w[rank])
+        loss.backward()
+        dist.all_reduce(moe.gate.weight.grad, op=dist.ReduceOp.AVG)  # what FSDP does for the rest
+
+        diffs = [(out - ref_outs[rank]).abs().max().item()]
+        diffs.append((moe.gate.weight.grad - ref.gate.weight.grad).abs().max().item())
+        ids = local_expert_ids(moe)
+        assert len(ids) == n_experts // ep and len(moe.experts) == len(ids)
+        for j in ids:
+            for name, p in moe.experts[str(j)].named_parameters():
+                diffs.append((p.grad - ref.experts[j].get_parameter(name).grad).abs().max().item())
+        ref_norm_sq = sum(p.grad.pow(2).sum() for p in ref.experts.parameters())
+        diffs.append(abs(expert_grad_norm_sq(moe).item() / ref_norm_sq.item() - 1))  # relative
+        names = sorted(moe.state_dict())
+        errors.append(((n_experts, top_k, capacity), max(diffs), names))
+    return errors

@@ -1,0 +1,20 @@
+"""Expert parallelism on 2 gloo ranks equals the single-process MoE (outputs and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.distributed import run_distributed
+from tests.training.parallel._moe_cases import ep_vs_single
+
+
+@pytest.mark.slow
+def test_expert_parallel_matches_single_process():
+    per_rank = run_distributed(ep_vs_single, 2)
+    for rank, errors in enumerate(per_rank):
+        for case, err, names in errors:
+            assert err < 1e-5, (rank, case, err)
+    # Global expert names: rank 0 keeps experts 0..E/2-1, rank 1 the rest.
+    names0, names1 = per_rank[0][0][2], per_rank[1][0][2]
+    assert "experts.0.w1.weight" in names0 and "experts.2.w1.weight" not in names0
+    assert "experts.3.w2.weight" in names1 and "gate.weight" in names1
