@@ -1,0 +1,148 @@
+"""The `tokenize` stage: Corpus -> Tokenizer + TokenDataset (Megatron indexed datasets per split).
+
+TokenDataset layout:
+
+    train.bin  train.idx  valid.bin  valid.idx  test.bin  test.idx
+    tokenizer.json  tokenizer_config.json  tokens.json (vocab size, EOD id, dtype, counts per split)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pydantic import Field, model_validator
+
+from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.data import indexed_dataset
+from kiln.training.data.parallel_tokenize import corpus_files, tokenize_corpus
+from kiln.training.data.sources import TOKENS_META
+from kiln.training.data.tokenizer import (
+    EOD_TOKEN,
+    eod_id,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_file,
+    train_tokenizer,
+)
+
+
+class TokenizeConfig(StageConfig):
+    tokenizer: str | None = Field(
+        None, description="An existing tokenizer.json (or a directory holding one) instead of training one."
+    )
+    vocab_size: int = Field(32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens).")
+    special_tokens: list[str] = Field(default_factory=list, description="Extra special tokens (after the EOD token).")
+    eod_token: str = Field(EOD_TOKEN, description="End-of-document token appended to every document.")
+    min_frequency: int = Field(2, ge=1, description="BPE merges need at least this many occurrences.")
+    train_max_documents: int | None = Field(
+        200_000, description="Train the tokenizer on at most this many documents (None: all)."
+    )
+    valid_fraction: float = Field(0.01, ge=0, lt=1, description="Share of documents in the valid split.")
+    test_fraction: float = Field(0.01, ge=0, lt=1, description="Share of documents in the test split.")
+    seed: int = Field(1234, description="Seed of the document -> split assignment.")
+    batch_size: int = Field(1024, ge=1, description="Documents per Ray Data batch (one shard each).")
+    num_actors: int = Field(2, ge=1, description="Tokenizer actors (each with fractional CPUs on small machines).")
+
+    @model_validator(mode="after")
+    def _fractions(self) -> TokenizeConfig:
+        if self.valid_fraction + self.test_fraction >= 1:
+            raise ValueError("valid_fraction + test_fraction must be < 1 (train needs documents)")
+        return self
+
+
+def _corpus_texts(files: list[str], limit: int | None):
+    """Texts streamed from the Parquet shards, without loading the corpus into memory."""
+    n = 0
+    for f in files:
+        for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                if limit is not None and n >= limit:
+                    return
+                n += 1
+                yield text
+
+
+class TokenizeStage(Stage):
+    """Train (or load) a byte-level BPE tokenizer and tokenise the corpus into Megatron indexed datasets."""
+
+    type_name = "tokenize"
+    Config = TokenizeConfig
+    input_kinds = {"corpus": "Corpus"}
+    output_kinds = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
+
+    def extra_fingerprint(self) -> str:
+        if not self.config.tokenizer:
+            return ""
+        return hashlib.sha256(tokenizer_file(self.config.tokenizer).read_bytes()).hexdigest()
+
+    def run(self, ctx: StageContext) -> dict[str, Any]:
+        cfg: TokenizeConfig = self.config
+        corpus = ctx.inputs["corpus"].path
+        files = corpus_files(corpus)
+        tokens_out, tok_out = ctx.outputs["tokens"], ctx.outputs["tokenizer"]
+        t0 = time.perf_counter()
+
+        if cfg.tokenizer:
+            tok = load_tokenizer(cfg.tokenizer)
+            ctx.log.info("tokenize: loaded %s (vocab %d)", cfg.tokenizer, tok.get_vocab_size())
+        else:
+            specials = [cfg.eod_token, *[s for s in cfg.special_tokens if s != cfg.eod_token]]
+            tok = train_tokenizer(
+                _corpus_texts(files, cfg.train_max_documents), cfg.vocab_size, specials, cfg.min_frequency
+            )
+            ctx.log.info("tokenize: trained byte-level BPE, vocab %d", tok.get_vocab_size())
+        eod = eod_id(tok, cfg.eod_token)
+        vocab_size = tok.get_vocab_size()
+        t_tok = time.perf_counter()
+        save_tokenizer(tok, tok_out.path, cfg.eod_token)
+
+        runtime = ctx.ray()
+        counts = tokenize_corpus(
+            corpus,
+            tokens_out.path,
+            tok.to_str(),
+            eod_id=eod,
+            vocab_size=vocab_size,
+            seed=cfg.seed,
+            valid_fraction=cfg.valid_fraction,
+            test_fraction=cfg.test_fraction,
+            batch_size=cfg.batch_size,
+            num_actors=cfg.num_actors,
+            cpus_per_actor=runtime.cpus_per_worker(),
+        )
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(tok_out.path) / name, Path(tokens_out.path) / name)
+        meta = {
+            "vocab_size": vocab_size,
+            "eod_token": cfg.eod_token,
+            "eod_id": eod,
+            "dtype": indexed_dataset.token_dtype(vocab_size).name,
+            "splits": counts,
+            "seed": cfg.seed,
+        }
+        (Path(tokens_out.path) / TOKENS_META).write_text(json.dumps(meta, indent=2))
+
+        elapsed = time.perf_counter() - t0
+        total_docs = sum(c["documents"] for c in counts.values())
+        total_tokens = sum(c["tokens"] for c in counts.values())
+        tokens_out.counts = {
+            "documents": total_docs,
+            "tokens": total_tokens,
+            **{f"{s}_{k}": v for s, c in counts.items() for k, v in c.items()},
+        }
+        tokens_out.meta = {k: v for k, v in meta.items() if k != "splits"}
+        tok_out.counts = {"vocab_size": vocab_size}
+        tok_out.meta = {"eod_token": cfg.eod_token, "eod_id": eod, "trained": not cfg.tokenizer}
+        return {
+            "documents": total_docs,
+            "tokens": total_tokens,
+            "tokenizer_s": round(t_tok - t0, 3),
+            "tokenize_s": round(time.perf_counter() - t_tok, 3),
+            "tokens_per_s": round(total_tokens / max(elapsed, 1e-9), 1),
+        }
