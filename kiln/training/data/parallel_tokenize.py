@@ -29,7 +29,9 @@ def corpus_files(corpus_dir: str) -> list[str]:
         p for p in root.rglob("*.parquet") if "rejected" not in p.relative_to(root).parts
     )
     if not files:
-        raise InputError(f"{corpus_dir}: no Parquet shards found (a Corpus holds *.parquet with id, text)")
+        raise InputError(
+            f"{corpus_dir}: no Parquet shards found (a Corpus holds *.parquet with id, text)"
+        )
     return [str(f) for f in files]
 
 
@@ -74,7 +76,9 @@ class ShardTokenizer:
         for doc_id, enc in zip(ids, encodings):
             split = split_of(doc_id, self.seed, self.valid_fraction, self.test_fraction)
             if split not in writers:
-                writers[split] = indexed_dataset.IndexedDatasetWriter(self.shard_dir / split / name, self.dtype)
+                writers[split] = indexed_dataset.IndexedDatasetWriter(
+                    self.shard_dir / split / name, self.dtype
+                )
             tokens = np.empty(len(enc.ids) + 1, dtype=self.dtype)
             tokens[:-1] = enc.ids
             tokens[-1] = self.eod_id
@@ -107,7 +111,9 @@ def tokenize_corpus(
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # shards merge in corpus order: deterministic output
+    ctx.execution_options.preserve_order = (
+        True  # shards merge in corpus order: deterministic output
+    )
     dtype = indexed_dataset.token_dtype(vocab_size)
     shard_dir = Path(out_dir) / "_shards"
     ds = ray.data.read_parquet(corpus_files(corpus_dir), columns=["id", "text"])
@@ -130,7 +136,9 @@ def tokenize_corpus(
     counts = {}
     for split in SPLITS:
         rows = [r for r in shards if r["split"] == split]
-        merged = indexed_dataset.merge([r["prefix"] for r in rows], Path(out_dir) / split, dtype=dtype)
+        merged = indexed_dataset.merge(
+            [r["prefix"] for r in rows], Path(out_dir) / split, dtype=dtype
+        )
         counts[split] = {"documents": merged.num_documents, "tokens": merged.num_tokens}
     shutil.rmtree(shard_dir, ignore_errors=True)
     return counts

@@ -13,7 +13,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
@@ -34,20 +34,37 @@ from kiln.training.data.tokenizer import (
 
 class TokenizeConfig(StageConfig):
     tokenizer: str | None = Field(
-        None, description="An existing tokenizer.json (or a directory holding one) instead of training one."
+        None,
+        description="An existing tokenizer.json (or a directory holding one) instead of training one.",
     )
-    vocab_size: int = Field(32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens).")
-    special_tokens: list[str] = Field(default_factory=list, description="Extra special tokens (after the EOD token).")
-    eod_token: str = Field(EOD_TOKEN, description="End-of-document token appended to every document.")
-    min_frequency: int = Field(2, ge=1, description="BPE merges need at least this many occurrences.")
+    vocab_size: int = Field(
+        32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens)."
+    )
+    special_tokens: list[str] = Field(
+        default_factory=list, description="Extra special tokens (after the EOD token)."
+    )
+    eod_token: str = Field(
+        EOD_TOKEN, description="End-of-document token appended to every document."
+    )
+    min_frequency: int = Field(
+        2, ge=1, description="BPE merges need at least this many occurrences."
+    )
     train_max_documents: int | None = Field(
         200_000, description="Train the tokenizer on at most this many documents (None: all)."
     )
-    valid_fraction: float = Field(0.01, ge=0, lt=1, description="Share of documents in the valid split.")
-    test_fraction: float = Field(0.01, ge=0, lt=1, description="Share of documents in the test split.")
+    valid_fraction: float = Field(
+        0.01, ge=0, lt=1, description="Share of documents in the valid split."
+    )
+    test_fraction: float = Field(
+        0.01, ge=0, lt=1, description="Share of documents in the test split."
+    )
     seed: int = Field(1234, description="Seed of the document -> split assignment.")
-    batch_size: int = Field(1024, ge=1, description="Documents per Ray Data batch (one shard each).")
-    num_actors: int = Field(2, ge=1, description="Tokenizer actors (each with fractional CPUs on small machines).")
+    batch_size: int = Field(
+        1024, ge=1, description="Documents per Ray Data batch (one shard each)."
+    )
+    num_actors: int = Field(
+        2, ge=1, description="Tokenizer actors (each with fractional CPUs on small machines)."
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> TokenizeConfig:
@@ -73,8 +90,8 @@ class TokenizeStage(Stage):
 
     type_name = "tokenize"
     Config = TokenizeConfig
-    input_kinds = {"corpus": "Corpus"}
-    output_kinds = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    output_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
 
     def extra_fingerprint(self) -> str:
         if not self.config.tokenizer:
@@ -94,7 +111,10 @@ class TokenizeStage(Stage):
         else:
             specials = [cfg.eod_token, *[s for s in cfg.special_tokens if s != cfg.eod_token]]
             tok = train_tokenizer(
-                _corpus_texts(files, cfg.train_max_documents), cfg.vocab_size, specials, cfg.min_frequency
+                _corpus_texts(files, cfg.train_max_documents),
+                cfg.vocab_size,
+                specials,
+                cfg.min_frequency,
             )
             ctx.log.info("tokenize: trained byte-level BPE, vocab %d", tok.get_vocab_size())
         eod = eod_id(tok, cfg.eod_token)

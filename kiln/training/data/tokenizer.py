@@ -78,7 +78,9 @@ def tokenizer_file(path: str | os.PathLike) -> Path:
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
-        raise InputError(f"{path}: no tokenizer.json here (expected a file or a directory holding one)")
+        raise InputError(
+            f"{path}: no tokenizer.json here (expected a file or a directory holding one)"
+        )
     return p
 
 

@@ -9,7 +9,9 @@ import numpy as np
 from kiln.training.data.indexed_dataset import IndexedDatasetWriter
 
 
-def write_unique_dataset(prefix: Path, n_docs: int, max_len: int, seed: int = 0, base: int = 0) -> list[np.ndarray]:
+def write_unique_dataset(
+    prefix: Path, n_docs: int, max_len: int, seed: int = 0, base: int = 0
+) -> list[np.ndarray]:
     """Documents of random length (some empty) whose tokens are base + their position in the file."""
     rng = np.random.default_rng(seed)
     docs, pos = [], base

@@ -18,13 +18,17 @@ with warnings.catch_warnings():
     from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
 
 
-@pytest.mark.parametrize("num_samples", [None, 700, 1200])  # one epoch; 3 epochs with/without a separate last one
+@pytest.mark.parametrize(
+    "num_samples", [None, 700, 1200]
+)  # one epoch; 3 epochs with/without a separate last one
 def test_indices_equal_megatrons(tmp_path, num_samples):
     write_unique_dataset(tmp_path / "d", 300, 50)
     ds = IndexedDataset(tmp_path / "d")
     seq_len, seed = 32, 7
     documents = np.arange(len(ds), dtype=np.int32)
-    doc_index, sample_index, shuffle_index = build_indices(ds.sequence_lengths, documents, seq_len, seed, num_samples)
+    doc_index, sample_index, shuffle_index = build_indices(
+        ds.sequence_lengths, documents, seq_len, seed, num_samples
+    )
 
     # Megatron's own functions, driven the way GPTDataset drives them
     tokens_per_epoch = ds.num_tokens
@@ -61,7 +65,9 @@ def test_one_epoch_packs_every_token_once(tmp_path):
     inputs = samples[:, :-1].ravel()
     assert len(np.unique(inputs)) == len(inputs) == 16 * len(gpt)  # no token twice as an input
     missing = np.setdiff1d(np.arange(ds.num_tokens), inputs)
-    np.testing.assert_array_equal(np.sort(missing), np.sort(stream[16 * len(gpt) :]))  # only the short tail
+    np.testing.assert_array_equal(
+        np.sort(missing), np.sort(stream[16 * len(gpt) :])
+    )  # only the short tail
     assert len(missing) <= 16
 
 
@@ -95,14 +101,18 @@ def test_index_is_cached_on_disk_under_a_hash_of_its_inputs(tmp_path):
 def test_blend_follows_the_weights_in_every_prefix(tmp_path):
     write_unique_dataset(tmp_path / "a", 300, 40, seed=1)
     write_unique_dataset(tmp_path / "b", 300, 40, seed=2, base=1 << 24)
-    parts = [GPTDataset(IndexedDataset(tmp_path / n), 16, 5, cache_dir=tmp_path / "c") for n in "ab"]
+    parts = [
+        GPTDataset(IndexedDataset(tmp_path / n), 16, 5, cache_dir=tmp_path / "c") for n in "ab"
+    ]
     blend = BlendedDataset(parts, [3.0, 1.0])
     assert blend.size <= len(parts[1]) * 4 and blend.size <= len(parts[0]) * 4 / 3
     which = blend.dataset_index
     for n in (1, 10, 57, blend.size):
         assert abs((which[:n] == 0).sum() - 0.75 * n) <= 1
     samples = blend.gather(np.arange(blend.size))
-    np.testing.assert_array_equal(samples[:, 0] >= (1 << 24), which == 1)  # rows really come from that dataset
+    np.testing.assert_array_equal(
+        samples[:, 0] >= (1 << 24), which == 1
+    )  # rows really come from that dataset
     # within each dataset, samples are taken in order without repeats
     for d in (0, 1):
         local = blend.dataset_sample_index[which == d]
@@ -110,6 +120,6 @@ def test_blend_follows_the_weights_in_every_prefix(tmp_path):
 
 
 def test_blending_indices_three_way():
-    which, local = build_blending_indices(np.array([0.5, 0.3, 0.2]), 1000, [10_000] * 3)
+    which, _ = build_blending_indices(np.array([0.5, 0.3, 0.2]), 1000, [10_000] * 3)
     counts = np.bincount(which, minlength=3)
     np.testing.assert_allclose(counts, [500, 300, 200], atol=1)

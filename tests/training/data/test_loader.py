@@ -24,8 +24,12 @@ def data(tmp_path_factory):
 
 
 def _loader(data, dp_rank=0, dp_size=1, mbs=2, seed=1, prefetch=2):
-    cfg = DataConfig(paths=[str(data / "d")], index_cache_dir=str(data / "cache"), prefetch=prefetch)
-    return build_dataloader(cfg, seq_len=SEQ, micro_batch_size=mbs, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    cfg = DataConfig(
+        paths=[str(data / "d")], index_cache_dir=str(data / "cache"), prefetch=prefetch
+    )
+    return build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=mbs, dp_rank=dp_rank, dp_size=dp_size, seed=seed
+    )
 
 
 def _take(loader, n):
@@ -103,7 +107,11 @@ def test_state_counts_delivered_batches_not_prefetched_ones(data):
 
 def test_blended_paths(data, tmp_path):
     write_unique_dataset(tmp_path / "other", 300, 40, seed=9, base=1 << 24)
-    cfg = DataConfig(paths=[str(data / "d"), str(tmp_path / "other")], weights=[1, 3], index_cache_dir=str(tmp_path))
+    cfg = DataConfig(
+        paths=[str(data / "d"), str(tmp_path / "other")],
+        weights=[1, 3],
+        index_cache_dir=str(tmp_path),
+    )
     loader = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=8, dp_rank=0, dp_size=1, seed=0)
     tokens = torch.cat([t for t, _ in _take(loader, 5)])
     assert (tokens[:, 0] >= (1 << 24)).sum().item() == 30  # 3/4 of 40 samples
@@ -111,12 +119,18 @@ def test_blended_paths(data, tmp_path):
 
 def test_synthetic_data_same_api(data):
     cfg = DataConfig(synthetic=True)
-    a = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50)
+    a = build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50
+    )
     batches = _take(a, 4)
     assert all(t.max() < 50 and t.min() >= 0 for t, _ in batches)
-    b = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50)
+    b = build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50
+    )
     _take(b, 2)
-    c = build_dataloader(cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50)
+    c = build_dataloader(
+        cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50
+    )
     c.load_state_dict(b.state_dict())
     assert all(torch.equal(x[0], y[0]) for x, y in zip(_take(c, 2), batches[2:]))
     with pytest.raises(ConfigError, match="vocab_size"):
@@ -125,6 +139,13 @@ def test_synthetic_data_same_api(data):
 
 def test_bad_paths_are_user_errors(tmp_path):
     with pytest.raises(InputError, match="neither a TokenDataset"):
-        build_dataloader(DataConfig(paths=[str(tmp_path / "nope")]), seq_len=8, micro_batch_size=1, dp_rank=0, dp_size=1, seed=0)
+        build_dataloader(
+            DataConfig(paths=[str(tmp_path / "nope")]),
+            seq_len=8,
+            micro_batch_size=1,
+            dp_rank=0,
+            dp_size=1,
+            seed=0,
+        )
     with pytest.raises(ConfigError, match="data.paths"):
         build_dataloader(DataConfig(), seq_len=8, micro_batch_size=1, dp_rank=0, dp_size=1, seed=0)
