@@ -12,6 +12,7 @@ from kiln.platform.errors import KilnError
 
 COMMAND_MODULES = [
     "kiln.platform.commands",
+    "kiln.platform.reference",
     "kiln.curator.cli",
     "kiln.training.data.cli",
     "kiln.training.cli",
