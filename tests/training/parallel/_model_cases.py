@@ -1,0 +1,83 @@
+"""Rank functions: A's Transformer under context / expert parallelism vs one process (one step)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+
+from kiln.training.model import ModelConfig, Transformer
+from kiln.training.model.moe import moe_aux_loss
+from kiln.training.parallel.context_parallel import apply_context_parallel, shard_for_context_parallel
+from kiln.training.parallel.expert_parallel import apply_expert_parallel
+
+# Model overrides of the tiny preset (2 layers keep it quick).
+CP_CASES = [
+    dict(),  # GQA 4 query / 2 kv heads
+    dict(n_kv_heads=1, sliding_window=6),  # MQA + sliding window
+    dict(n_experts=4, top_k=2, moe_aux_loss_coef=0.1),  # MoE statistics over the cp group
+]
+
+
+def _objective(model, cfg, tokens, labels):
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    return loss + cfg.moe_aux_loss_coef * moe_aux_loss(model)
+
+
+def _grad_error(model, ref) -> float:
+    ref_params = dict(ref.named_parameters())
+    return max((p.grad - ref_params[n].grad).abs().max().item() for n, p in model.named_parameters())
+
+
+def cp_model_vs_single(seq_len: int) -> list[tuple]:
+    """Loss and grads of the cp-sharded model (loss and grads averaged over cp) vs one process."""
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+    results = []
+    for seed, overrides in enumerate(CP_CASES):
+        torch.manual_seed(seed)
+        cfg = ModelConfig.preset("tiny", n_layers=2, **overrides)
+        ref = Transformer(cfg)
+        model = copy.deepcopy(ref)
+        tokens = torch.randint(0, cfg.vocab_size, (2, seq_len))
+        labels = torch.roll(tokens, -1, dims=1)
+        ref_loss = _objective(ref, cfg, tokens, labels)
+        ref_loss.backward()
+
+        apply_context_parallel(model, mesh, seq_len=seq_len)
+        local_tokens, local_labels = shard_for_context_parallel(tokens, labels, mesh)
+        loss = _objective(model, cfg, local_tokens, local_labels)
+        loss.backward()
+        for p in model.parameters():  # FSDP over (dp_shard, cp) averages gradients like this
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
+        results.append((overrides, abs(loss.item() - ref_loss.item()), _grad_error(model, ref)))
+    return results
+
+
+def ep_model_vs_single() -> tuple[float, float]:
+    """MoE Transformer with experts over ep=world ranks, one micro-batch per rank, vs one process."""
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("dp_shard",))
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", n_layers=2, n_experts=4, top_k=2, moe_aux_loss_coef=0.1)
+    ref = Transformer(cfg)
+    model = copy.deepcopy(ref)
+    tokens = torch.randint(0, cfg.vocab_size, (ep, 2, 16))
+    labels = torch.roll(tokens, -1, dims=2)
+    ref_loss = sum(_objective(ref, cfg, tokens[r], labels[r]) for r in range(ep)) / ep
+    ref_loss.backward()
+
+    apply_expert_parallel(model, mesh)
+    loss = _objective(model, cfg, tokens[rank], labels[rank])
+    loss.backward()
+    experts = {id(p) for m in model.modules() if hasattr(m, "ep_group") for p in m.experts.parameters()}
+    for p in model.parameters():
+        if id(p) not in experts:  # FSDP averages these; expert grads are averaged by EP's hooks
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
+    return abs(loss.item() - ref_loss.item()), _grad_error(model, ref)
