@@ -17,6 +17,7 @@ BUILTIN_STAGES: dict[str, str] = {
     "text.stats": "kiln.platform.builtin_stages:TextStats",
     "noop": "kiln.platform.builtin_stages:Noop",
     "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
+    "complete": "kiln.pipelines.complete_stage:CompleteStage",
     "curate": "kiln.curator.stage:CurateStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
     "train": "kiln.training.train_stage:TrainStage",
