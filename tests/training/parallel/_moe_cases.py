@@ -52,3 +52,22 @@ def ep_vs_single() -> list[tuple]:
         names = sorted(moe.state_dict())
         errors.append(((n_experts, top_k, capacity), max(diffs), names))
     return errors
+
+
+def ep_with_replicas() -> float:
+    """4 ranks as dp_replicate=2 x dp_shard=2 with ep=2 over dp_shard: each expert has 2 copies."""
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    torch.manual_seed(0)
+    ref = MoE(16, 24, 4, 2)
+    x, w = torch.randn(4, 2, 6, 16), torch.randn(4, 2, 6, 16)
+    (sum(_loss(ref, x[r], w[r])[1] for r in range(4)) / 4).backward()
+
+    moe = apply_expert_parallel(copy.deepcopy(ref), mesh["dp_shard"])  # dp mesh found from the root
+    _, loss = _loss(moe, x[rank], w[rank])
+    loss.backward()
+    return max(
+        (p.grad - ref.experts[j].get_parameter(name).grad).abs().max().item()
+        for j in local_expert_ids(moe)
+        for name, p in moe.experts[str(j)].named_parameters()
+    )

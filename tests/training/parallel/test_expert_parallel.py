@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.training.distributed import run_distributed
-from tests.training.parallel._moe_cases import ep_vs_single
+from tests.training.parallel._moe_cases import ep_vs_single, ep_with_replicas
 
 
 @pytest.mark.slow
@@ -18,3 +18,9 @@ def test_expert_parallel_matches_single_process():
     names0, names1 = per_rank[0][0][2], per_rank[1][0][2]
     assert "experts.0.w1.weight" in names0 and "experts.2.w1.weight" not in names0
     assert "experts.3.w2.weight" in names1 and "gate.weight" in names1
+
+
+@pytest.mark.slow
+def test_expert_grads_are_summed_over_replicas():
+    for err in run_distributed(ep_with_replicas, 4):
+        assert err < 1e-5
