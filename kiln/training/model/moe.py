@@ -115,7 +115,9 @@ class MoE(nn.Module):
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * n_tokens * k / self.n_experts)
             starts = torch.cumsum(counts, 0) - counts
-            rank_in_expert = torch.arange(order.numel(), device=order.device) - starts[expert[order]]
+            rank_in_expert = (
+                torch.arange(order.numel(), device=order.device) - starts[expert[order]]
+            )
             order = order[rank_in_expert < capacity]
             counts = counts.clamp(max=capacity)
         return token[order], weight[order], counts

@@ -36,7 +36,9 @@ class RingAttentionCore(nn.Module):
         self.causal = causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return ring_attention(q, k, v, self.group, causal=self.causal, window=self.sliding_window, zigzag=True)
+        return ring_attention(
+            q, k, v, self.group, causal=self.causal, window=self.sliding_window, zigzag=True
+        )
 
     def extra_repr(self) -> str:
         return f"cp={dist.get_world_size(self.group)}, sliding_window={self.sliding_window}"
@@ -49,7 +51,9 @@ def _sum_over(group: dist.ProcessGroup):
     return lambda t: all_reduce(t, op=dist.ReduceOp.SUM, group=group)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, seq_len: int | None = None) -> nn.Module:
+def apply_context_parallel(
+    model: nn.Module, cp_mesh: DeviceMesh, seq_len: int | None = None
+) -> nn.Module:
     """Swap attention cores for ring attention and RoPE tables for this rank's rows (in place).
 
     `seq_len` is the global training sequence length (default: the rope table's length, i.e.
@@ -63,13 +67,17 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, seq_len: int |
     full_len = model.rope_cos.shape[0] if getattr(model, "rope_cos", None) is not None else None
     seq_len = seq_len or full_len
     if seq_len is None or seq_len % (2 * cp):
-        raise ConfigError(f"seq_len={seq_len} must be a multiple of 2*cp = {2 * cp} for context parallelism")
+        raise ConfigError(
+            f"seq_len={seq_len} must be a multiple of 2*cp = {2 * cp} for context parallelism"
+        )
     positions = local_positions(seq_len // cp, rank, cp, zigzag=True)
 
     for name, module in model.named_modules():
         if name.endswith("attention") and hasattr(module, "core"):
             old = module.core
-            module.core = RingAttentionCore(group, getattr(old, "sliding_window", None), getattr(old, "causal", True))
+            module.core = RingAttentionCore(
+                group, getattr(old, "sliding_window", None), getattr(old, "causal", True)
+            )
         if isinstance(module, MoE):
             module.reduce_stats = _sum_over(group)
 
@@ -98,5 +106,7 @@ def shard_for_context_parallel(
     """This rank's zig-zag part of a [B, S] batch: chunks r and 2*cp-1-r of 2*cp along S."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     if tokens.shape[1] % (2 * cp):
-        raise ConfigError(f"seq_len={tokens.shape[1]} must be a multiple of 2*cp = {2 * cp} for context parallelism")
+        raise ConfigError(
+            f"seq_len={tokens.shape[1]} must be a multiple of 2*cp = {2 * cp} for context parallelism"
+        )
     return zigzag_shard(tokens, 1, rank, cp), zigzag_shard(labels, 1, rank, cp)

@@ -43,7 +43,9 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_in = grad.new_empty((sum(ctx.input_splits), *grad.shape[1:]))
-        dist.all_to_all_single(grad_in, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group)
+        dist.all_to_all_single(
+            grad_in, grad.contiguous(), ctx.input_splits, ctx.output_splits, group=ctx.group
+        )
         return grad_in, None, None, None
 
 
@@ -62,13 +64,24 @@ class ExpertParallelMoE(MoE):
         send_splits = counts.view(ep, n_local).sum(1).tolist()
         recv_splits = recv_counts.sum(1).tolist()
 
-        received = _AllToAll.apply(x, recv_splits, send_splits, self.ep_group)  # by source, then expert
+        received = _AllToAll.apply(
+            x, recv_splits, send_splits, self.ep_group
+        )  # by source, then expert
         # Regroup rows by local expert (stable: source order kept within an expert).
-        expert_of_row = torch.arange(n_local, device=x.device).repeat(ep).repeat_interleave(recv_counts.flatten())
+        expert_of_row = (
+            torch.arange(n_local, device=x.device)
+            .repeat(ep)
+            .repeat_interleave(recv_counts.flatten())
+        )
         order = torch.argsort(expert_of_row, stable=True)
         chunks = received[order].split(recv_counts.sum(0).tolist(), dim=0)
         # Expert weights are outside FSDP's mixed precision: compute in their dtype.
-        y = torch.cat([expert(c.to(expert.w1.weight.dtype)) for expert, c in zip(self.experts.values(), chunks)])
+        y = torch.cat(
+            [
+                expert(c.to(expert.w1.weight.dtype))
+                for expert, c in zip(self.experts.values(), chunks)
+            ]
+        )
         y = y.to(x.dtype)
         y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
         return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
@@ -98,7 +111,9 @@ def _replica_group(ep_mesh: DeviceMesh, dp_mesh: DeviceMesh) -> dist.ProcessGrou
     return group
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, dp_mesh: DeviceMesh | None = None) -> nn.Module:
+def apply_expert_parallel(
+    model: nn.Module, ep_mesh: DeviceMesh, dp_mesh: DeviceMesh | None = None
+) -> nn.Module:
     """Keep this rank's share of every MoE layer's experts and dispatch tokens to their owners.
 
     `dp_mesh`: the mesh over which the trainer averages gradients (default: the dp_replicate,
@@ -114,7 +129,9 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, dp_mesh: Device
         if not isinstance(module, MoE):
             continue
         if module.n_experts % ep:
-            raise ConfigError(f"model.n_experts={module.n_experts} must be a multiple of parallel.ep={ep}")
+            raise ConfigError(
+                f"model.n_experts={module.n_experts} must be a multiple of parallel.ep={ep}"
+            )
         n_local = module.n_experts // ep
         owned = range(rank * n_local, (rank + 1) * n_local)
         module.experts = nn.ModuleDict({str(j): module.experts[j] for j in owned})
@@ -159,7 +176,11 @@ def expert_grad_norm_sq(model: nn.Module) -> torch.Tensor:
 def local_expert_ids(module: MoE) -> list[int]:
     """Global ids of the experts this rank holds in one MoE layer."""
     experts = module.experts
-    return [int(k) for k in experts.keys()] if isinstance(experts, nn.ModuleDict) else list(range(len(experts)))
+    return (
+        [int(k) for k in experts]
+        if isinstance(experts, nn.ModuleDict)
+        else list(range(len(experts)))
+    )
 
 
 __all__ = [

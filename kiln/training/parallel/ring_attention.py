@@ -51,7 +51,9 @@ def _chunks(local_len: int, rank: int, world: int, zigzag: bool) -> list[_Chunk]
 
 def local_positions(local_len: int, rank: int, world: int, zigzag: bool = True) -> torch.Tensor:
     """Global positions of a rank's local tokens."""
-    return torch.cat([torch.arange(c.start, c.start + c.length) for c in _chunks(local_len, rank, world, zigzag)])
+    return torch.cat(
+        [torch.arange(c.start, c.start + c.length) for c in _chunks(local_len, rank, world, zigzag)]
+    )
 
 
 def _visibility(q: _Chunk, k: _Chunk, causal: bool, window: int | None) -> str:
@@ -86,7 +88,9 @@ def _plan(q_chunks, k_chunks, causal, window, device) -> list[_Block]:
         mask = None
         if any(v == "some" for _, v in seen) or hi - lo != sum(kc.length for kc, _ in seen):
             qpos = torch.arange(qc.start, qc.start + qc.length, device=device)
-            kpos = torch.cat([torch.arange(kc.start, kc.start + kc.length) for kc in k_chunks]).to(device)
+            kpos = torch.cat([torch.arange(kc.start, kc.start + kc.length) for kc in k_chunks]).to(
+                device
+            )
             kpos = kpos[lo:hi]
             keep = [torch.arange(kc.offset, kc.offset + kc.length) for kc, _ in seen]
             in_block = torch.zeros(hi - lo, dtype=torch.bool, device=device)
@@ -186,7 +190,9 @@ class RingAttention(torch.autograd.Function):
             for block in plan:
                 out_b, lse_b = _attend_block(qf, kv[0], kv[1], block, scale)
                 rows = block.q
-                out[:, :, :, rows], lse[:, :, :, rows] = _merge(out[:, :, :, rows], lse[:, :, :, rows], out_b, lse_b)
+                out[:, :, :, rows], lse[:, :, :, rows] = _merge(
+                    out[:, :, :, rows], lse[:, :, :, rows], out_b, lse_b
+                )
             plans.append(plan)
             if step < ring.world - 1:
                 _wait(works)

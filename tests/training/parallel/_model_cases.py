@@ -11,14 +11,17 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from kiln.training.model import ModelConfig, Transformer
 from kiln.training.model.moe import moe_aux_loss
-from kiln.training.parallel.context_parallel import apply_context_parallel, shard_for_context_parallel
+from kiln.training.parallel.context_parallel import (
+    apply_context_parallel,
+    shard_for_context_parallel,
+)
 from kiln.training.parallel.expert_parallel import apply_expert_parallel
 
 # Model overrides of the tiny preset (2 layers keep it quick).
 CP_CASES = [
-    dict(),  # GQA 4 query / 2 kv heads
-    dict(n_kv_heads=1, sliding_window=6),  # MQA + sliding window
-    dict(n_experts=4, top_k=2, moe_aux_loss_coef=0.1),  # MoE statistics over the cp group
+    {},  # GQA 4 query / 2 kv heads
+    {"n_kv_heads": 1, "sliding_window": 6},  # MQA + sliding window
+    {"n_experts": 4, "top_k": 2, "moe_aux_loss_coef": 0.1},  # MoE statistics over the cp group
 ]
 
 
@@ -30,12 +33,14 @@ def _objective(model, cfg, tokens, labels):
 
 def _grad_error(model, ref) -> float:
     ref_params = dict(ref.named_parameters())
-    return max((p.grad - ref_params[n].grad).abs().max().item() for n, p in model.named_parameters())
+    return max(
+        (p.grad - ref_params[n].grad).abs().max().item() for n, p in model.named_parameters()
+    )
 
 
 def cp_model_vs_single(seq_len: int) -> list[tuple]:
     """Loss and grads of the cp-sharded model (loss and grads averaged over cp) vs one process."""
-    rank, cp = dist.get_rank(), dist.get_world_size()
+    _rank, cp = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
     results = []
     for seed, overrides in enumerate(CP_CASES):
@@ -75,7 +80,9 @@ def ep_model_vs_single() -> tuple[float, float]:
     apply_expert_parallel(model, mesh)
     loss = _objective(model, cfg, tokens[rank], labels[rank])
     loss.backward()
-    experts = {id(p) for m in model.modules() if hasattr(m, "ep_group") for p in m.experts.parameters()}
+    experts = {
+        id(p) for m in model.modules() if hasattr(m, "ep_group") for p in m.experts.parameters()
+    }
     for p in model.parameters():
         if id(p) not in experts:  # FSDP averages these; expert grads are averaged by EP's hooks
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)

@@ -9,7 +9,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from kiln.training.model.moe import MoE
-from kiln.training.parallel.expert_parallel import apply_expert_parallel, expert_grad_norm_sq, local_expert_ids
+from kiln.training.parallel.expert_parallel import (
+    apply_expert_parallel,
+    expert_grad_norm_sq,
+    local_expert_ids,
+)
 
 # (n_experts, top_k, capacity_factor)
 CASES = [(4, 2, None), (4, 1, 1.0), (8, 2, 0.75)]

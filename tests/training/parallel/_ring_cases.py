@@ -27,7 +27,9 @@ def sdpa_reference(q, k, v, window):
     mask = j <= i
     if window is not None:
         mask &= (i - j) < window
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 def _shard(x, rank, world, zigzag):
@@ -52,6 +54,9 @@ def ring_vs_sdpa() -> list[tuple]:
         out = ring_attention(*local, dist.group.WORLD, causal=True, window=window, zigzag=zigzag)
         out.backward(_shard(dout, rank, world, zigzag))
         diffs = [(out - _shard(ref.detach(), rank, world, zigzag)).abs().max().item()]
-        diffs += [(t.grad - _shard(r.grad, rank, world, zigzag)).abs().max().item() for t, r in zip(local, ref_inputs)]
+        diffs += [
+            (t.grad - _shard(r.grad, rank, world, zigzag)).abs().max().item()
+            for t, r in zip(local, ref_inputs)
+        ]
         errors.append(((S, Hq, Hkv, window, zigzag), max(diffs)))
     return errors

@@ -11,10 +11,15 @@ from kiln.training.model.moe import MoE, moe_aux_loss
 
 def test_matches_hf_mixtral_block_and_aux_loss():
     from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
+    from transformers.models.mixtral.modeling_mixtral import (
+        MixtralSparseMoeBlock,
+        load_balancing_loss_func,
+    )
 
     torch.manual_seed(0)
-    cfg = MixtralConfig(hidden_size=16, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2)
+    cfg = MixtralConfig(
+        hidden_size=16, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2
+    )
     hf = MixtralSparseMoeBlock(cfg).eval()
     moe = MoE(16, 24, n_experts=4, top_k=2)
     with torch.no_grad():
@@ -26,7 +31,9 @@ def test_matches_hf_mixtral_block_and_aux_loss():
     torch.testing.assert_close(moe(x), hf(x), atol=1e-6, rtol=0)
     hf_aux = load_balancing_loss_func((moe.gate(x.view(-1, 16)),), num_experts=4, top_k=2)
     torch.testing.assert_close(moe.aux_loss, hf_aux)
-    assert moe_aux_loss(torch.nn.Sequential(moe, copy.deepcopy(moe))).item() == 2 * moe.aux_loss.item()
+    assert (
+        moe_aux_loss(torch.nn.Sequential(moe, copy.deepcopy(moe))).item() == 2 * moe.aux_loss.item()
+    )
 
 
 def test_balanced_router_gives_aux_loss_top_k():
