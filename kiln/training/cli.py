@@ -1,0 +1,61 @@
+"""`kiln train --config FILE [--set key.path=value ...]`: one training run on Ray Train."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model on Ray Train (every parallelism, resumable)")
+    p.add_argument("--config", required=True, help="YAML: TrainConfig fields plus an optional `ray:` block")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set steps=100 --set parallel.tp=2 (values are YAML)")
+    p.add_argument("--run-dir", default=None, help="metrics, TensorBoard, loss curve (default: runs/train/<ray.name>)")
+    p.set_defaults(func=_train)
+
+
+def load_config(path: str, overrides: list[str]):
+    import yaml
+
+    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    from kiln.training.train_stage import TrainStageConfig
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"--config {path}: file not found")
+    try:
+        body = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: expected a mapping of TrainConfig fields")
+    body = body.get("train", body)  # a `train:` block or the fields themselves
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        node = body
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a mapping")
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    from pydantic import ValidationError
+
+    try:
+        return TrainStageConfig.model_validate(body)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "train")) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from kiln.training.ray_train import train_on_ray
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = args.run_dir or str(Path("runs") / "train" / cfg.ray.name)
+    summary = train_on_ray(cfg.train_config(), run_dir=run_dir, options=cfg.ray)
+    print(json.dumps({k: summary[k] for k in ("final", "checkpoint", "metrics_file", "loss_curve")}, indent=2, default=str))
+    return 0
