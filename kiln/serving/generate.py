@@ -96,8 +96,8 @@ class Generator:
             cfg, state = load_checkpoint_state(path)
         tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
-        name = model_name or os.path.basename(os.path.normpath(path)) or "kiln"
-        if name in ("hf", "latest") or name.startswith("step"):
+        name = model_name or _export_info(path).get("model_name") or os.path.basename(os.path.normpath(path))
+        if name in ("hf", "latest", "model") or name.startswith("step-"):
             name = "kiln"
         gen = cls(model, tok, model_name=name, eos_token_ids=_find_eos(tok, tok_dir))
         gen.model_config = cfg
@@ -190,6 +190,8 @@ class Generator:
                 return
         if len(seq.token_ids) >= seq.params.max_new_tokens:
             seq.finish_reason = "length"
+        elif len(seq.prompt_ids) + len(seq.token_ids) >= self.max_seq_len:
+            seq.finish_reason = "length"  # the context is full
 
     def _text(self, seq: _Sequence) -> str:
         return seq.text if seq.text is not None else self.decode(seq.token_ids)
@@ -215,7 +217,7 @@ class Generator:
         lengths = [len(s.prompt_ids) for s in active]
         width = max(lengths)
         budget = max(s.params.max_new_tokens for s in active)
-        capacity = min(width + budget, self.max_seq_len)
+        capacity = width + budget  # a row stops when its own prompt + completion fill the context
         pad = torch.tensor([width - n for n in lengths], device=self.device)
         tokens = torch.zeros(len(active), width, dtype=torch.long, device=self.device)
         for row, s in enumerate(active):
@@ -230,9 +232,6 @@ class Generator:
             next_tokens = sample_next(logits, [s.params for s in active], [s.rng for s in active]).tolist()
             for s, t in zip(active, next_tokens):
                 self._push(s, t)
-            if cache.length >= capacity:  # context full
-                for s in active:
-                    s.finish_reason = s.finish_reason or "length"
             yield
             keep = [i for i, s in enumerate(active) if not s.done]
             if not keep:
@@ -255,8 +254,6 @@ class Generator:
                 ids = torch.tensor([s.prompt_ids + s.token_ids], device=self.device)
                 logits = self.model(ids)[:, -1]
                 self._push(s, sample_next(logits, [s.params], [s.rng]).item())
-                if ids.shape[1] + 1 >= self.max_seq_len:
-                    s.finish_reason = s.finish_reason or "length"
                 yield
 
     def _sliding_window(self) -> int | None:
@@ -264,6 +261,15 @@ class Generator:
             return self.model_config.get("sliding_window")
         cfg = getattr(self.model, "cfg", None) or getattr(self.model, "config", None)
         return getattr(cfg, "sliding_window", None)
+
+
+def _export_info(path: str) -> dict:
+    """`kiln_export.json` that export_hf writes next to the weights (model name, kiln shape)."""
+    info = os.path.join(path, "kiln_export.json")
+    if not os.path.exists(info):
+        return {}
+    with open(info) as f:
+        return json.load(f)
 
 
 def _per_prompt(params, n: int) -> list[SamplingParams]:
@@ -323,14 +329,11 @@ def load_tokenizer(tokenizer, search: list[str]):
 
 def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """Model config and state dict from a kiln checkpoint (a step dir, or a root with `latest`)."""
-    from kiln.training.checkpoint import latest_checkpoint, load_model_state
+    from kiln.training.checkpoint import load_model_state
 
-    step_dir = path
-    if not os.path.exists(os.path.join(path, "kiln.json")):
-        step_dir = latest_checkpoint(path)
-        if step_dir is None:
-            raise InputError(f"{path}: neither a Hugging Face dir (config.json) nor a kiln checkpoint")
-    cfg, state = load_model_state(step_dir)
+    cfg, state = load_model_state(path)
+    if not cfg:
+        raise InputError(f"{path}: the checkpoint's kiln.json has no model config")
     return dict(cfg), state
 
 

@@ -76,7 +76,9 @@ def save_tokenizer(tok, out_dir: str) -> dict[str, str]:
     return specials
 
 
-def export_hf(source, out_dir: str, *, tokenizer=None, dtype: str = "float32") -> dict:
+def export_hf(
+    source, out_dir: str, *, tokenizer=None, dtype: str = "float32", model_name: str | None = None
+) -> dict:
     """Write `source` (a Generator, a kiln checkpoint dir or an HF dir) as an HF model dir.
 
     Returns a summary: architecture, parameter count, files written.
@@ -99,8 +101,9 @@ def export_hf(source, out_dir: str, *, tokenizer=None, dtype: str = "float32") -
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
-    with open(os.path.join(out_dir, "kiln_model.json"), "w") as f:
-        json.dump(cfg, f, indent=2)  # the exact kiln shape, for a lossless round trip
+    info = {"model_name": model_name or getattr(source, "model_name", None), "model": cfg}
+    with open(os.path.join(out_dir, "kiln_export.json"), "w") as f:
+        json.dump(info, f, indent=2)  # the served name and the exact kiln shape
     return {
         "architecture": config["architectures"][0],
         "parameters": int(sum(t.numel() for t in hf_state.values())),

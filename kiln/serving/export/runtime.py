@@ -13,7 +13,13 @@ import importlib.util
 import os
 import shutil
 
-ROOTS = ("kiln.serving.generate", "kiln.serving.export.hf_format", "kiln.training.model.transformer")
+# moe is imported lazily by the transformer (only MoE models need it): name it explicitly
+ROOTS = (
+    "kiln.serving.generate",
+    "kiln.serving.export.hf_format",
+    "kiln.training.model.transformer",
+    "kiln.training.model.moe",
+)
 
 
 def _module_file(name: str) -> str | None:

@@ -103,7 +103,7 @@ def export_triton(source, repo_dir: str, cfg: TritonExportConfig | None = None, 
     if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
         shutil.copytree(source, hf_dir)
     else:
-        export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype)
+        export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)
     if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
         raise InputError("Triton export needs a tokenizer (text in, text out): pass tokenizer=")
     here = os.path.dirname(os.path.abspath(__file__))
