@@ -44,7 +44,8 @@ class Limits(BaseModel):
         for p in prompts:
             if len(p) > self.max_prompt_chars:
                 raise RequestError(
-                    f"prompt has {len(p)} characters; at most {self.max_prompt_chars}", param="prompt"
+                    f"prompt has {len(p)} characters; at most {self.max_prompt_chars}",
+                    param="prompt",
                 )
         if max_new_tokens < 1:
             raise RequestError(f"{field} must be at least 1 (got {max_new_tokens})", param=field)
@@ -120,7 +121,9 @@ class ModelList(BaseModel):
 
 
 def openai_error(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(
+        status, "invalid_request_error"
+    )
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 

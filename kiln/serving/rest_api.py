@@ -13,10 +13,11 @@ import json
 import math
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.serving.backends import Backend
@@ -118,18 +119,6 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api = FastAPI(title="kiln", docs_url=None, redoc_url=None, openapi_url=None)
     name = backend.model_name
 
-    async def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header:
-            raise RequestError("missing API key: send 'Authorization: Bearer <key>'", status=401)
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), api_key.encode()
-        ):
-            raise RequestError("invalid API key", status=401)
-
     def require_model(model: str | None) -> None:
         if model is not None and model != name:
             raise RequestError(
@@ -151,7 +140,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
 
     # ------------------------------------------------------------------------ OpenAI
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
+    v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
     async def list_models() -> ModelList:
@@ -223,7 +212,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
         ok = await backend.ready()
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    v2 = APIRouter(prefix="/v2", dependencies=[Depends(authorize)])
+    v2 = APIRouter(prefix="/v2")
 
     @v2.get("")
     async def server_metadata():
@@ -280,4 +269,33 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
 
     api.include_router(v1)
     api.include_router(v2)
+    if api_key is not None:
+        api.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return api
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on every route but the health probes. A middleware, not a
+    dependency, so a request without the key gets 401 before its body is even parsed."""
+
+    PUBLIC = ("/v2/health/live", "/v2/health/ready")
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"].endswith(self.PUBLIC):
+            return await self.app(scope, receive, send)
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            message = "missing API key: send 'Authorization: Bearer <key>'"
+        elif scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.api_key
+        ):
+            message = "invalid API key"
+        else:
+            return await self.app(scope, receive, send)
+        response = _error_response(Request(scope), message, 401)
+        await response(scope, receive, send)

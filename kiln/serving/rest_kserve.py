@@ -97,7 +97,9 @@ def _flatten(data: list[Any]) -> list[Any]:
     return flat
 
 
-def parse_infer_body(body: bytes, header_length: str | None) -> tuple[InferRequest, dict[str, list]]:
+def parse_infer_body(
+    body: bytes, header_length: str | None
+) -> tuple[InferRequest, dict[str, list]]:
     """Split a KServe infer body into the request header and each input's flat list of values."""
     try:
         n = int(header_length) if header_length is not None else len(body)
@@ -116,11 +118,15 @@ def parse_infer_body(body: bytes, header_length: str | None) -> tuple[InferReque
     for t in req.inputs:
         expected = math.prod(t.shape) if t.shape else 1
         if any(d < 0 for d in t.shape):
-            raise RequestError(f"input {t.name!r}: negative dimension in shape {t.shape}", param=t.name)
+            raise RequestError(
+                f"input {t.name!r}: negative dimension in shape {t.shape}", param=t.name
+            )
         size = (t.parameters or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise RequestError(f"input {t.name!r}: binary_data_size exceeds the body", param=t.name)
+                raise RequestError(
+                    f"input {t.name!r}: binary_data_size exceeds the body", param=t.name
+                )
             raw = binary[offset : offset + size]
             offset += size
             if t.datatype == "BYTES":
@@ -131,7 +137,9 @@ def parse_infer_body(body: bytes, header_length: str | None) -> tuple[InferReque
                     raise RequestError(f"input {t.name!r}: size is not a multiple of {t.datatype}")
                 vals = np.frombuffer(raw, dtype=dtype).tolist()
             else:
-                raise RequestError(f"input {t.name!r}: unknown datatype {t.datatype!r}", param=t.name)
+                raise RequestError(
+                    f"input {t.name!r}: unknown datatype {t.datatype!r}", param=t.name
+                )
         elif t.data is not None:
             vals = _flatten(t.data)
         else:
@@ -153,10 +161,14 @@ def _as_text(v: Any, name: str) -> str:
             raise RequestError(f"input {name!r}: not valid UTF-8", param=name) from None
     if isinstance(v, str):
         return v
-    raise RequestError(f"input {name!r}: expected BYTES (strings), got {type(v).__name__}", param=name)
+    raise RequestError(
+        f"input {name!r}: expected BYTES (strings), got {type(v).__name__}", param=name
+    )
 
 
-def infer_to_generation(req: InferRequest, values: dict[str, list]) -> tuple[list[str], SamplingFields]:
+def infer_to_generation(
+    req: InferRequest, values: dict[str, list]
+) -> tuple[list[str], SamplingFields]:
     """Prompts from `text_input`, sampling fields from the optional inputs and `parameters`."""
     known = {t.name: t for t in INPUTS}
     for t in req.inputs:
@@ -191,7 +203,9 @@ def infer_to_generation(req: InferRequest, values: dict[str, list]) -> tuple[lis
             v = values[name][0]
             if isinstance(v, bool):
                 raise RequestError(f"input {name!r}: expected a number", param=name)
-            scalars[name] = int(v) if name in ("max_tokens", "top_k", "seed") and float(v).is_integer() else v
+            scalars[name] = (
+                int(v) if name in ("max_tokens", "top_k", "seed") and float(v).is_integer() else v
+            )
     if "stop" in values:
         scalars["stop"] = [_as_text(v, "stop") for v in values["stop"]]
     return prompts, fields.merged(parse_sampling(scalars, "inputs"))

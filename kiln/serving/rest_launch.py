@@ -16,6 +16,9 @@ from kiln.serving.app import DEFAULT_APP_NAME, AppSettings, deploy
 
 log = logging.getLogger("kiln")
 
+# app name -> the endpoint this process launched (so Python callers can stop one by name)
+RUNNING: dict[str, Endpoint] = {}
+
 
 def find_hf_dir(model_dir: str) -> str:
     """The Hugging Face dir of an ExportedModel (`<dir>/hf`) or the dir itself."""
@@ -88,6 +91,8 @@ class Endpoint:
         if self._closed:
             return
         self._closed = True
+        if RUNNING.get(self.app_name) is self:
+            del RUNNING[self.app_name]
         import ray
         from ray import serve
 
@@ -145,8 +150,16 @@ def launch(
         url=url, model_name=name, app_name=app_name, settings=app_settings, triton=triton
     )
     atexit.register(endpoint.close)
+    RUNNING[app_name] = endpoint
     log.info("endpoint %s serves %r (%s backend)", url, name, app_settings.backend)
     return endpoint
+
+
+def stop(app_name: str = DEFAULT_APP_NAME) -> None:
+    """Take down an endpoint this process launched (e.g. by a non-blocking serve stage)."""
+    endpoint = RUNNING.get(app_name)
+    if endpoint is not None:
+        endpoint.close()
 
 
 def served_model_name(url: str, api_key: str | None = None) -> str:

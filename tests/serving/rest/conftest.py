@@ -1,0 +1,47 @@
+"""One tiny model and one endpoint (local backend, API key) shared by the REST tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import free_port
+from tests.serving.rest.tiny_model import make_tiny_model
+
+API_KEY = "test-key"
+MAX_NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    return make_tiny_model(str(tmp_path_factory.mktemp("rest") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def generator(tiny_model_dir):
+    """The same model in-process: the reference the endpoint must agree with."""
+    from kiln.serving.generate import Generator
+
+    return Generator.load(tiny_model_dir)
+
+
+@pytest.fixture(scope="package")
+def endpoint(ray_session, tiny_model_dir):
+    from ray import serve
+
+    from kiln.serving.rest_launch import launch
+
+    settings = {
+        "api_key": API_KEY,
+        "limits": {"max_new_tokens": MAX_NEW_TOKENS, "max_prompt_chars": 2000},
+        "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.02},
+        "deployment": {"num_cpus": 0.5},
+    }
+    ep = launch(tiny_model_dir, settings, port=free_port(), app_name="rest-test")
+    yield ep
+    ep.close()
+    serve.shutdown()
+
+
+@pytest.fixture
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API_KEY}"}
