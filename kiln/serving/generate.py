@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -331,7 +332,9 @@ def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """Model config and state dict from a kiln checkpoint (a step dir, or a root with `latest`)."""
     from kiln.training.checkpoint import load_model_state
 
-    cfg, state = load_model_state(path)
+    with warnings.catch_warnings():  # one process, no process group: that is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is")
+        cfg, state = load_model_state(path)
     if not cfg:
         raise InputError(f"{path}: the checkpoint's kiln.json has no model config")
     return dict(cfg), state

@@ -1,0 +1,175 @@
+"""The exported Triton repository in the real tritonserver (nvidia-pytriton's), over HTTP and gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from kiln.serving.export.triton import export_triton
+from kiln.serving.generate import Generator, SamplingParams
+from kiln.serving.triton_server import TritonServer
+from tests.conftest import free_port
+from tests.serving.generate.tiny import tiny_generator, train_tokenizer
+
+PROMPTS = ["the quick brown fox", "hello world"]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """One repository, two models: `tiny` (dynamic batching) and `tiny_stream` (decoupled)."""
+    root = tmp_path_factory.mktemp("triton")
+    gen = tiny_generator("mixtral", train_tokenizer())  # MoE: the vendored runtime must carry moe.py
+    repo = str(root / "repo")
+    export_triton(gen, repo, model_name="tiny", max_batch_size=4, torch_threads=1)
+    export_triton(os.path.join(repo, "tiny", "1", "hf"), repo, model_name="tiny_stream", decoupled=True, torch_threads=1)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def reference(repo):
+    """kiln's own generate over the same exported weights."""
+    return Generator.load(os.path.join(repo, "tiny", "1", "hf"))
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with TritonServer(repo) as s:
+        yield s
+    assert s.process is None
+
+
+def _http_inputs(client_module, prompts, max_tokens, **fields):
+    inputs = []
+
+    def add(name, values, dtype, triton_type):
+        t = client_module.InferInput(name, [len(values), 1], triton_type)
+        t.set_data_from_numpy(np.array(values, dtype=dtype).reshape(-1, 1))
+        inputs.append(t)
+
+    add("text_input", [p.encode() for p in prompts], np.object_, "BYTES")
+    add("max_tokens", [max_tokens] * len(prompts), np.int32, "INT32")
+    for name, (value, dtype, triton_type) in fields.items():
+        add(name, [value] * len(prompts), dtype, triton_type)
+    return inputs
+
+
+def _texts(result) -> list[str]:
+    return [v.decode() for v in result.as_numpy("text_output").reshape(-1)]
+
+
+def test_repository_layout_and_config(repo):
+    model = os.path.join(repo, "tiny")
+    config = open(os.path.join(model, "config.pbtxt")).read()
+    for needle in ('backend: "python"', "max_batch_size: 4", "dynamic_batching", "KIND_CPU", '"text_input"',
+                   "TYPE_STRING", '"text_output"', '"max_tokens"', '"temperature"', '"top_k"', '"top_p"',
+                   '"seed"', '"stream"', "decoupled: false"):
+        assert needle in config
+    assert "decoupled: true" in open(os.path.join(repo, "tiny_stream", "config.pbtxt")).read()
+    runtime = os.path.join(model, "1", "runtime", "kiln")
+    assert os.path.exists(os.path.join(runtime, "training", "model", "moe.py"))
+    assert not os.path.exists(os.path.join(runtime, "platform", "runtime.py"))  # no Ray in the repo
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert os.path.exists(os.path.join(model, "1", "hf", name))
+
+
+def test_http_returns_kilns_greedy_text(server, reference):
+    import tritonclient.http as httpclient
+
+    expected = [c.text for c in reference.generate(PROMPTS, SamplingParams(max_new_tokens=12))]
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        assert client.is_model_ready("tiny") and client.is_model_ready("tiny_stream")
+        result = client.infer("tiny", _http_inputs(httpclient, PROMPTS, 12))  # two rows, one request
+        assert _texts(result) == expected
+        assert result.as_numpy("completion_tokens").reshape(-1).tolist() == [
+            c.completion_tokens for c in reference.generate(PROMPTS, SamplingParams(max_new_tokens=12))
+        ]
+        # concurrent single-row requests: dynamic batching may group them; the text must not change
+        pending = [client.async_infer("tiny", _http_inputs(httpclient, [p], 12)) for p in PROMPTS * 2]
+        assert [_texts(p.get_result())[0] for p in pending] == expected * 2
+    finally:
+        client.close()
+    # Triton's generate extension, as plain JSON
+    body = json.dumps({"text_input": PROMPTS[0], "max_tokens": 12}).encode()
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tiny/generate", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert json.load(r)["text_output"] == expected[0]
+
+
+def test_grpc_returns_kilns_greedy_and_seeded_text(server, reference):
+    import tritonclient.grpc as grpcclient
+
+    greedy = reference.generate([PROMPTS[1]], SamplingParams(max_new_tokens=12))[0].text
+    seeded_params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=40, top_p=0.9, seed=5)
+    seeded = reference.generate([PROMPTS[1]], seeded_params)[0].text
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        assert _texts(client.infer("tiny", _http_inputs(grpcclient, [PROMPTS[1]], 12))) == [greedy]
+        sampling = {
+            "temperature": (0.9, np.float32, "FP32"),
+            "top_k": (40, np.int32, "INT32"),
+            "top_p": (0.9, np.float32, "FP32"),
+            "seed": (5, np.int64, "INT64"),
+        }
+        assert _texts(client.infer("tiny", _http_inputs(grpcclient, [PROMPTS[1]], 12, **sampling))) == [seeded]
+    finally:
+        client.close()
+
+
+def test_grpc_streaming_from_the_decoupled_model(server, reference):
+    import tritonclient.grpc as grpcclient
+
+    expected = reference.generate([PROMPTS[0]], SamplingParams(max_new_tokens=12))[0].text
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs = _http_inputs(grpcclient, [PROMPTS[0]], 12, stream=(True, np.bool_, "BOOL"))
+        client.async_stream_infer("tiny_stream", inputs, enable_empty_final_response=True)
+        deltas = []
+        while True:
+            result, error = responses.get(timeout=60)
+            assert error is None, error
+            if result.as_numpy("text_output") is not None:
+                deltas.append(_texts(result)[0])
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    finally:
+        client.close()
+    assert len(deltas) > 1
+    assert "".join(deltas) == expected
+
+
+def test_kiln_triton_up_serves_until_interrupted(repo, tmp_path):
+    one_model = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "tiny"), one_model / "tiny")  # one model: a faster start
+    http_port = free_port()
+    cmd = [sys.executable, "-m", "kiln", "triton", "up", str(one_model), "--http-port", str(http_port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        line = ""
+        while "ready" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "kiln triton up exited early"
+        assert f"127.0.0.1:{http_port}" in line
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert "stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
