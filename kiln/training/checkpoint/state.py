@@ -43,6 +43,8 @@ def world_size() -> int:
 
 def data_parallel_coords(trainer) -> tuple[int, int]:
     """(dp rank, dp size) over the dp_replicate x dp_shard mesh dims; TP/CP/PP peers share one."""
+    if isinstance(getattr(trainer, "dp_size", None), int):
+        return trainer.dp_rank, trainer.dp_size
     mesh = getattr(trainer, "mesh", None)
     if mesh is None or not dist.is_initialized():
         return 0, 1
