@@ -7,23 +7,38 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "export", help="export a checkpoint as a Hugging Face model and/or a Triton model repository"
+        "export",
+        help="export a checkpoint as a Hugging Face model and/or a Triton model repository",
     )
-    p.add_argument("checkpoint", help="kiln checkpoint (a step dir, or a root with `latest`) or an HF dir")
+    p.add_argument(
+        "checkpoint", help="kiln checkpoint (a step dir, or a root with `latest`) or an HF dir"
+    )
     p.add_argument("--out", required=True, help="output dir (gets hf/ and triton/)")
-    p.add_argument("--format", default="hf,triton", help="comma-separated: hf, triton (default: both)")
-    p.add_argument("--tokenizer", help="tokenizer.json or a dir holding it (default: next to the checkpoint)")
+    p.add_argument(
+        "--format", default="hf,triton", help="comma-separated: hf, triton (default: both)"
+    )
+    p.add_argument(
+        "--tokenizer", help="tokenizer.json or a dir holding it (default: next to the checkpoint)"
+    )
     p.add_argument("--model-name", default="kiln", help="served model name (default: kiln)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-batch-size", type=int, default=8, help="Triton max_batch_size")
-    p.add_argument("--instance-kind", default="cpu", choices=["cpu", "gpu"], help="Triton instance_group kind")
+    p.add_argument(
+        "--instance-kind", default="cpu", choices=["cpu", "gpu"], help="Triton instance_group kind"
+    )
     p.add_argument("--instances", type=int, default=1, help="Triton model instances")
-    p.add_argument("--decoupled", action="store_true", help="Triton decoupled policy (token streaming)")
+    p.add_argument(
+        "--decoupled", action="store_true", help="Triton decoupled policy (token streaming)"
+    )
     p.set_defaults(func=_export)
 
-    p = subparsers.add_parser("import-hf", help="turn a Hugging Face Llama/Mistral/Mixtral dir into a kiln checkpoint")
+    p = subparsers.add_parser(
+        "import-hf", help="turn a Hugging Face Llama/Mistral/Mixtral dir into a kiln checkpoint"
+    )
     p.add_argument("hf_dir", help="directory with config.json + model.safetensors")
-    p.add_argument("--out", required=True, help="checkpoint root to write (gets step-00000000/ and latest)")
+    p.add_argument(
+        "--out", required=True, help="checkpoint root to write (gets step-00000000/ and latest)"
+    )
     p.set_defaults(func=_import_hf)
 
     triton = subparsers.add_parser("triton", help="run the tritonserver that nvidia-pytriton ships")
@@ -56,7 +71,9 @@ def _export(args: argparse.Namespace) -> int:
     )
     cfg = ExportConfig(formats=formats, model_name=args.model_name, dtype=args.dtype, triton=triton)
     summary = export_model(args.checkpoint, args.out, cfg, tokenizer=args.tokenizer)
-    print(f"exported {summary['architecture']} ({summary['parameters']:,} parameters) to {args.out}")
+    print(
+        f"exported {summary['architecture']} ({summary['parameters']:,} parameters) to {args.out}"
+    )
     for key in ("hf_dir", "triton_repo"):
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {args.out.rstrip('/')}/{summary[key]}")
@@ -91,7 +108,10 @@ def _triton_up(args: argparse.Namespace) -> int:
     # SIGTERM (e.g. from a supervisor) stops Triton as cleanly as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        print(f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}", flush=True)
+        print(
+            f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
+            flush=True,
+        )
         print("Ctrl-C to stop", flush=True)
         try:
             code = server.wait()

@@ -1,16 +1,16 @@
 """The `export` stage: a Checkpoint (+ Tokenizer) -> an ExportedModel with `hf/` and `triton/`.
 
-    - name: export
-      type: export
-      inputs: {checkpoint: train.checkpoint, tokenizer: tokenize.tokenizer}
-      config: {formats: [hf, triton], triton: {max_batch_size: 8, instance_kind: KIND_CPU}}
+- name: export
+  type: export
+  inputs: {checkpoint: train.checkpoint, tokenizer: tokenize.tokenizer}
+  config: {formats: [hf, triton], triton: {max_batch_size: 8, instance_kind: KIND_CPU}}
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,10 +23,15 @@ class ExportConfig(StageConfig):
     formats: list[Literal["hf", "triton"]] = Field(
         default_factory=lambda: ["hf", "triton"], min_length=1, description="What to write."
     )
-    model_name: str = Field("kiln", pattern=r"^[A-Za-z0-9_.-]+$", description="The served model's name.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weight dtype on disk.")
+    model_name: str = Field(
+        "kiln", pattern=r"^[A-Za-z0-9_.-]+$", description="The served model's name."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weight dtype on disk."
+    )
     triton: TritonExportConfig = Field(
-        default_factory=TritonExportConfig, description="Triton model config (model_name follows the stage's)."
+        default_factory=TritonExportConfig,
+        description="Triton model config (model_name follows the stage's).",
     )
 
 
@@ -35,9 +40,9 @@ class ExportStage(Stage):
 
     type_name = "export"
     Config = ExportConfig
-    input_kinds = {"checkpoint": "Checkpoint", "tokenizer": "Tokenizer"}
-    optional_inputs = frozenset({"tokenizer"})
-    output_kinds = {"model": "ExportedModel"}
+    input_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint", "tokenizer": "Tokenizer"}
+    optional_inputs: ClassVar[frozenset[str]] = frozenset({"tokenizer"})
+    output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         cfg: ExportConfig = self.config
@@ -47,17 +52,26 @@ class ExportStage(Stage):
         summary = export_model(ctx.inputs["checkpoint"].path, out.path, cfg, tokenizer=tokenizer)
         out.counts = {"parameters": summary["parameters"]}
         out.meta = {k: v for k, v in summary.items() if k != "parameters"}
-        ctx.log.info("exported %s (%s parameters) to %s", summary["architecture"], summary["parameters"], out.path)
+        ctx.log.info(
+            "exported %s (%s parameters) to %s",
+            summary["architecture"],
+            summary["parameters"],
+            out.path,
+        )
         return {"export_s": round(time.perf_counter() - t0, 3), **out.counts}
 
 
-def export_model(checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer: str | None = None) -> dict:
+def export_model(
+    checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer: str | None = None
+) -> dict:
     """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it."""
     from kiln.serving.export.hf import export_hf
     from kiln.serving.export.triton import export_triton
 
     hf_dir = os.path.join(out_dir, "hf")
-    summary = export_hf(checkpoint, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)
+    summary = export_hf(
+        checkpoint, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name
+    )
     result = {
         "architecture": summary["architecture"],
         "parameters": summary["parameters"],
@@ -70,7 +84,9 @@ def export_model(checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer:
             raise InputError(
                 "export: the triton format needs a tokenizer (inputs.tokenizer, or tokenizer.json next to the checkpoint)"
             )
-        triton_cfg = cfg.triton.model_copy(update={"model_name": cfg.model_name, "dtype": cfg.dtype})
+        triton_cfg = cfg.triton.model_copy(
+            update={"model_name": cfg.model_name, "dtype": cfg.dtype}
+        )
         export_triton(hf_dir, os.path.join(out_dir, "triton"), triton_cfg)
         result["triton_repo"] = "triton"
     if "hf" not in cfg.formats:  # hf/ was only the way to triton; the repo holds its own copy

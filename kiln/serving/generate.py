@@ -1,8 +1,8 @@
 """Text generation for kiln models: batched, left-padded, KV-cached decoding with stop strings.
 
-    gen = Generator.load("runs/.../export/hf")          # or a kiln checkpoint dir (+ tokenizer=)
-    [c] = gen.generate(["Once upon a time"], SamplingParams(max_new_tokens=32))
-    for delta in gen.stream("Once upon a time", SamplingParams(temperature=0.8, seed=1)): ...
+gen = Generator.load("runs/.../export/hf")          # or a kiln checkpoint dir (+ tokenizer=)
+[c] = gen.generate(["Once upon a time"], SamplingParams(max_new_tokens=32))
+for delta in gen.stream("Once upon a time", SamplingParams(temperature=0.8, seed=1)): ...
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ class Generator:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else _find_eos(tokenizer))
+        self.eos_token_ids = set(
+            eos_token_ids if eos_token_ids is not None else _find_eos(tokenizer)
+        )
         self.max_seq_len = max_seq_len or model.rope_cos.shape[0]
         self.model_config: dict | None = None  # set by load(); export needs it
         self.tokenizer_dir: str | None = None
@@ -97,7 +99,11 @@ class Generator:
             cfg, state = load_checkpoint_state(path)
         tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
-        name = model_name or _export_info(path).get("model_name") or os.path.basename(os.path.normpath(path))
+        name = (
+            model_name
+            or _export_info(path).get("model_name")
+            or os.path.basename(os.path.normpath(path))
+        )
         if name in ("hf", "latest", "model") or name.startswith("step-"):
             name = "kiln"
         gen = cls(model, tok, model_name=name, eos_token_ids=_find_eos(tok, tok_dir))
@@ -111,7 +117,9 @@ class Generator:
         ids = self.tokenizer.encode(text).ids
         if not ids:
             if not self.eos_token_ids:
-                raise InputError("prompt is empty and the tokenizer has no end-of-text token to start from")
+                raise InputError(
+                    "prompt is empty and the tokenizer has no end-of-text token to start from"
+                )
             ids = [min(self.eos_token_ids)]
         return ids
 
@@ -139,12 +147,17 @@ class Generator:
         return [self._completion(s) for s in seqs]
 
     def generate_ids(
-        self, prompt_ids: list[list[int]], params: SamplingParams | Sequence[SamplingParams], use_cache: bool = True
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        use_cache: bool = True,
     ) -> list[list[int]]:
         """Token ids in, new token ids out (no tokenizer needed; stop strings ignored)."""
         plist = _per_prompt(params, len(prompt_ids))
-        seqs = [_Sequence(list(p), q.model_copy(update={"stop": []}), make_generator(q, self.device))
-                for p, q in zip(prompt_ids, plist)]
+        seqs = [
+            _Sequence(list(p), q.model_copy(update={"stop": []}), make_generator(q, self.device))
+            for p, q in zip(prompt_ids, plist)
+        ]
         for _ in self._decode_cached(seqs) if use_cache else self._decode_uncached(seqs):
             pass
         return [s.token_ids for s in seqs]
@@ -172,7 +185,9 @@ class Generator:
         for prompt, p in zip(prompts, plist):
             ids = self.encode(prompt)
             if len(ids) >= self.max_seq_len:
-                raise InputError(f"prompt has {len(ids)} tokens; the model's context is {self.max_seq_len}")
+                raise InputError(
+                    f"prompt has {len(ids)} tokens; the model's context is {self.max_seq_len}"
+                )
             seqs.append(_Sequence(ids, p, make_generator(p, self.device)))
         return seqs
 
@@ -225,12 +240,21 @@ class Generator:
             tokens[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
         n_layers, _, n_kv_heads, head_dim = model_shape(self.model)
         cache = KVCache(
-            n_layers, len(active), n_kv_heads, head_dim, capacity, pad,
-            self._sliding_window(), self.model.tok_embeddings.weight.dtype, self.device,
+            n_layers,
+            len(active),
+            n_kv_heads,
+            head_dim,
+            capacity,
+            pad,
+            self._sliding_window(),
+            self.model.tok_embeddings.weight.dtype,
+            self.device,
         )
         logits = forward_with_cache(self.model, tokens, cache)
         while True:
-            next_tokens = sample_next(logits, [s.params for s in active], [s.rng for s in active]).tolist()
+            next_tokens = sample_next(
+                logits, [s.params for s in active], [s.rng for s in active]
+            ).tolist()
             for s, t in zip(active, next_tokens):
                 self._push(s, t)
             yield
@@ -340,7 +364,9 @@ def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     return dict(cfg), state
 
 
-def build_model(cfg: dict, state: dict[str, torch.Tensor], *, device=None, dtype=torch.float32) -> nn.Module:
+def build_model(
+    cfg: dict, state: dict[str, torch.Tensor], *, device=None, dtype=torch.float32
+) -> nn.Module:
     """A kiln `Transformer` with these weights, in eval mode."""
     from kiln.training.model.config import ModelConfig
     from kiln.training.model.transformer import Transformer
@@ -351,7 +377,9 @@ def build_model(cfg: dict, state: dict[str, torch.Tensor], *, device=None, dtype
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "output.weight")]
     if missing or unexpected:
-        raise InputError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise InputError(
+            f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     if model_cfg.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight
     return model.to(device=device, dtype=dtype).eval()

@@ -15,7 +15,9 @@ import warnings
 from kiln.platform.errors import InputError
 
 
-def write_model_checkpoint(out_dir: str, model_cfg: dict, state: dict, *, step: int = 0, extra: dict | None = None) -> str:
+def write_model_checkpoint(
+    out_dir: str, model_cfg: dict, state: dict, *, step: int = 0, extra: dict | None = None
+) -> str:
     """A weights-only kiln checkpoint: `<out>/step-N/` (DCP + kiln.json) and `<out>/latest`."""
     import torch.distributed.checkpoint as dcp
 
@@ -56,7 +58,10 @@ def import_hf(hf_dir: str, out_dir: str, *, step: int = 0) -> str:
     from kiln.serving.export.hf_format import read_hf_dir
 
     hf, cfg, state = read_hf_dir(hf_dir)
-    source = {"path": os.path.abspath(hf_dir), "architecture": (hf.get("architectures") or ["?"])[0]}
+    source = {
+        "path": os.path.abspath(hf_dir),
+        "architecture": (hf.get("architectures") or ["?"])[0],
+    }
     ckpt = write_model_checkpoint(out_dir, cfg, state, step=step, extra={"imported_from": source})
     for name in ("tokenizer.json", "tokenizer_config.json"):  # keep the tokenizer with the weights
         if os.path.exists(os.path.join(hf_dir, name)):

@@ -44,7 +44,9 @@ class KVCache:
     def batch(self) -> int:
         return self.pad.shape[0]
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k/v [B, Hkv, S, Dh] after the filled slots; return all filled k/v."""
         end = self.length + k.shape[2]
         if end > self.capacity:

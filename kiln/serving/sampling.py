@@ -14,7 +14,9 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(64, ge=0, description="Generate at most this many tokens.")
     temperature: float = Field(0.0, ge=0.0, description="0: greedy (argmax).")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0: all).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Keep the smallest set with this much mass.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="Keep the smallest set with this much mass."
+    )
     stop: list[str] = Field(default_factory=list, description="Stop before any of these strings.")
     seed: int | None = Field(None, description="Seed for sampling (same seed, same text).")
 

@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
 
@@ -42,9 +43,13 @@ def _pytriton_dirs() -> tuple[str, str]:
     try:
         import pytriton
     except ImportError:
-        raise KilnError("tritonserver needs the nvidia-pytriton package (pip install nvidia-pytriton)") from None
+        raise KilnError(
+            "tritonserver needs the nvidia-pytriton package (pip install nvidia-pytriton)"
+        ) from None
     package = os.path.dirname(pytriton.__file__)
-    return os.path.join(package, "tritonserver"), os.path.join(os.path.dirname(package), "nvidia_pytriton.libs")
+    return os.path.join(package, "tritonserver"), os.path.join(
+        os.path.dirname(package), "nvidia_pytriton.libs"
+    )
 
 
 class TritonServer:
@@ -127,12 +132,14 @@ class TritonServer:
         ]
         return cmd, env
 
-    def start(self) -> TritonServer:
+    def start(self) -> Self:
         cmd, env = self._prepare()
         self.log_path = os.path.join(self._workdir, "tritonserver.log")
         log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
         with open(self.log_path, "wb") as out:
-            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
             self._wait_ready()
         except BaseException:
@@ -145,7 +152,9 @@ class TritonServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise KilnError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+                raise KilnError(
+                    f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
@@ -153,7 +162,9 @@ class TritonServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.25)
-        raise KilnError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise KilnError(
+            f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path or not os.path.exists(self.log_path):
@@ -179,7 +190,7 @@ class TritonServer:
         """Block until the server exits (for `kiln triton up`)."""
         return self.process.wait() if self.process else 0
 
-    def __enter__(self) -> TritonServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -26,7 +26,11 @@ def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor
         cfg = source.model_config
         if cfg is None:
             raise InputError("this Generator has no model_config; build it with Generator.load")
-        return cfg, source.model.state_dict(), source.tokenizer if tokenizer is None else load_tokenizer(tokenizer, [])[0]
+        return (
+            cfg,
+            source.model.state_dict(),
+            source.tokenizer if tokenizer is None else load_tokenizer(tokenizer, [])[0],
+        )
     path = os.fspath(source)
     if os.path.isdir(os.path.join(path, "hf")):
         path = os.path.join(path, "hf")
@@ -36,7 +40,11 @@ def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor
         _, cfg, state = read_hf_dir(path)
     else:
         cfg, state = load_checkpoint_state(path)
-    search = [path, os.path.dirname(os.path.normpath(path)), os.path.dirname(os.path.dirname(os.path.normpath(path)))]
+    search = [
+        path,
+        os.path.dirname(os.path.normpath(path)),
+        os.path.dirname(os.path.dirname(os.path.normpath(path))),
+    ]
     try:
         tok = load_tokenizer(tokenizer, search)[0]
     except InputError:
@@ -51,7 +59,10 @@ def _special_tokens(tok) -> dict[str, str]:
     if tok is None:
         return {}
     vocab = tok.get_vocab(with_added_tokens=True)
-    eos = next((t for t in ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>") if t in vocab), None)
+    eos = next(
+        (t for t in ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>") if t in vocab),
+        None,
+    )
     bos = next((t for t in ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>") if t in vocab), None)
     unk = next((t for t in ("<unk>", "<|unk|>") if t in vocab), None)
     pad = next((t for t in ("<pad>", "<|pad|>") if t in vocab), None)

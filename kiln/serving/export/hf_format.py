@@ -29,9 +29,18 @@ _NAME_PAIRS = [
     ("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
     ("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
     ("layers.{i}.moe.gate.weight", "model.layers.{i}.block_sparse_moe.gate.weight"),
-    ("layers.{i}.moe.experts.{j}.w1.weight", "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight"),
-    ("layers.{i}.moe.experts.{j}.w2.weight", "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight"),
-    ("layers.{i}.moe.experts.{j}.w3.weight", "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight"),
+    (
+        "layers.{i}.moe.experts.{j}.w1.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight",
+    ),
+    (
+        "layers.{i}.moe.experts.{j}.w2.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight",
+    ),
+    (
+        "layers.{i}.moe.experts.{j}.w3.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight",
+    ),
     # transformers 5 calls the Mixtral block `mlp` once loaded; accept it on import
     ("layers.{i}.moe.gate.weight", "model.layers.{i}.mlp.gate.weight"),
 ]
@@ -54,7 +63,9 @@ def _rename(name: str, table) -> str | None:
     return None
 
 
-def kiln_to_hf_state(state: dict[str, torch.Tensor], tie_embeddings: bool) -> dict[str, torch.Tensor]:
+def kiln_to_hf_state(
+    state: dict[str, torch.Tensor], tie_embeddings: bool
+) -> dict[str, torch.Tensor]:
     """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
     out = {}
     for name, tensor in state.items():
@@ -87,14 +98,18 @@ def hf_to_kiln_state(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, tor
             continue
         kiln = _rename(name, _TO_KILN)
         if kiln is None:
-            raise InputError(f"Hugging Face parameter {name!r} is not a Llama/Mistral/Mixtral weight")
+            raise InputError(
+                f"Hugging Face parameter {name!r} is not a Llama/Mistral/Mixtral weight"
+            )
         out[kiln] = tensor
     if cfg.get("tie_embeddings") and "output.weight" not in out:
         out["output.weight"] = out["tok_embeddings.weight"]
     return out
 
 
-def hf_config(cfg: dict, *, bos_token_id: int | None = None, eos_token_id: int | None = None) -> dict:
+def hf_config(
+    cfg: dict, *, bos_token_id: int | None = None, eos_token_id: int | None = None
+) -> dict:
     """HF `config.json` for a kiln model config: Mixtral if MoE, Mistral if sliding window, else Llama."""
     head_dim = cfg["dim"] // cfg["n_heads"]
     body = {
@@ -158,11 +173,15 @@ def kiln_config(hf: dict) -> dict:
             raise InputError(f"config.json: {unsupported}=true is not supported by kiln's model")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise InputError(f"config.json: rope type {rope.get('rope_type')!r} is not supported (default only)")
+        raise InputError(
+            f"config.json: rope type {rope.get('rope_type')!r} is not supported (default only)"
+        )
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     if head_dim * heads != hf["hidden_size"]:
-        raise InputError("config.json: head_dim * num_attention_heads must equal hidden_size for kiln")
+        raise InputError(
+            "config.json: head_dim * num_attention_heads must equal hidden_size for kiln"
+        )
     window = hf.get("sliding_window") if model_type != "llama" else None
     if hf.get("use_sliding_window") is False:
         window = None

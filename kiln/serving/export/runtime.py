@@ -32,7 +32,8 @@ def _module_file(name: str) -> str | None:
 
 def _module_level_imports(path: str, module: str) -> set[str]:
     """kiln modules imported at module level (skipping `if TYPE_CHECKING:` blocks)."""
-    tree = ast.parse(open(path).read(), path)
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -93,7 +94,11 @@ def copy_runtime(dst: str, roots=ROOTS) -> list[str]:
             open(os.path.join(dst, rel), "w").close()
         else:
             is_pkg = src.endswith("__init__.py")
-            rel = os.path.join(*name.split("."), "__init__.py") if is_pkg else os.path.join(*name.split(".")) + ".py"
+            rel = (
+                os.path.join(*name.split("."), "__init__.py")
+                if is_pkg
+                else os.path.join(*name.split(".")) + ".py"
+            )
             os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
             shutil.copyfile(src, os.path.join(dst, rel))
         written.append(rel)

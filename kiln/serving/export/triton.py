@@ -1,9 +1,9 @@
 """Export a kiln model as a Triton model repository served by the python backend.
 
-    <repo>/<model>/config.pbtxt     max_batch_size, dynamic batching, instance_group, I/O
-    <repo>/<model>/1/model.py        the TritonPythonModel (kiln/serving/export/triton_model.py)
-    <repo>/<model>/1/hf/             weights + tokenizer in Hugging Face format
-    <repo>/<model>/1/runtime/kiln/   the kiln modules generation needs (no Ray)
+<repo>/<model>/config.pbtxt     max_batch_size, dynamic batching, instance_group, I/O
+<repo>/<model>/1/model.py        the TritonPythonModel (kiln/serving/export/triton_model.py)
+<repo>/<model>/1/hf/             weights + tokenizer in Hugging Face format
+<repo>/<model>/1/runtime/kiln/   the kiln modules generation needs (no Ray)
 """
 
 from __future__ import annotations
@@ -42,14 +42,20 @@ class TritonExportConfig(BaseModel):
 
     model_name: str = Field("kiln", pattern=r"^[A-Za-z0-9_.-]+$")
     max_batch_size: int = Field(8, ge=1, description="Rows Triton may batch into one execute().")
-    max_queue_delay_us: int = Field(2000, ge=0, description="Dynamic batching: wait this long for more rows.")
+    max_queue_delay_us: int = Field(
+        2000, ge=0, description="Dynamic batching: wait this long for more rows."
+    )
     instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
     instance_count: int = Field(1, ge=1)
-    decoupled: bool = Field(False, description="Decoupled transaction policy: `stream` sends deltas.")
+    decoupled: bool = Field(
+        False, description="Decoupled transaction policy: `stream` sends deltas."
+    )
     default_max_tokens: int = Field(64, ge=1)
     max_tokens_limit: int = Field(4096, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    torch_threads: int = Field(0, ge=0, description="torch threads per instance (0: torch's default).")
+    torch_threads: int = Field(
+        0, ge=0, description="torch threads per instance (0: torch's default)."
+    )
 
 
 def config_pbtxt(cfg: TritonExportConfig) -> str:
@@ -84,7 +90,9 @@ instance_group [ {{ count: {cfg.instance_count} kind: {cfg.instance_kind} }} ]
 """
 
 
-def export_triton(source, repo_dir: str, cfg: TritonExportConfig | None = None, *, tokenizer=None, **fields) -> str:
+def export_triton(
+    source, repo_dir: str, cfg: TritonExportConfig | None = None, *, tokenizer=None, **fields
+) -> str:
     """Write a Triton model repository for `source` (a Generator, a checkpoint, an HF dir).
 
     An already exported HF directory is copied as is. Returns the model directory.
@@ -99,7 +107,9 @@ def export_triton(source, repo_dir: str, cfg: TritonExportConfig | None = None, 
         shutil.rmtree(model_dir)
     os.makedirs(version_dir)
     hf_dir = os.path.join(version_dir, "hf")
-    is_hf_dir = isinstance(source, (str, os.PathLike)) and os.path.exists(os.path.join(source, "config.json"))
+    is_hf_dir = isinstance(source, (str, os.PathLike)) and os.path.exists(
+        os.path.join(source, "config.json")
+    )
     if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
         shutil.copytree(source, hf_dir)
     else:

@@ -75,12 +75,16 @@ class TritonPythonModel:
             for row, values in zip(fields, stops):
                 row["stop"] = [s for s in _strings(values) if s]
         stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
-        stream = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
+        stream = (
+            bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
+        )
         params = []
         for row in fields:
             row.setdefault("max_new_tokens", self.default_max_tokens)
             if row["max_new_tokens"] > self.max_tokens_limit:
-                raise ValueError(f"max_tokens {row['max_new_tokens']} is above the limit {self.max_tokens_limit}")
+                raise ValueError(
+                    f"max_tokens {row['max_new_tokens']} is above the limit {self.max_tokens_limit}"
+                )
             params.append(SamplingParams(**row))
         return prompts, params, stream
 
@@ -91,10 +95,20 @@ class TritonPythonModel:
 
         return pb_utils.InferenceResponse(
             output_tensors=[
-                pb_utils.Tensor("text_output", column([c.text.encode() for c in completions], np.object_)),
-                pb_utils.Tensor("finish_reason", column([c.finish_reason.encode() for c in completions], np.object_)),
-                pb_utils.Tensor("prompt_tokens", column([c.prompt_tokens for c in completions], np.int32)),
-                pb_utils.Tensor("completion_tokens", column([c.completion_tokens for c in completions], np.int32)),
+                pb_utils.Tensor(
+                    "text_output", column([c.text.encode() for c in completions], np.object_)
+                ),
+                pb_utils.Tensor(
+                    "finish_reason",
+                    column([c.finish_reason.encode() for c in completions], np.object_),
+                ),
+                pb_utils.Tensor(
+                    "prompt_tokens", column([c.prompt_tokens for c in completions], np.int32)
+                ),
+                pb_utils.Tensor(
+                    "completion_tokens",
+                    column([c.completion_tokens for c in completions], np.int32),
+                ),
             ]
         )
 
@@ -107,13 +121,13 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             try:
                 parsed.append((i, *self._rows(request)))
-            except Exception as e:  # a bad request fails alone, not the batch
+            except Exception as e:  # noqa: BLE001 - a bad request fails alone, not the batch
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         prompts = [p for _, ps, _, _ in parsed for p in ps]
         params = [q for _, _, qs, _ in parsed for q in qs]
         try:
             completions = self.generator.generate(prompts, params) if prompts else []
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - Triton answers errors, it must not crash
             for i, *_ in parsed:
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
             return responses
@@ -130,12 +144,14 @@ class TritonPythonModel:
             prompts, params, stream = self._rows(request)
             if stream and len(prompts) == 1:
                 for delta in self.generator.stream(prompts[0], params[0]):
-                    out = pb_utils.Tensor("text_output", np.array([[delta.encode()]], dtype=np.object_))
+                    out = pb_utils.Tensor(
+                        "text_output", np.array([[delta.encode()]], dtype=np.object_)
+                    )
                     sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
                 sender.send(flags=final)
             else:
                 sender.send(self._response(self.generator.generate(prompts, params)), flags=final)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - Triton answers errors, it must not crash
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=final)
 
     def finalize(self):

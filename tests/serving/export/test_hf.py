@@ -15,7 +15,11 @@ from tests.serving.generate.tiny import SHAPES, tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,9 @@ def _tokens(vocab_size: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_exported_checkpoint_loads_in_transformers_with_equal_logits(shape, tokenizer_dir, tmp_path):
+def test_exported_checkpoint_loads_in_transformers_with_equal_logits(
+    shape, tokenizer_dir, tmp_path
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kiln.serving.generate import load_tokenizer
@@ -71,10 +77,16 @@ def _hf_model(shape: str, vocab_size: int):
         MixtralConfig,
     )
 
-    common = dict(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96, rope_theta=5000.0,
-    )
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 96,
+        "rope_theta": 5000.0,
+    }
     config = {
         "llama": lambda: LlamaConfig(**common, tie_word_embeddings=True),
         "mistral": lambda: MistralConfig(**common, sliding_window=5),

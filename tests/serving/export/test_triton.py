@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,10 +29,18 @@ PROMPTS = ["the quick brown fox", "hello world"]
 def repo(tmp_path_factory):
     """One repository, two models: `tiny` (dynamic batching) and `tiny_stream` (decoupled)."""
     root = tmp_path_factory.mktemp("triton")
-    gen = tiny_generator("mixtral", train_tokenizer())  # MoE: the vendored runtime must carry moe.py
+    gen = tiny_generator(
+        "mixtral", train_tokenizer()
+    )  # MoE: the vendored runtime must carry moe.py
     repo = str(root / "repo")
     export_triton(gen, repo, model_name="tiny", max_batch_size=4, torch_threads=1)
-    export_triton(os.path.join(repo, "tiny", "1", "hf"), repo, model_name="tiny_stream", decoupled=True, torch_threads=1)
+    export_triton(
+        os.path.join(repo, "tiny", "1", "hf"),
+        repo,
+        model_name="tiny_stream",
+        decoupled=True,
+        torch_threads=1,
+    )
     return repo
 
 
@@ -69,12 +78,25 @@ def _texts(result) -> list[str]:
 
 def test_repository_layout_and_config(repo):
     model = os.path.join(repo, "tiny")
-    config = open(os.path.join(model, "config.pbtxt")).read()
-    for needle in ('backend: "python"', "max_batch_size: 4", "dynamic_batching", "KIND_CPU", '"text_input"',
-                   "TYPE_STRING", '"text_output"', '"max_tokens"', '"temperature"', '"top_k"', '"top_p"',
-                   '"seed"', '"stream"', "decoupled: false"):
+    config = Path(model, "config.pbtxt").read_text()
+    for needle in (
+        'backend: "python"',
+        "max_batch_size: 4",
+        "dynamic_batching",
+        "KIND_CPU",
+        '"text_input"',
+        "TYPE_STRING",
+        '"text_output"',
+        '"max_tokens"',
+        '"temperature"',
+        '"top_k"',
+        '"top_p"',
+        '"seed"',
+        '"stream"',
+        "decoupled: false",
+    ):
         assert needle in config
-    assert "decoupled: true" in open(os.path.join(repo, "tiny_stream", "config.pbtxt")).read()
+    assert "decoupled: true" in Path(repo, "tiny_stream", "config.pbtxt").read_text()
     runtime = os.path.join(model, "1", "runtime", "kiln")
     assert os.path.exists(os.path.join(runtime, "training", "model", "moe.py"))
     assert not os.path.exists(os.path.join(runtime, "platform", "runtime.py"))  # no Ray in the repo
@@ -89,19 +111,26 @@ def test_http_returns_kilns_greedy_text(server, reference):
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         assert client.is_model_ready("tiny") and client.is_model_ready("tiny_stream")
-        result = client.infer("tiny", _http_inputs(httpclient, PROMPTS, 12))  # two rows, one request
+        result = client.infer(
+            "tiny", _http_inputs(httpclient, PROMPTS, 12)
+        )  # two rows, one request
         assert _texts(result) == expected
         assert result.as_numpy("completion_tokens").reshape(-1).tolist() == [
-            c.completion_tokens for c in reference.generate(PROMPTS, SamplingParams(max_new_tokens=12))
+            c.completion_tokens
+            for c in reference.generate(PROMPTS, SamplingParams(max_new_tokens=12))
         ]
         # concurrent single-row requests: dynamic batching may group them; the text must not change
-        pending = [client.async_infer("tiny", _http_inputs(httpclient, [p], 12)) for p in PROMPTS * 2]
+        pending = [
+            client.async_infer("tiny", _http_inputs(httpclient, [p], 12)) for p in PROMPTS * 2
+        ]
         assert [_texts(p.get_result())[0] for p in pending] == expected * 2
     finally:
         client.close()
     # Triton's generate extension, as plain JSON
     body = json.dumps({"text_input": PROMPTS[0], "max_tokens": 12}).encode()
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/tiny/generate", data=body, method="POST")
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/tiny/generate", data=body, method="POST"
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert json.load(r)["text_output"] == expected[0]
 
@@ -121,7 +150,9 @@ def test_grpc_returns_kilns_greedy_and_seeded_text(server, reference):
             "top_p": (0.9, np.float32, "FP32"),
             "seed": (5, np.int64, "INT64"),
         }
-        assert _texts(client.infer("tiny", _http_inputs(grpcclient, [PROMPTS[1]], 12, **sampling))) == [seeded]
+        assert _texts(
+            client.infer("tiny", _http_inputs(grpcclient, [PROMPTS[1]], 12, **sampling))
+        ) == [seeded]
     finally:
         client.close()
 
@@ -155,7 +186,16 @@ def test_kiln_triton_up_serves_until_interrupted(repo, tmp_path):
     one_model = tmp_path / "repo"
     shutil.copytree(os.path.join(repo, "tiny"), one_model / "tiny")  # one model: a faster start
     http_port = free_port()
-    cmd = [sys.executable, "-m", "kiln", "triton", "up", str(one_model), "--http-port", str(http_port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kiln",
+        "triton",
+        "up",
+        str(one_model),
+        "--http-port",
+        str(http_port),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
@@ -164,7 +204,9 @@ def test_kiln_triton_up_serves_until_interrupted(repo, tmp_path):
             line = proc.stdout.readline()
             assert line or proc.poll() is None, "kiln triton up exited early"
         assert f"127.0.0.1:{http_port}" in line
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10
+        ) as r:
             assert r.status == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

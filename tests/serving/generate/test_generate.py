@@ -8,10 +8,14 @@ import torch
 from kiln.serving.generate import Generator, SamplingParams
 from kiln.serving.kv_cache import KVCache, forward_with_cache, model_shape
 from kiln.serving.sampling import filter_logits
-from tests.serving.generate.tiny import SHAPES, train_tokenizer, tiny_generator
+from tests.serving.generate.tiny import SHAPES, tiny_generator, train_tokenizer
 
 # different lengths, so the batch is left-padded; longer than the Mistral window (5)
-PROMPTS = ["the quick brown fox jumps over", "hello", "kiln turns raw text into a served language model"]
+PROMPTS = [
+    "the quick brown fox jumps over",
+    "hello",
+    "kiln turns raw text into a served language model",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +34,16 @@ def test_cached_prefill_logits_equal_model_forward(shape, tokenizer):
     n_layers, _, n_kv, head_dim = model_shape(gen.model)
     pad = torch.tensor([width - len(s) for s in ids])
     window = gen.model_config.get("sliding_window")
-    cache = KVCache(n_layers, len(ids), n_kv, head_dim, width, pad, window, torch.float32, torch.device("cpu"))
+    cache = KVCache(
+        n_layers, len(ids), n_kv, head_dim, width, pad, window, torch.float32, torch.device("cpu")
+    )
     cached = forward_with_cache(gen.model, tokens, cache, last_only=False)
     with torch.no_grad():
         for row, seq in enumerate(ids):
             reference = gen.model(torch.tensor([seq]))[0]
-            torch.testing.assert_close(cached[row, width - len(seq) :], reference, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                cached[row, width - len(seq) :], reference, rtol=1e-5, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -56,7 +64,10 @@ def test_generation_runs_past_the_sliding_window_and_to_the_context_limit(tokeni
     gen = tiny_generator("mistral", tokenizer, eos=False, max_seq_len=40)
     prompt_len = len(gen.encode(PROMPTS[2]))
     params = SamplingParams(max_new_tokens=100)
-    cached, uncached = gen.generate([PROMPTS[2]], params)[0], gen.generate([PROMPTS[2]], params, use_cache=False)[0]
+    cached, uncached = (
+        gen.generate([PROMPTS[2]], params)[0],
+        gen.generate([PROMPTS[2]], params, use_cache=False)[0],
+    )
     assert cached.finish_reason == "length"
     assert prompt_len + cached.completion_tokens == 40  # prompt + completion fill the context
     assert cached.token_ids == uncached.token_ids
@@ -74,10 +85,17 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tokenizer)
     # per-prompt parameters in one batch
     mixed = gen.generate(PROMPTS[:2], [params, SamplingParams(max_new_tokens=5)])
     assert mixed[0].token_ids == batch[0].token_ids
-    assert mixed[1].token_ids == gen.generate([PROMPTS[1]], SamplingParams(max_new_tokens=5))[0].token_ids
+    assert (
+        mixed[1].token_ids
+        == gen.generate([PROMPTS[1]], SamplingParams(max_new_tokens=5))[0].token_ids
+    )
     # top_k=1 sampling is greedy
-    top1 = gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=2.0, top_k=1, seed=1))[0]
-    assert top1.token_ids == gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8))[0].token_ids
+    top1 = gen.generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=8, temperature=2.0, top_k=1, seed=1)
+    )[0]
+    assert (
+        top1.token_ids == gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=8))[0].token_ids
+    )
 
 
 def test_top_k_and_top_p_filters():
@@ -93,7 +111,9 @@ def test_stop_strings_and_eos(tokenizer):
     full = gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=20))[0]
     stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
     assert stop and stop in full.text
-    cut = gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=20, stop=["never-there", stop]))[0]
+    cut = gen.generate([PROMPTS[0]], SamplingParams(max_new_tokens=20, stop=["never-there", stop]))[
+        0
+    ]
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[: full.text.index(stop)]
     assert cut.completion_tokens < full.completion_tokens
@@ -101,12 +121,18 @@ def test_stop_strings_and_eos(tokenizer):
     eos_id = full.token_ids[3]
     with_eos = Generator(gen.model, tokenizer, eos_token_ids=[eos_id])
     stopped = with_eos.generate([PROMPTS[0]], SamplingParams(max_new_tokens=20))[0]
-    assert stopped.finish_reason == "stop" and stopped.token_ids == full.token_ids[: full.token_ids.index(eos_id)]
+    assert (
+        stopped.finish_reason == "stop"
+        and stopped.token_ids == full.token_ids[: full.token_ids.index(eos_id)]
+    )
 
 
 def test_stream_deltas_join_to_the_completion(tokenizer):
     gen = tiny_generator("mixtral", tokenizer, eos=False)
-    for params in (SamplingParams(max_new_tokens=12), SamplingParams(max_new_tokens=12, temperature=0.8, seed=3)):
+    for params in (
+        SamplingParams(max_new_tokens=12),
+        SamplingParams(max_new_tokens=12, temperature=0.8, seed=3),
+    ):
         deltas = list(gen.stream(PROMPTS[1], params))
         assert len(deltas) > 1
         assert "".join(deltas) == gen.generate([PROMPTS[1]], params)[0].text

@@ -13,9 +13,9 @@ SENTENCES = [
 
 # Llama-, Mistral- (sliding window smaller than the prompts) and Mixtral-shaped
 SHAPES = {
-    "llama": dict(tie_embeddings=True),
-    "mistral": dict(sliding_window=5),
-    "mixtral": dict(n_experts=4, top_k=2),
+    "llama": {"tie_embeddings": True},
+    "mistral": {"sliding_window": 5},
+    "mixtral": {"n_experts": 4, "top_k": 2},
 }
 
 
@@ -39,7 +39,15 @@ def train_tokenizer(vocab_size: int = 320):
 def tiny_config(shape: str, vocab_size: int, **overrides):
     from kiln.training.model import ModelConfig
 
-    fields = dict(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=64, max_seq_len=96)
+    fields = {
+        "vocab_size": vocab_size,
+        "dim": 32,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "ffn_hidden_dim": 64,
+        "max_seq_len": 96,
+    }
     return ModelConfig(**{**fields, **SHAPES[shape], **overrides})
 
 
