@@ -1,0 +1,128 @@
+"""Everything a training run needs, as typed config (YAML `train:` blocks validate into this)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kiln.platform.errors import ConfigError
+from kiln.training.checkpoint.config import CheckpointConfig
+from kiln.training.data.config import DataConfig
+from kiln.training.model.config import ModelConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParallelConfig(_Strict):
+    """Mesh sizes (their product is the world size) and pipeline settings."""
+
+    pp: int = Field(1, ge=1)
+    dp_replicate: int = Field(1, ge=1)
+    dp_shard: int = Field(-1, ge=-1, description="-1: whatever the other dims leave of the world.")
+    cp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1, description="Expert parallel; borrows the dp_shard (x cp) ranks.")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] = "1f1b"
+    pp_microbatches: int | None = Field(None, ge=1, description="Default: pp (one micro-batch per pipeline rank).")
+    pp_virtual_stages: int = Field(1, ge=1, description="Stages per rank (interleaved_1f1b; zbv uses 2).")
+    reshard_after_forward: bool = Field(
+        False, description="FSDP2: False = distributed optimizer (ZeRO-2 like), True = ZeRO-3."
+    )
+    loss_parallel: bool = Field(True, description="Cross entropy on the TP-sharded vocabulary.")
+    compile: bool = Field(False, description="torch.compile each transformer block.")
+
+    def resolved(self, world_size: int) -> ParallelConfig:
+        """A copy with dp_shard filled in and the product checked against the world size."""
+        others = self.pp * self.dp_replicate * self.cp * self.tp
+        dp_shard = self.dp_shard
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"parallel: world size {world_size} is not divisible by pp*dp_replicate*cp*tp = {others}"
+                )
+            dp_shard = world_size // others
+        if others * dp_shard != world_size:
+            raise ConfigError(
+                f"parallel: pp*dp_replicate*dp_shard*cp*tp = {others * dp_shard} but the world size is {world_size}"
+            )
+        if self.ep > 1 and (dp_shard * self.cp) % self.ep:
+            raise ConfigError(f"parallel.ep={self.ep} must divide dp_shard*cp = {dp_shard * self.cp}")
+        return self.model_copy(update={"dp_shard": dp_shard})
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * max(self.dp_shard, 1)
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm (None: no clipping).")
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+
+
+class ScheduleConfig(_Strict):
+    kind: Literal["cosine", "wsd", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of the steps spent decaying.")
+
+
+class TrainConfig(_Strict):
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig.preset("tiny"))
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    fp8_recipe: Literal["delayed", "current"] = "delayed"
+    recompute: Literal["none", "selective", "full"] = "none"
+    selective_recompute: Literal["op", "attention"] = Field(
+        "op", description="op: keep matmul/attention outputs, recompute the rest; attention: the core."
+    )
+    activation_offload: bool = False
+    optimizer_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy: params, grads, Adam on CPU.")
+    seq_len: int = Field(128, gt=0)
+    global_batch_size: int = Field(8, gt=0)
+    micro_batch_size: int = Field(2, gt=0)
+    steps: int = Field(10, ge=0)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    peak_tflops: float | None = Field(None, gt=0, description="Device peak for MFU (default: known GPUs).")
+    data: DataConfig = Field(default_factory=lambda: DataConfig(synthetic=True))
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log_every: int = Field(1, ge=1)
+    metrics_file: str | None = Field(None, description="Append one JSON line of metrics per step.")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _preset(cls, value):
+        """`model: tiny` or `model: {preset: 1b, n_layers: 4}` name a preset (with overrides)."""
+        if isinstance(value, str):
+            return ModelConfig.preset(value)
+        if isinstance(value, dict) and "preset" in value:
+            value = dict(value)
+            return ModelConfig.preset(value.pop("preset"), **value)
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.seq_len > self.model.max_seq_len:
+            raise ConfigError(f"seq_len ({self.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        if self.parallel.pp > 1 and self.model.tie_embeddings:
+            raise ConfigError("model.tie_embeddings is not supported with parallel.pp > 1 (first and last stage differ)")
+        return self
+
+    def grad_accum_steps(self, dp_size: int) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank."""
+        per_rank, rest = divmod(self.global_batch_size, self.micro_batch_size * dp_size)
+        if rest or per_rank == 0:
+            raise ConfigError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"micro_batch_size*dp ({self.micro_batch_size}*{dp_size})"
+            )
+        return per_rank

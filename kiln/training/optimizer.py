@@ -1,0 +1,102 @@
+"""AdamW, learning-rate schedules (warmup + cosine, WSD) and global gradient-norm clipping."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from kiln.training.config import OptimizerConfig, ScheduleConfig
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not norms), fused or foreach kernels when asked."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    impl = cfg.implementation
+    if impl == "auto":
+        impl = "fused" if params and params[0].is_cuda else "foreach"
+    kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
+
+
+def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.kind == "constant":
+        return 1.0
+    floor = cfg.min_lr_ratio
+    if cfg.kind == "cosine":
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    # WSD: warmup, stable at the peak, then a linear decay over the last decay_fraction of the steps.
+    decay_steps = max(1, round(total_steps * cfg.decay_fraction))
+    decay_start = total_steps - decay_steps
+    if step < decay_start:
+        return 1.0
+    return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / decay_steps)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: ScheduleConfig) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+def _mesh_key(grad: torch.Tensor):
+    if not isinstance(grad, DTensor):
+        return None
+    mesh = grad.device_mesh
+    return (mesh.mesh_dim_names, tuple(mesh.mesh.flatten().tolist()))
+
+
+@torch.no_grad()
+def global_grad_norm(
+    params: list[nn.Parameter],
+    pp_mesh: DeviceMesh | None = None,
+    extra_sq: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """L2 norm of every gradient of the whole model, identical on every rank.
+
+    DTensor gradients (TP, FSDP) are grouped by mesh and reduced over it by DTensor; plain ones
+    are local. Pipeline stages hold different layers: their squares are summed over `pp_mesh`.
+    `extra_sq` adds norms computed elsewhere (expert-parallel weights, already summed over ep).
+    """
+    groups: dict = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            groups[_mesh_key(p.grad)].append(p.grad)
+    device = next((g.device for gs in groups.values() for g in gs), torch.device("cpu"))
+    if isinstance(device, str):
+        device = torch.device(device)
+    total_sq = torch.zeros((), device=device, dtype=torch.float32)
+    for key in sorted(groups, key=str):
+        norm = torch.nn.utils.get_total_norm(groups[key], norm_type=2.0, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float().pow(2).to(device)
+    if extra_sq is not None:
+        total_sq = total_sq + extra_sq.to(device)
+    if pp_mesh is not None and pp_mesh.size() > 1:
+        dist.all_reduce(total_sq, group=pp_mesh.get_group())
+    return total_sq.sqrt()
+
+
+@torch.no_grad()
+def clip_grads_(params: list[nn.Parameter], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale every gradient by min(1, max_norm / total_norm) (the same factor on every rank)."""
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    grads = [p.grad for p in params if p.grad is not None]
+    by_type: dict = defaultdict(list)
+    for g in grads:
+        by_type[(type(g), _mesh_key(g), g.device, g.dtype)].append(g)
+    for group in by_type.values():
+        torch._foreach_mul_(group, coef.to(group[0].device))

@@ -1,0 +1,101 @@
+"""Precision: autocast for single-process bf16/fp16, fp8 through Transformer Engine, fp16 loss scaling.
+
+Distributed runs get bf16/fp16 from FSDP2's MixedPrecisionPolicy instead (see parallelize).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+
+import torch
+from torch import nn
+
+from kiln.platform.errors import ConfigError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+
+
+def autocast_context(precision: str, device_type: str, distributed: bool):
+    """Autocast for one process (FSDP casts parameters itself when distributed)."""
+    if precision == "fp32" or distributed:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=DTYPES[precision])
+
+
+def check_fp8_available() -> None:
+    """fp8 needs Transformer Engine and an fp8-capable GPU (Hopper / Ada or newer)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        raise ConfigError("precision=fp8 needs Transformer Engine: pip install 'kiln[gpu]' (transformer-engine)")
+    if not torch.cuda.is_available():
+        raise ConfigError("precision=fp8 needs a CUDA GPU (Hopper or Ada or newer); none is visible")
+    if torch.cuda.get_device_capability() < (8, 9):
+        raise ConfigError(f"precision=fp8 needs compute capability >= 8.9, this GPU has {torch.cuda.get_device_capability()}")
+
+
+def swap_to_te_linear(model: nn.Module) -> None:
+    """Replace the block Linears with te.Linear (weights copied); the output head stays as is."""
+    import transformer_engine.pytorch as te
+
+    for block in model.layers.values():
+        for parent in block.modules():
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    new = te.Linear(child.in_features, child.out_features, bias=False,
+                                    params_dtype=child.weight.dtype, device=child.weight.device)
+                    with torch.no_grad():
+                        new.weight.copy_(child.weight)
+                    setattr(parent, name, new)
+
+
+def fp8_context(precision: str, recipe: str):
+    """te.fp8_autocast with a delayed- or current-scaling recipe (nothing for other precisions)."""
+    if precision != "fp8":
+        return contextlib.nullcontext()
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe as te_recipe
+
+    if recipe == "delayed":
+        fp8_recipe = te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16,
+                                              amax_compute_algo="max")
+    else:
+        fp8_recipe = te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID)
+    return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
+
+
+class LossScaler:
+    """Dynamic loss scaling for fp16: skip the step and halve on overflow, double after a clean run.
+
+    The overflow check reuses the global grad norm, so every rank makes the same decision.
+    """
+
+    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = init_scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self._clean_steps = 0
+
+    def unscale_(self, params) -> None:
+        if self.enabled:
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, 1.0 / self.scale)
+
+    def update(self, grad_norm: torch.Tensor) -> bool:
+        """Returns whether the optimizer may step (gradients are finite)."""
+        if not self.enabled:
+            return True
+        if not torch.isfinite(grad_norm):
+            self.scale /= 2
+            self._clean_steps = 0
+            return False
+        self._clean_steps += 1
+        if self._clean_steps % self.growth_interval == 0:
+            self.scale *= 2
+        return True
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "clean_steps": self._clean_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self._clean_steps = state["scale"], state["clean_steps"]

@@ -1,0 +1,272 @@
+"""The training loop: build everything from a TrainConfig, then step.
+
+`Trainer(cfg).setup()` builds the mesh, the model (split into pipeline stages if pp > 1),
+parallelizes it, and creates optimizers, schedulers and the data loader; `train()` runs
+`cfg.steps` optimizer steps and returns the per-step metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kiln.platform.errors import ConfigError
+from kiln.training.config import TrainConfig
+from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
+from kiln.training.model import Transformer
+from kiln.training.optimizer import build_lr_scheduler, build_optimizer, clip_grads_, global_grad_norm
+from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
+from kiln.training.precision import LossScaler, autocast_context, check_fp8_available, fp8_context, swap_to_te_linear
+
+log = logging.getLogger("kiln.training")
+
+
+class Trainer:
+    """Owns the model parts, optimizers, schedulers and loader of one rank."""
+
+    def __init__(self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None):
+        self.cfg = cfg
+        self.on_step = on_step
+        self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
+        self.step = 0
+        self.tokens_seen = 0
+        self.checkpointer = None
+        self.mesh = None
+        self.history: list[dict[str, Any]] = []
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def setup(self) -> Trainer:
+        cfg = self.cfg
+        self.distributed = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size() if self.distributed else 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.parallel = cfg.parallel.resolved(world)
+        self.device = self._pick_device()
+        if cfg.precision == "fp8":
+            check_fp8_available()
+            if self.parallel.tp > 1:
+                raise ConfigError("precision=fp8 (te.Linear) is not combined with parallel.tp > 1 here")
+        if cfg.model.n_experts and self.parallel.pp > 1:
+            log.warning("MoE load-balancing loss is not added under pipeline parallelism")
+
+        from kiln.training.parallel.mesh import build_mesh, dp_coords
+
+        self.mesh = build_mesh(self.parallel, self.device.type) if self.distributed else None
+        self.dp_rank, self.dp_size = dp_coords(self.mesh)
+        self.grad_accum = cfg.grad_accum_steps(self.dp_size)
+        self._build_model()
+        self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
+        self.lr_schedulers = [build_lr_scheduler(o, cfg.steps, cfg.schedule) for o in self.optimizers]
+        self.scaler = LossScaler(enabled=cfg.precision == "fp16")
+        if self.dataloader is None:
+            from kiln.training.data import build_dataloader
+
+            self.dataloader = build_dataloader(
+                cfg.data, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
+                dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.seed, vocab_size=cfg.model.vocab_size,
+            )
+        self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
+        self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
+        if cfg.checkpoint.dir or cfg.checkpoint.load_from:
+            from kiln.training.checkpoint import Checkpointer
+
+            self.checkpointer = Checkpointer(cfg.checkpoint, trainer=self)
+            self.checkpointer.load()
+        self._batches = iter(self.dataloader)
+        return self
+
+    def _pick_device(self) -> torch.device:
+        want = self.cfg.device
+        if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+            if not torch.cuda.is_available():
+                raise ConfigError("device=cuda but no CUDA device is visible")
+            index = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+            torch.cuda.set_device(index)
+            return torch.device("cuda", index)
+        return torch.device("cpu")
+
+    def _build_model(self) -> None:
+        """Same seed on every rank: each builds the full model, then keeps and shards its part."""
+        from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        model = Transformer(cfg.model)
+        if cfg.precision == "fp8":
+            swap_to_te_linear(model)
+        self.model_config = cfg.model
+        self.loss_parallel = self.mesh is not None and use_loss_parallel(cfg)
+        self.pp = self.mesh is not None and self.parallel.pp > 1
+        if self.pp:
+            from kiln.training.parallel.pipeline_parallel import build_pipeline
+
+            self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
+                model, self.mesh["pp"], cfg, self.device, self._pp_loss,
+                parallelize_fn=lambda part: parallelize(part, self.mesh, cfg),
+            )
+        else:
+            model = model.to(self.device)
+            self.model_parts = [parallelize(model, self.mesh, cfg)]
+            self.has_first = self.has_last = True
+        if self.mesh is not None and self.parallel.ep > 1:
+            for part in self.model_parts:
+                expert_flag(part)
+
+    # -- one optimizer step -----------------------------------------------------------------
+
+    def _pp_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_loss(logits, labels) * self._pp_loss_scale()
+
+    def _pp_loss_scale(self) -> float:
+        from kiln.training.parallel.pipeline_parallel import pipeline_microbatches
+
+        return self.scaler.scale / (self.grad_accum * pipeline_microbatches(self.cfg))
+
+    def _forward_backward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One micro-batch; returns its (unscaled) mean token loss, or 0 off the last pp stage."""
+        cfg = self.cfg
+        device_type = self.device.type
+        with autocast_context(cfg.precision, device_type, self.distributed), fp8_context(
+            cfg.precision, cfg.fp8_recipe
+        ), loss_parallel_context(self.loss_parallel):
+            if self.pp:
+                losses: list[torch.Tensor] = []
+                inputs = (tokens,) if self.has_first else ()
+                target = labels if self.has_last else None
+                self.schedule.step(*inputs, target=target, losses=losses if self.has_last else None)
+                if not self.has_last:
+                    return torch.zeros((), device=self.device)
+                losses = [to_local_loss(x).detach() for x in losses]
+                return torch.stack(losses).mean() / self._pp_loss_scale()
+            model = self.model_parts[0]
+            loss = cross_entropy_loss(model(tokens), labels)
+            total = loss
+            if cfg.model.n_experts:
+                from kiln.training.model.moe import moe_aux_loss
+
+                total = loss + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
+            (total * (self.scaler.scale / self.grad_accum)).backward()
+            return to_local_loss(loss).detach()
+
+    def _set_grad_sync(self, enabled: bool) -> None:
+        """Skip FSDP's gradient reduction on all but the last micro-batch of an accumulation."""
+        for part in self.model_parts:
+            if hasattr(part, "set_requires_gradient_sync"):
+                part.set_requires_gradient_sync(enabled)
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        start = time.perf_counter()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.grad_accum):
+            tokens, labels = next(self._batches)
+            tokens, labels = tokens.to(self.device), labels.to(self.device)
+            if self.mesh is not None and self.parallel.cp > 1:
+                from kiln.training.parallel.context_parallel import shard_for_context_parallel
+
+                tokens, labels = shard_for_context_parallel(tokens, labels, self.mesh["cp"])
+            self._set_grad_sync(micro == self.grad_accum - 1)
+            loss_sum += self._forward_backward(tokens, labels).float()
+
+        params = [p for part in self.model_parts for p in part.parameters()]
+        self.scaler.unscale_(params)
+        grad_norm = global_grad_norm(
+            [p for p in params if not getattr(p, "_kiln_expert", False)],
+            pp_mesh=self.mesh["pp"] if self.pp else None,
+            extra_sq=self._expert_grad_norm_sq(),
+        )
+        if cfg.optimizer.grad_clip is not None:
+            clip_grads_(params, cfg.optimizer.grad_clip, grad_norm)
+        lr = self.lr_schedulers[0].get_last_lr()[0]
+        if self.scaler.update(grad_norm):
+            for opt in self.optimizers:
+                opt.step()
+        for sched in self.lr_schedulers:
+            sched.step()
+
+        loss = self._global_mean_loss(loss_sum / self.grad_accum)
+        elapsed = time.perf_counter() - start
+        tokens = cfg.global_batch_size * cfg.seq_len
+        self.step += 1
+        self.tokens_seen += tokens
+        tokens_per_s = tokens / elapsed
+        world = dist.get_world_size() if self.distributed else 1
+        mfu = None
+        if self.peak_flops:
+            mfu = self.flops_per_token * tokens_per_s / (self.peak_flops * world)
+        return {
+            "step": self.step,
+            "loss": loss,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu,
+            "peak_mem_gb": peak_memory_gb(),
+            "tokens_seen": self.tokens_seen,
+            "step_time_s": elapsed,
+        }
+
+    def _expert_grad_norm_sq(self) -> torch.Tensor | None:
+        if not (self.cfg.model.n_experts and self.mesh is not None and self.parallel.ep > 1):
+            return None
+        from kiln.training.parallel.expert_parallel import expert_grad_norm_sq
+
+        return sum(expert_grad_norm_sq(part) for part in self.model_parts)
+
+    def _global_mean_loss(self, local: torch.Tensor) -> float:
+        """Average over data and context ranks; pipeline ranks off the last stage contribute 0."""
+        if not self.distributed:
+            return float(local)
+        total = local.detach().clone()
+        dist.all_reduce(total)
+        return float(total) / (dist.get_world_size() // self.parallel.pp)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, Any]]:
+        if not hasattr(self, "model_parts"):
+            self.setup()
+        try:
+            while self.step < self.cfg.steps:
+                metrics = self.train_step()
+                self.history.append(metrics)
+                self._log(metrics)
+                if self.on_step is not None:
+                    self.on_step(metrics)
+                if self.checkpointer is not None:
+                    self.checkpointer.save(self.step)
+        finally:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+        return self.history
+
+    def _log(self, m: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        if m["step"] % self.cfg.log_every == 0 or m["step"] == self.cfg.steps:
+            mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
+            log.info(
+                "step %d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f mfu %s peak_mem %.2fGB",
+                m["step"], m["loss"], m["grad_norm"], m["lr"], m["tokens_per_s"], mfu, m["peak_mem_gb"],
+            )
+        if self.cfg.metrics_file:
+            with open(self.cfg.metrics_file, "a") as f:
+                f.write(json.dumps(m) + "\n")
+
+
+def expert_flag(model: nn.Module) -> None:
+    """Mark expert-parallel weights so the dense grad norm skips them (counted via the ep group)."""
+    from kiln.training.parallel.expert_parallel import expert_parameters
+
+    for p in expert_parameters(model):
+        p._kiln_expert = True

@@ -1,0 +1,38 @@
+"""Shared pieces of the parity tests: one tiny run config and a per-rank runner of many layouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+STEPS = 3
+
+
+def tiny_config(**overrides: Any):
+    """Tiny model, short sequences, 8 sequences per optimizer step, 3 steps, fp32."""
+    from kiln.training.config import TrainConfig
+
+    base = dict(
+        model="tiny", seq_len=16, global_batch_size=8, micro_batch_size=2, steps=STEPS, seed=7,
+        optimizer={"lr": 3e-3, "grad_clip": 1.0}, schedule={"warmup_steps": 1},
+        data={"synthetic": True, "prefetch": 0},
+    )
+    parallel = overrides.pop("parallel", {})
+    base.update(overrides)
+    base["parallel"] = {"dp_shard": -1, **parallel}
+    return TrainConfig.model_validate(base)
+
+
+def train_losses(**overrides: Any) -> list[float]:
+    """Per-step losses of one run (in this process; distributed if a process group is up)."""
+    import torch
+
+    from kiln.training.trainer import Trainer
+
+    torch.set_num_threads(1)  # tiny matmuls: threads only add contention on a shared 2-core box
+    history = Trainer(tiny_config(**overrides)).train()
+    return [m["loss"] for m in history]
+
+
+def run_layouts(layouts: list[dict[str, Any]]) -> list[list[float]]:
+    """On every rank: train each layout in turn (one process group serves them all)."""
+    return [train_losses(**layout) for layout in layouts]
