@@ -8,11 +8,25 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a model on Ray Train (every parallelism, resumable)")
-    p.add_argument("--config", required=True, help="YAML: TrainConfig fields plus an optional `ray:` block")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field, e.g. --set steps=100 --set parallel.tp=2 (values are YAML)")
-    p.add_argument("--run-dir", default=None, help="metrics, TensorBoard, loss curve (default: runs/train/<ray.name>)")
+    p = subparsers.add_parser(
+        "train", help="train a model on Ray Train (every parallelism, resumable)"
+    )
+    p.add_argument(
+        "--config", required=True, help="YAML: TrainConfig fields plus an optional `ray:` block"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set steps=100 --set parallel.tp=2 (values are YAML)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="metrics, TensorBoard, loss curve (default: runs/train/<ray.name>)",
+    )
     p.set_defaults(func=_train)
 
 
@@ -57,5 +71,11 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or str(Path("runs") / "train" / cfg.ray.name)
     summary = train_on_ray(cfg.train_config(), run_dir=run_dir, options=cfg.ray)
-    print(json.dumps({k: summary[k] for k in ("final", "checkpoint", "metrics_file", "loss_curve")}, indent=2, default=str))
+    print(
+        json.dumps(
+            {k: summary[k] for k in ("final", "checkpoint", "metrics_file", "loss_curve")},
+            indent=2,
+            default=str,
+        )
+    )
     return 0

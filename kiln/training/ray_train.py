@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -35,14 +36,23 @@ class RayOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    num_workers: int | None = Field(None, ge=1, description="Default: the product of the parallel dims.")
-    cpus_per_worker: float | None = Field(None, gt=0, description="Default: 0.5 on small machines, else 1.")
+    num_workers: int | None = Field(
+        None, ge=1, description="Default: the product of the parallel dims."
+    )
+    cpus_per_worker: float | None = Field(
+        None, gt=0, description="Default: 0.5 on small machines, else 1."
+    )
     use_gpu: bool | None = Field(None, description="Default: when Ray reports GPUs.")
-    max_failures: int = Field(0, ge=-1, description="Worker-group restarts allowed (-1: unlimited).")
+    max_failures: int = Field(
+        0, ge=-1, description="Worker-group restarts allowed (-1: unlimited)."
+    )
     name: str = Field("kiln-train", description="Ray Train run name; the same name resumes.")
-    storage_path: str | None = Field(None, description="Ray Train storage (default: <run_dir>/ray).")
+    storage_path: str | None = Field(
+        None, description="Ray Train storage (default: <run_dir>/ray)."
+    )
     callbacks: list[str] = Field(
-        default_factory=list, description="'module:function' called on every worker after each step as fn(metrics, info)."
+        default_factory=list,
+        description="'module:function' called on every worker after each step as fn(metrics, info).",
     )
 
 
@@ -52,12 +62,16 @@ def world_size(cfg, options: RayOptions) -> int:
     size = others * (p.dp_shard if p.dp_shard > 0 else 1)
     if options.num_workers is not None:
         if p.dp_shard > 0 and options.num_workers != size:
-            raise ConfigError(f"ray.num_workers={options.num_workers} but the parallel dims multiply to {size}")
+            raise ConfigError(
+                f"ray.num_workers={options.num_workers} but the parallel dims multiply to {size}"
+            )
         size = options.num_workers
     return size
 
 
-def train_on_ray(cfg, run_dir: str, options: RayOptions | None = None, runtime=None) -> dict[str, Any]:
+def train_on_ray(
+    cfg, run_dir: str, options: RayOptions | None = None, runtime=None
+) -> dict[str, Any]:
     """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (final metrics, checkpoint, paths)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -72,8 +86,13 @@ def train_on_ray(cfg, run_dir: str, options: RayOptions | None = None, runtime=N
     use_gpu = options.use_gpu if options.use_gpu is not None else runtime.gpus >= n
     cpus = options.cpus_per_worker or runtime.cpus_per_worker()
     if not cfg.checkpoint.dir:
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(
-            update={"dir": os.path.join(storage_path, options.name, "checkpoints")})})
+        cfg = cfg.model_copy(
+            update={
+                "checkpoint": cfg.checkpoint.model_copy(
+                    update={"dir": os.path.join(storage_path, options.name, "checkpoints")}
+                )
+            }
+        )
     loop_config = {
         "train": cfg.model_dump(mode="json", by_alias=True),
         "run_dir": os.path.abspath(run_dir),
@@ -85,7 +104,9 @@ def train_on_ray(cfg, run_dir: str, options: RayOptions | None = None, runtime=N
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=n, use_gpu=use_gpu, resources_per_worker={"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus}
+            num_workers=n,
+            use_gpu=use_gpu,
+            resources_per_worker={"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus},
         ),
         run_config=ray.train.RunConfig(
             name=options.name,
@@ -93,8 +114,14 @@ def train_on_ray(cfg, run_dir: str, options: RayOptions | None = None, runtime=N
             failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
         ),
     )
-    log.info("training on Ray: %d workers (%s, %.2g CPU each), run %r in %s", n,
-             "GPU" if use_gpu else "CPU", cpus, options.name, storage_path)
+    log.info(
+        "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
+        n,
+        "GPU" if use_gpu else "CPU",
+        cpus,
+        options.name,
+        storage_path,
+    )
     t0 = time.perf_counter()
     result = trainer.fit()
     history = read_metrics(run_dir)
@@ -126,8 +153,11 @@ def _train_loop(config: dict) -> None:
     cfg = TrainConfig.model_validate(config["train"])
     resume = _resume_point(cfg.checkpoint.dir, ray.train.get_checkpoint())
     if resume:
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"load_from": resume})})
+        cfg = cfg.model_copy(
+            update={"checkpoint": cfg.checkpoint.model_copy(update={"load_from": resume})}
+        )
     rank = ray.train.get_context().get_world_rank()
+    _worker_logging(rank)
     callbacks = [_import(path) for path in config["callbacks"]]
     logger = StepLogger(config["run_dir"], cfg.steps, cfg.log_every) if rank == 0 else None
     reporter = _Reporter(rank)
@@ -150,6 +180,17 @@ def _train_loop(config: dict) -> None:
             logger.close()
 
 
+def _worker_logging(rank: int) -> None:
+    """Ray workers log at WARNING by default: show rank 0's progress lines (forwarded to the driver)."""
+    kiln_log = logging.getLogger("kiln")
+    if not kiln_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+        kiln_log.addHandler(handler)
+        kiln_log.propagate = False
+    kiln_log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
 class _Reporter:
     """Calls `ray.train.report` on every rank; rank 0 attaches each newly committed checkpoint."""
 
@@ -166,8 +207,14 @@ class _Reporter:
             if self.rank == 0 and committed and committed[1] != self.reported:
                 checkpoint, mode = _ray_checkpoint(committed[1], tmp)
                 self.reported = committed[1]
-            clean = {k: v for k, v in metrics.items() if isinstance(v, int | float | str | bool) or v is None}
-            ray.train.report({**clean, "final": final}, checkpoint=checkpoint, checkpoint_upload_mode=mode)
+            clean = {
+                k: v
+                for k, v in metrics.items()
+                if isinstance(v, int | float | str | bool) or v is None
+            }
+            ray.train.report(
+                {**clean, "final": final}, checkpoint=checkpoint, checkpoint_upload_mode=mode
+            )
 
 
 def _ray_checkpoint(ckpt_dir: str, tmp: str):
@@ -190,15 +237,19 @@ def _resume_point(ckpt_root: str | None, ray_checkpoint) -> str | None:
     candidates = []
     if ray_checkpoint is not None:
         pointer = os.path.join(ray_checkpoint.path, POINTER_FILE)
-        candidates.append(json.load(open(pointer))["uri"] if os.path.exists(pointer) else ray_checkpoint.path)
+        if os.path.exists(pointer):
+            with open(pointer) as f:
+                candidates.append(json.load(f)["uri"])
+        else:
+            candidates.append(ray_checkpoint.path)
     if ckpt_root and (latest := latest_checkpoint(ckpt_root)):
         candidates.append(latest)
     steps = []
     for c in candidates:
         try:
             steps.append((read_sidecar(c)["step"], c))
-        except Exception:  # noqa: BLE001 - a pruned or unreadable one is simply not a candidate
-            continue
+        except Exception as e:  # noqa: BLE001 - a pruned or unreadable one is simply not a candidate
+            log.warning("not resuming from %s: %s", c, e)
     return max(steps)[1] if steps else None
 
 
@@ -218,7 +269,7 @@ class StepLogger:
 
         os.makedirs(run_dir, exist_ok=True)
         self.total, self.log_every = total_steps, log_every
-        self.jsonl = open(os.path.join(run_dir, METRICS_FILE), "a")
+        self.jsonl = open(os.path.join(run_dir, METRICS_FILE), "a")  # noqa: SIM115 - open for the run
         self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
         self.t0, self.first_step = time.monotonic(), None
 
@@ -233,9 +284,18 @@ class StepLogger:
             self.first_step, self.t0 = step, time.monotonic()
         if step % self.log_every == 0 or step == self.total:
             done = step - self.first_step
-            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done else float("nan")
-            log.info("step %d/%d loss %.4f lr %.3g %.0f tok/s ETA %s", step, self.total, metrics.get("loss", float("nan")),
-                     metrics.get("lr", float("nan")), metrics.get("tokens_per_s", 0.0), _hms(eta))
+            eta = (
+                (time.monotonic() - self.t0) / done * (self.total - step) if done else float("nan")
+            )
+            log.info(
+                "step %d/%d loss %.4f lr %.3g %.0f tok/s ETA %s",
+                step,
+                self.total,
+                metrics.get("loss", float("nan")),
+                metrics.get("lr", float("nan")),
+                metrics.get("tokens_per_s", 0.0),
+                _hms(eta),
+            )
 
     def close(self) -> None:
         self.jsonl.close()
@@ -243,7 +303,7 @@ class StepLogger:
 
 
 def _hms(seconds: float) -> str:
-    if seconds != seconds:  # nan
+    if math.isnan(seconds):
         return "?"
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -23,22 +23,31 @@ class TrainStageConfig(TrainConfig, StageConfig):
 class TrainStage(Stage):
     type_name = "train"
     Config = TrainStageConfig
-    input_kinds = {"tokens": "TokenDataset"}
+    input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset"}
     optional_inputs = frozenset({"tokens"})
-    output_kinds = {"checkpoint": "Checkpoint"}
+    output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from kiln.training.ray_train import train_on_ray
 
         cfg = self.config.train_config()
         if "tokens" in ctx.inputs:
-            data = cfg.data.model_copy(update={"paths": [ctx.inputs["tokens"].path], "synthetic": False})
+            data = cfg.data.model_copy(
+                update={"paths": [ctx.inputs["tokens"].path], "synthetic": False}
+            )
             cfg = cfg.model_copy(update={"data": data})
         out = ctx.outputs["checkpoint"]
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": out.path})})
-        summary = train_on_ray(cfg, run_dir=str(ctx.stage_dir), options=self.config.ray, runtime=ctx.ray())
+        cfg = cfg.model_copy(
+            update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": out.path})}
+        )
+        summary = train_on_ray(
+            cfg, run_dir=str(ctx.stage_dir), options=self.config.ray, runtime=ctx.ray()
+        )
         final = summary["final"] or {}
-        out.counts = {"steps": final.get("step", cfg.steps), "tokens_seen": final.get("tokens_seen", 0)}
+        out.counts = {
+            "steps": final.get("step", cfg.steps),
+            "tokens_seen": final.get("tokens_seen", 0),
+        }
         out.meta = {
             "latest": summary["checkpoint"],
             "model": cfg.model.model_dump(mode="json"),

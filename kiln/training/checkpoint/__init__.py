@@ -2,7 +2,13 @@
 
 from kiln.training.checkpoint.config import CheckpointConfig
 
-__all__ = ["CheckpointConfig", "Checkpointer", "latest_checkpoint", "load_model_state", "read_sidecar"]
+__all__ = [
+    "CheckpointConfig",
+    "Checkpointer",
+    "latest_checkpoint",
+    "load_model_state",
+    "read_sidecar",
+]
 
 
 def __getattr__(name):  # keep `import kiln.training.checkpoint` light (no torch) for config users

@@ -29,7 +29,9 @@ log = logging.getLogger("kiln.checkpoint")
 
 def make_writer(uri: str, thread_count: int = 1):
     if storage.is_local(uri):
-        return FileSystemWriter(uri.removeprefix("file://"), thread_count=thread_count, sync_files=True)
+        return FileSystemWriter(
+            uri.removeprefix("file://"), thread_count=thread_count, sync_files=True
+        )
     from torch.distributed.checkpoint import FsspecWriter
 
     return FsspecWriter(uri, thread_count=thread_count, sync_files=True)
@@ -44,7 +46,9 @@ def make_reader(uri: str):
 
 
 def _model_config(trainer) -> dict[str, Any]:
-    cfg = getattr(trainer, "model_config", None) or getattr(getattr(trainer, "cfg", None), "model", None)
+    cfg = getattr(trainer, "model_config", None) or getattr(
+        getattr(trainer, "cfg", None), "model", None
+    )
     if isinstance(cfg, str):
         from kiln.training.model.config import ModelConfig
 
@@ -96,7 +100,11 @@ class Checkpointer:
             response = dcp.async_save(state, storage_writer=writer, process_group=self._save_pg)
             future = getattr(response, "upload_completion", response)
             self._inflight = (future, step, path, sidecar)
-            log.info("checkpoint step %d: staged in %.2fs, writing in the background", step, time.perf_counter() - t0)
+            log.info(
+                "checkpoint step %d: staged in %.2fs, writing in the background",
+                step,
+                time.perf_counter() - t0,
+            )
         else:
             dcp.save(state, storage_writer=writer, process_group=self._save_pg)
             log.info("checkpoint step %d: written in %.2fs", step, time.perf_counter() - t0)
@@ -157,7 +165,12 @@ class Checkpointer:
         storage.write_json(storage.join(path, storage.SIDECAR), sidecar)
         storage.set_latest(self.root, path)
         removed = storage.prune(self.root, self.cfg.keep_last)
-        log.info("checkpoint step %d committed: %s%s", step, path, f" (pruned {len(removed)})" if removed else "")
+        log.info(
+            "checkpoint step %d committed: %s%s",
+            step,
+            path,
+            f" (pruned {len(removed)})" if removed else "",
+        )
         for callback in self.on_commit:
             callback(step, path)
 
@@ -181,7 +194,7 @@ class Checkpointer:
         t = self.trainer
         cfg = getattr(t, "cfg", None)
         loader = getattr(t, "dataloader", None)
-        dp_rank, dp_size = S.data_parallel_coords(t)
+        dp_size = S.data_parallel_coords(t)[1]
         return {
             "format": "kiln-dcp-v1",
             "step": int(step),
@@ -192,7 +205,9 @@ class Checkpointer:
                 "dp_size": dp_size,
                 "parallel": _dump(getattr(cfg, "parallel", None)),
             },
-            "dataloader": loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None,
+            "dataloader": loader.state_dict()
+            if loader is not None and hasattr(loader, "state_dict")
+            else None,
             "train_config": _dump(cfg),
             "saved_at": time.time(),
         }
@@ -210,7 +225,9 @@ class Checkpointer:
         if path is None:
             return False
         if not storage.is_complete(path):
-            raise InputError(f"checkpoint.load_from: {path} is not a complete checkpoint (no .metadata or kiln.json)")
+            raise InputError(
+                f"checkpoint.load_from: {path} is not a complete checkpoint (no .metadata or kiln.json)"
+            )
         t0 = time.perf_counter()
         sidecar = storage.read_json(storage.join(path, storage.SIDECAR))
         reader = make_reader(path)
@@ -250,5 +267,10 @@ class Checkpointer:
         self._last_saved_step = int(sidecar.get("step", -1))
         self.committed = (self._last_saved_step, path)
         self.loaded_from = path
-        log.info("loaded checkpoint %s (step %s) in %.2fs", path, sidecar.get("step"), time.perf_counter() - t0)
+        log.info(
+            "loaded checkpoint %s (step %s) in %.2fs",
+            path,
+            sidecar.get("step"),
+            time.perf_counter() - t0,
+        )
         return True

@@ -18,7 +18,9 @@ def resolve(path: str) -> str:
         return path
     latest = storage.latest_checkpoint(path)
     if latest is None:
-        raise InputError(f"{path}: no complete checkpoint here (expected .metadata + kiln.json, or a `latest` pointer)")
+        raise InputError(
+            f"{path}: no complete checkpoint here (expected .metadata + kiln.json, or a `latest` pointer)"
+        )
     return latest
 
 

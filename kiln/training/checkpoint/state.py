@@ -87,7 +87,9 @@ def apply_model_state(parts, state: dict[str, Any], keys: list[list[str]]) -> No
 
 def apply_optimizer_state(parts, optimizers, state: dict[str, Any], keys: list[list[str]]) -> None:
     for part, opt, part_keys in zip(parts, optimizers, keys, strict=True):
-        set_optimizer_state_dict(part, opt, {k: state[k] for k in part_keys}, options=_OPTIM_OPTIONS)
+        set_optimizer_state_dict(
+            part, opt, {k: state[k] for k in part_keys}, options=_OPTIM_OPTIONS
+        )
 
 
 def rng_state() -> bytes:

@@ -23,7 +23,9 @@ def _save_and_continue(root: str, tp: int, dp: int) -> tuple[dict, list[float]]:
 
 
 def _load_and_continue(root: str, tp: int, dp: int) -> tuple[dict, list[float], int]:
-    trainer = ToyTrainer(CheckpointConfig(dir=root, save_final=False), tp=tp, dp_shard=dp, steps=7, seed=99)
+    trainer = ToyTrainer(
+        CheckpointConfig(dir=root, save_final=False), tp=tp, dp_shard=dp, steps=7, seed=99
+    )
     assert trainer.checkpointer.load()
     state = portable(full_state(trainer))
     return state, trainer.train(until=7), trainer.step
@@ -42,7 +44,10 @@ def test_reshard_tp2dp2_to_dp4_and_one_process(tmp_path):
     model_cfg, model_sd = load_model_state(root)  # one process, no torch.distributed
     assert model_cfg["dim"] == 32
     optim_sd = load_state(root, "optimizer")
-    for k, v in {**{f"model.{k}": v for k, v in model_sd.items()}, **{f"optimizer.{k}": v for k, v in optim_sd.items()}}.items():
+    for k, v in {
+        **{f"model.{k}": v for k, v in model_sd.items()},
+        **{f"optimizer.{k}": v for k, v in optim_sd.items()},
+    }.items():
         if isinstance(v, torch.Tensor):
             np.testing.assert_array_equal(v.numpy(), ref_state[k], err_msg=k)
     assert {k for k in ref_state if k.startswith("model.")} == {f"model.{k}" for k in model_sd}
@@ -50,8 +55,15 @@ def test_reshard_tp2dp2_to_dp4_and_one_process(tmp_path):
 
 def _async_then_sync(root_async: str, root_sync: str) -> None:
     # Training goes on (steps 4, 5) while the step-3 checkpoint is written in the background.
-    ToyTrainer(CheckpointConfig(dir=root_async, interval_steps=3, **{"async": True}), tp=1, dp_shard=2, steps=5).train(5)
-    ToyTrainer(CheckpointConfig(dir=root_sync, interval_steps=3), tp=1, dp_shard=2, steps=5).train(5)
+    ToyTrainer(
+        CheckpointConfig(dir=root_async, interval_steps=3, **{"async": True}),
+        tp=1,
+        dp_shard=2,
+        steps=5,
+    ).train(5)
+    ToyTrainer(CheckpointConfig(dir=root_sync, interval_steps=3), tp=1, dp_shard=2, steps=5).train(
+        5
+    )
 
 
 def test_async_and_sync_saves_load_identical(tmp_path):

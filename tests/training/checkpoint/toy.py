@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -47,8 +47,12 @@ class ToyModel(nn.Module):
 
 
 class ToyTrainer:
-    def __init__(self, ckpt: CheckpointConfig, tp: int = 1, dp_shard: int = 1, steps: int = 10, seed: int = 0):
-        self.cfg = SimpleNamespace(steps=steps, model={"dim": DIM, "vocab_size": VOCAB}, parallel=None)
+    def __init__(
+        self, ckpt: CheckpointConfig, tp: int = 1, dp_shard: int = 1, steps: int = 10, seed: int = 0
+    ):
+        self.cfg = SimpleNamespace(
+            steps=steps, model={"dim": DIM, "vocab_size": VOCAB}, parallel=None
+        )
         self.mesh = None
         torch.manual_seed(seed)
         model = ToyModel()
@@ -58,20 +62,31 @@ class ToyTrainer:
             if tp > 1:
                 for block in model.layers.values():
                     parallelize_module(
-                        block, self.mesh["tp"], {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()}
+                        block,
+                        self.mesh["tp"],
+                        {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()},
                     )
             for block in model.layers.values():
                 fully_shard(block, mesh=self.mesh["dp_shard"])
             fully_shard(model, mesh=self.mesh["dp_shard"])
             dp_rank, dp_size = self.mesh["dp_shard"].get_local_rank(), dp_shard
         self.model_parts = [model]
-        self.optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)]
-        self.lr_schedulers = [torch.optim.lr_scheduler.LambdaLR(self.optimizers[0], lambda s: 1.0 / (1 + s))]
+        self.optimizers = [
+            torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+        ]
+        self.lr_schedulers = [
+            torch.optim.lr_scheduler.LambdaLR(self.optimizers[0], lambda s: 1.0 / (1 + s))
+        ]
         self.global_batch = MICRO * 4  # fixed across layouts, so losses compare across dp sizes
         self.micro = self.global_batch // dp_size
         self.dataloader = build_dataloader(
-            DataConfig(synthetic=True, prefetch=0), seq_len=SEQ, micro_batch_size=self.micro,
-            dp_rank=dp_rank, dp_size=dp_size, seed=0, vocab_size=VOCAB,  # model seed varies, data stays
+            DataConfig(synthetic=True, prefetch=0),
+            seq_len=SEQ,
+            micro_batch_size=self.micro,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            seed=0,
+            vocab_size=VOCAB,  # model seed varies, data stays
         )
         self.step, self.tokens_seen = 0, 0
         self.checkpointer = Checkpointer(ckpt, trainer=self) if ckpt.dir else None
@@ -80,14 +95,18 @@ class ToyTrainer:
         model, opt = self.model_parts[0], self.optimizers[0]
         tokens, labels = next(iter(self.dataloader))
         logits = model(tokens)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())  # FSDP averages grads over dp
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten()
+        )  # FSDP averages grads over dp
         loss.backward()
         opt.step()
         opt.zero_grad()
         self.lr_schedulers[0].step()
         if dist.is_initialized():
             loss = loss.detach().clone()
-            dist.all_reduce(loss)  # every tp peer holds the same value: the mean over ranks is the global loss
+            dist.all_reduce(
+                loss
+            )  # every tp peer holds the same value: the mean over ranks is the global loss
             loss = loss / dist.get_world_size()
         self.step += 1
         self.tokens_seen += self.global_batch * SEQ

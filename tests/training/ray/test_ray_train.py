@@ -14,11 +14,18 @@ STEPS = 20
 
 
 def _config(ckpt_dir: str | None) -> TrainConfig:
-    return TrainConfig.model_validate({
-        "model": "tiny", "parallel": {"tp": 2, "pp": 2, "dp_shard": 1}, "steps": STEPS, "seq_len": 32,
-        "global_batch_size": 4, "micro_batch_size": 2, "log_every": 5,
-        "checkpoint": {"dir": ckpt_dir, "interval_steps": 5},
-    })
+    return TrainConfig.model_validate(
+        {
+            "model": "tiny",
+            "parallel": {"tp": 2, "pp": 2, "dp_shard": 1},
+            "steps": STEPS,
+            "seq_len": 32,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "log_every": 5,
+            "checkpoint": {"dir": ckpt_dir, "interval_steps": 5},
+        }
+    )
 
 
 def _uninterrupted() -> list[float]:
@@ -30,21 +37,36 @@ def _uninterrupted() -> list[float]:
 def test_worker_killed_at_step_12_resumes_with_identical_losses(ray_session, tmp_path):
     run_dir, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt")
     summary = train_on_ray(
-        _config(ckpt), run_dir,
-        RayOptions(name="fault", max_failures=1, cpus_per_worker=0.5,
-                   callbacks=["tests.training.ray.faults:kill_rank1_once_at_step_12"]),
+        _config(ckpt),
+        run_dir,
+        RayOptions(
+            name="fault",
+            max_failures=1,
+            cpus_per_worker=0.5,
+            callbacks=["tests.training.ray.faults:kill_rank1_once_at_step_12"],
+        ),
     )
     assert os.path.exists(os.path.join(run_dir, "killed-at-step-12"))  # the kill happened
     history = read_metrics(run_dir)  # steps 11.. come from the attempt after the restart
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
-    restarted = [json.loads(line)["step"] for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    assert restarted.count(11) == 2 and restarted.count(13) == 1  # 11, 12 ran twice: resumed from step 10
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        restarted = [json.loads(line)["step"] for line in f]
+    assert (
+        restarted.count(11) == 2 and restarted.count(13) == 1
+    )  # 11, 12 ran twice: resumed from step 10
 
     reference = run_distributed(_uninterrupted, 4)[0]
     for h in history[10:]:
-        assert abs(h["loss"] - reference[h["step"] - 1]) < 1e-6, (h["step"], h["loss"], reference[h["step"] - 1])
+        assert abs(h["loss"] - reference[h["step"] - 1]) < 1e-6, (
+            h["step"],
+            h["loss"],
+            reference[h["step"] - 1],
+        )
 
     assert summary["checkpoint"] == latest_checkpoint(ckpt) and read_sidecar(ckpt)["step"] == STEPS
     assert os.path.exists(summary["loss_curve"])
-    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(run_dir, "tensorboard")))
+    assert any(
+        f.startswith("events.out.tfevents")
+        for f in os.listdir(os.path.join(run_dir, "tensorboard"))
+    )
     assert summary["final"]["step"] == STEPS
