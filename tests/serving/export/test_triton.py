@@ -106,6 +106,7 @@ def test_repository_layout_and_config(repo):
 
 def test_http_returns_kilns_greedy_text(server, reference):
     import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
 
     expected = [c.text for c in reference.generate(PROMPTS, SamplingParams(max_new_tokens=12))]
     client = httpclient.InferenceServerClient(server.http_url)
@@ -124,6 +125,12 @@ def test_http_returns_kilns_greedy_text(server, reference):
             client.async_infer("tiny", _http_inputs(httpclient, [p], 12)) for p in PROMPTS * 2
         ]
         assert [_texts(p.get_result())[0] for p in pending] == expected * 2
+        # a bad request gets an error of its own; the server keeps answering
+        with pytest.raises(InferenceServerException, match="limit"):
+            client.infer("tiny", _http_inputs(httpclient, PROMPTS[:1], 100_000))
+        assert (
+            _texts(client.infer("tiny", _http_inputs(httpclient, PROMPTS[:1], 12))) == expected[:1]
+        )
     finally:
         client.close()
     # Triton's generate extension, as plain JSON
