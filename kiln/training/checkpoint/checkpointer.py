@@ -32,7 +32,7 @@ def make_writer(uri: str, thread_count: int = 1):
         return FileSystemWriter(
             uri.removeprefix("file://"), thread_count=thread_count, sync_files=True
         )
-    from torch.distributed.checkpoint import FsspecWriter
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     return FsspecWriter(uri, thread_count=thread_count, sync_files=True)
 
@@ -40,7 +40,7 @@ def make_writer(uri: str, thread_count: int = 1):
 def make_reader(uri: str):
     if storage.is_local(uri):
         return FileSystemReader(uri.removeprefix("file://"))
-    from torch.distributed.checkpoint import FsspecReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
     return FsspecReader(uri)
 

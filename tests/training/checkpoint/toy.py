@@ -89,7 +89,7 @@ class ToyTrainer:
             vocab_size=VOCAB,  # model seed varies, data stays
         )
         self.step, self.tokens_seen = 0, 0
-        self.checkpointer = Checkpointer(ckpt, trainer=self) if ckpt.dir else None
+        self.checkpointer = Checkpointer(ckpt, trainer=self) if ckpt.dir or ckpt.load_from else None
 
     def train_step(self) -> float:
         model, opt = self.model_parts[0], self.optimizers[0]
@@ -110,7 +110,7 @@ class ToyTrainer:
             loss = loss / dist.get_world_size()
         self.step += 1
         self.tokens_seen += self.global_batch * SEQ
-        return float(loss)
+        return float(loss.detach())
 
     def train(self, until: int) -> list[float]:
         losses = []
