@@ -48,6 +48,8 @@ class Backend(Protocol):
 
     async def ready(self) -> bool: ...
 
+    def stats(self) -> dict[str, int]: ...
+
     async def close(self) -> None: ...
 
 
@@ -70,6 +72,8 @@ class LocalBackend:
         self._generate_one.set_batch_wait_timeout_s(batching.batch_wait_timeout_s)
         # one model, one forward at a time: a stream and a batch never interleave in torch
         self._lock = threading.Lock()
+        self._inferences = 0  # prompts completed
+        self._executions = 0  # generate() calls (batches)
 
     async def complete(self, prompts: list[str], params: SamplingParams) -> list[Result]:
         for p in prompts:
@@ -99,6 +103,8 @@ class LocalBackend:
 
         # a worker thread keeps the event loop (health checks, queueing) responsive
         outs = await asyncio.to_thread(work)
+        self._inferences += len(items)
+        self._executions += 1
         return [Result(c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens) for c in outs]
 
     async def stream(self, prompt: str, params: SamplingParams) -> AsyncIterator[str]:
@@ -118,6 +124,9 @@ class LocalBackend:
 
     async def ready(self) -> bool:
         return True
+
+    def stats(self) -> dict[str, int]:
+        return {"inference_count": self._inferences, "execution_count": self._executions}
 
     async def close(self) -> None:
         pass
@@ -267,6 +276,9 @@ class TritonBackend:
             return bool(await client.is_model_ready(self.triton_model))
         except (InferenceServerException, OSError):
             return False
+
+    def stats(self) -> dict[str, int]:
+        return {}  # Triton keeps its own: GET /v2/models/<m>/stats on the Triton server
 
     async def close(self) -> None:
         if self._client is not None:

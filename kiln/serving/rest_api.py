@@ -231,6 +231,12 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
         ok = await backend.ready()
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
+    @v2.get("/models/{model}/stats")
+    async def model_stats(model: str):
+        """Triton's statistics extension, abridged: prompts completed and batches run by this replica."""
+        require_model(model)
+        return {"model_stats": [{"name": name, "version": "1", **backend.stats()}]}
+
     @v2.post("/models/{model}/infer")
     @v2.post("/models/{model}/versions/{version}/infer")
     async def infer(model: str, request: Request, version: str | None = None):

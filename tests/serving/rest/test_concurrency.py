@@ -48,3 +48,10 @@ def test_200_concurrent_requests_no_5xx(endpoint, generator):
     expected = [c.text for c in generator.generate(prompts, SamplingParams(max_new_tokens=4))]
     got = [responses[i].json()["choices"][0]["text"] for i in range(0, N, 4)]
     assert got == expected
+    # and dynamic batching merged concurrent prompts into fewer generate() calls
+    stats = httpx.get(
+        f"{endpoint.url}/v2/models/tiny/stats", headers={"Authorization": f"Bearer {API_KEY}"}
+    ).json()
+    counts = stats["model_stats"][0]
+    assert counts["inference_count"] >= N
+    assert counts["execution_count"] < counts["inference_count"]
