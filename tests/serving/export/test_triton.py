@@ -102,6 +102,15 @@ def test_repository_layout_and_config(repo):
     assert not os.path.exists(os.path.join(runtime, "platform", "runtime.py"))  # no Ray in the repo
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert os.path.exists(os.path.join(model, "1", "hf", name))
+    # the vendored runtime is self-contained: it generates without Ray (or kiln's checkout)
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import kiln; from kiln.serving.generate import Generator; "
+        "assert kiln.__file__.startswith(sys.argv[1]), kiln.__file__; "
+        "g = Generator.load(sys.argv[2]); g.generate(['hi']); "
+        "assert not any(m.split('.')[0] in ('ray', 'pandas') for m in sys.modules), 'ray imported'"
+    )
+    runtime_dir, hf_dir = os.path.join(model, "1", "runtime"), os.path.join(model, "1", "hf")
+    subprocess.run([sys.executable, "-c", script, runtime_dir, hf_dir], check=True, cwd="/")
 
 
 def test_http_returns_kilns_greedy_text(server, reference):
