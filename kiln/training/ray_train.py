@@ -168,7 +168,8 @@ def _train_loop(config: dict) -> None:
             logger.log(metrics)
         for fn in callbacks:
             fn(metrics, {"rank": rank, "run_dir": config["run_dir"], "resumed_from": resume})
-        reporter.report(metrics, getattr(holder["trainer"], "checkpointer", None))
+        if metrics["step"] % cfg.log_every == 0:  # the same rule on every rank: report is a barrier
+            reporter.report(metrics, getattr(holder["trainer"], "checkpointer", None))
 
     trainer = holder["trainer"] = Trainer(cfg, on_step=on_step)
     try:
