@@ -94,7 +94,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import logging
+
     from kiln.serving.client import KilnClient
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request log lines
 
     fields = {
         "max_tokens": args.max_tokens,
