@@ -116,7 +116,7 @@ def tokenize_corpus(
     )
     dtype = indexed_dataset.token_dtype(vocab_size)
     shard_dir = Path(out_dir) / "_shards"
-    ds = ray.data.read_parquet(corpus_files(corpus_dir), columns=["id", "text"])
+    ds = ray.data.read_parquet(corpus_files(corpus_dir)).select_columns(["id", "text"])
     shards = ds.map_batches(
         ShardTokenizer,
         fn_constructor_kwargs={

@@ -85,6 +85,15 @@ def _corpus_texts(files: list[str], limit: int | None):
                 yield text
 
 
+def obtain_tokenizer(cfg: TokenizeConfig, corpus_files: list[str]):
+    """The configured tokenizer.json, or byte-level BPE trained on (a prefix of) the corpus."""
+    if cfg.tokenizer:
+        return load_tokenizer(cfg.tokenizer)
+    specials = [cfg.eod_token, *[s for s in cfg.special_tokens if s != cfg.eod_token]]
+    texts = _corpus_texts(corpus_files, cfg.train_max_documents)
+    return train_tokenizer(texts, cfg.vocab_size, specials, cfg.min_frequency)
+
+
 class TokenizeStage(Stage):
     """Train (or load) a byte-level BPE tokenizer and tokenise the corpus into Megatron indexed datasets."""
 
@@ -105,18 +114,12 @@ class TokenizeStage(Stage):
         tokens_out, tok_out = ctx.outputs["tokens"], ctx.outputs["tokenizer"]
         t0 = time.perf_counter()
 
-        if cfg.tokenizer:
-            tok = load_tokenizer(cfg.tokenizer)
-            ctx.log.info("tokenize: loaded %s (vocab %d)", cfg.tokenizer, tok.get_vocab_size())
-        else:
-            specials = [cfg.eod_token, *[s for s in cfg.special_tokens if s != cfg.eod_token]]
-            tok = train_tokenizer(
-                _corpus_texts(files, cfg.train_max_documents),
-                cfg.vocab_size,
-                specials,
-                cfg.min_frequency,
-            )
-            ctx.log.info("tokenize: trained byte-level BPE, vocab %d", tok.get_vocab_size())
+        tok = obtain_tokenizer(cfg, files)
+        ctx.log.info(
+            "tokenize: %s tokenizer, vocab %d",
+            "loaded" if cfg.tokenizer else "trained",
+            tok.get_vocab_size(),
+        )
         eod = eod_id(tok, cfg.eod_token)
         vocab_size = tok.get_vocab_size()
         t_tok = time.perf_counter()
