@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -25,7 +26,7 @@ def apply_fsdp(
     kwargs = dict(
         mesh=dp_mesh,
         mp_policy=mp_policy,
-        offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+        offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
         ignored_params=ignored_params or None,
     )
     for block in model.layers.values():

@@ -1,0 +1,65 @@
+"""Entry point under torchrun: `python -m torch.distributed.run --nproc-per-node N -m kiln.training.torchrun_main --config FILE`.
+
+FILE is YAML or JSON holding a TrainConfig (optionally under a `train:` key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def load_config(path: str):
+    """A TrainConfig from a YAML/JSON file; errors name the file and the field."""
+    import yaml
+    from pydantic import ValidationError
+
+    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    from kiln.training.config import TrainConfig
+
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the training config ({exc.strerror})") from exc
+    if isinstance(raw, dict) and "train" in raw and isinstance(raw["train"], dict):
+        raw = raw["train"]
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {format_validation_error(exc)}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln.training.torchrun_main")
+    parser.add_argument("--config", required=True, help="TrainConfig as YAML or JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    import torch
+    import torch.distributed as dist
+
+    from kiln.platform.errors import KilnError
+    from kiln.training.trainer import Trainer
+
+    try:
+        cfg = load_config(args.config)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "RANK" in os.environ:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend)
+        Trainer(cfg).train()
+    except KilnError as exc:
+        print(f"kiln: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
