@@ -80,7 +80,7 @@ class FilterConfig(_Section):
     no_space_script_ratio: float = Field(
         0.3, description="docs whose letters are at least this fraction CJK/kana/Thai use character rules"
     )
-    no_space_ngram_scale: int = Field(2, gt=0, description="n-gram sizes are multiplied by this for character tokens")
+    no_space_ngram_scale: int = Field(4, gt=0, description="n-gram sizes are multiplied by this for character tokens")
     custom: list[str] = Field(default_factory=list, description="'module:Class' of extra DocumentFilter classes")
 
 

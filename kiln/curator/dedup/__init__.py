@@ -1,0 +1,1 @@
+"""Deduplication: exact (hash of normalised text) and fuzzy (MinHash + LSH + connected components)."""

@@ -1,0 +1,58 @@
+"""Where the dedup runs: Dask with pandas (threads) or cuDF (dask-cuda LocalCUDACluster), and the
+same graph on a Ray cluster through Dask-on-Ray (`cluster: ray`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+log = logging.getLogger("kiln.curator")
+
+
+def gpu_available() -> bool:
+    try:
+        import cudf  # noqa: F401
+        import dask_cuda  # noqa: F401
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "cudf" if gpu_available() else "pandas"
+    if backend == "cudf" and not gpu_available():
+        from kiln.platform.errors import ConfigError
+
+        raise ConfigError("curate.backend: 'cudf' needs CUDA with cudf and dask-cuda installed (pip install kiln[gpu])")
+    return backend
+
+
+@contextlib.contextmanager
+def dask_session(backend: str, cluster: str, rmm_async: bool = True, rmm_release_threshold: str | None = None):
+    """Configure Dask for the dedup graph; yields the resolved backend name."""
+    import dask
+
+    settings = {"dataframe.shuffle.method": "tasks", "dataframe.convert-string": False}
+    with contextlib.ExitStack() as stack:
+        if cluster == "ray":
+            from ray.util.dask import ray_dask_get
+
+            settings["scheduler"] = ray_dask_get
+        elif backend == "cudf":
+            from dask.distributed import Client
+            from dask_cuda import LocalCUDACluster
+
+            cuda = stack.enter_context(
+                LocalCUDACluster(rmm_async=rmm_async, rmm_release_threshold=rmm_release_threshold)
+            )
+            stack.enter_context(Client(cuda))
+        else:
+            settings["scheduler"] = "threads"
+        if backend == "cudf":
+            settings["dataframe.backend"] = "cudf"
+        stack.enter_context(dask.config.set(settings))
+        log.info("dedup on Dask: backend=%s cluster=%s", backend, cluster)
+        yield backend

@@ -1,0 +1,57 @@
+"""The dedup step: exact, then fuzzy on what exact dedup kept; returns the `_row` keys to drop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.curator.config import CurateConfig
+from kiln.curator.dedup.components import duplicates_from_edges
+from kiln.curator.dedup.exact import exact_duplicate_rows
+from kiln.curator.dedup.lsh import candidate_pairs
+from kiln.curator.dedup.verify import verify_pairs
+from kiln.curator.process import band_columns
+
+
+@dataclass
+class DedupResult:
+    exact_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    fuzzy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    counts: dict = field(default_factory=dict)
+
+
+def _to_pandas(df):
+    return df.to_pandas() if hasattr(df, "to_pandas") else df
+
+
+def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "pandas") -> DedupResult:
+    import dask.dataframe as dd
+
+    result = DedupResult()
+    if not staging_files or not (cfg.dedup.exact or cfg.dedup.fuzzy.enabled):
+        return result
+    fz = cfg.dedup.fuzzy
+    bands = band_columns(fz.bands) if fz.enabled else []
+    ddf = dd.read_parquet(staging_files, columns=["_row", "id", "_hash", *bands])
+    if cfg.dask_partitions:
+        ddf = ddf.repartition(npartitions=cfg.dask_partitions)
+    if cfg.dedup.exact:
+        result.exact_rows = exact_duplicate_rows(ddf).to_numpy()
+        result.counts["exact_duplicates"] = len(result.exact_rows)
+    if fz.enabled:
+        survivors = ddf[~ddf["_row"].isin(result.exact_rows.tolist())] if len(result.exact_rows) else ddf
+        pairs = candidate_pairs(survivors, bands, fz.max_bucket_size)
+        if fz.verify:
+            texts = dd.read_parquet(staging_files, columns=["_row", "text"])
+            pairs = pairs.persist()
+            result.counts["candidate_pairs"] = int(len(pairs))
+            edges = _to_pandas(verify_pairs(pairs, texts, fz.ngram, fz.threshold).compute())
+        else:
+            edges = _to_pandas(pairs.compute())
+            result.counts["candidate_pairs"] = len(edges)
+        result.counts["duplicate_pairs"] = len(edges)
+        result.fuzzy_rows, clusters = duplicates_from_edges(edges, use_cugraph=backend == "cudf")
+        result.counts["fuzzy_duplicates"] = len(result.fuzzy_rows)
+        result.counts["fuzzy_clusters"] = clusters
+    return result

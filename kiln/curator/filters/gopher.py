@@ -1,0 +1,127 @@
+"""Gopher quality and repetition rules (Rae et al. 2021), with character tokens for CJK/Thai."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.curator.filters.base import Bounds, DocumentFilter
+from kiln.curator.filters.batch import DocBatch
+from kiln.curator.filters.repetition import duplicate_fractions, ngram_fractions
+
+
+class WordCount(Bounds):
+    name = "word_count"
+
+    def statistic(self, batch):
+        return batch.n_words
+
+
+class MeanWordLength(Bounds):
+    """Spaced scripts only: characters are the words of CJK/Thai."""
+
+    name = "mean_word_length"
+
+    def statistic(self, batch):
+        return batch.ratio(batch.words.per_doc(batch.words.chars.astype(np.float64)), batch.n_words)
+
+    def applies(self, batch):
+        return ~batch.no_space
+
+
+class SymbolWordRatio(Bounds):
+    name = "symbol_word_ratio"
+
+    def statistic(self, batch):
+        return batch.ratio(batch.count(r"#|\.\.\.|…"), batch.n_words)
+
+
+class BulletLines(Bounds):
+    name = "bullet_lines"
+
+    def statistic(self, batch):
+        return batch.line_ratio(r"^[•●○▪▫◦‣⁃·∙\-\*]")
+
+
+class EllipsisLines(Bounds):
+    name = "ellipsis_lines"
+
+    def statistic(self, batch):
+        return batch.line_ratio(r"(\.\.\.|…)$")
+
+
+class AlphaWords(Bounds):
+    """Share of words with at least one letter (Gopher's 80% rule)."""
+
+    name = "alpha_words"
+
+    def statistic(self, batch):
+        words = batch.words
+        return batch.ratio(words.per_doc(words.alpha.astype(np.float64)), batch.n_words)
+
+
+class NonAlnumRatio(Bounds):
+    name = "non_alphanumeric"
+
+    def statistic(self, batch):
+        return batch.ratio((batch.n_chars - batch.count_chars(r"\pL\pN\s")), batch.n_chars)
+
+
+class DigitRatio(Bounds):
+    name = "digits"
+
+    def statistic(self, batch):
+        return batch.ratio(batch.count_chars(r"\pN"), batch.n_chars)
+
+
+class DuplicateLines(DocumentFilter):
+    name = "duplicate_lines"
+
+    def __init__(self, max_fraction: float | None, max_char_fraction: float | None, paragraphs: bool = False):
+        self.max_fraction, self.max_char_fraction, self.paragraphs = max_fraction, max_char_fraction, paragraphs
+
+    def keep(self, batch):
+        frac, char_frac = duplicate_fractions(batch.paragraphs if self.paragraphs else batch.lines)
+        ok = np.ones(len(batch), dtype=bool)
+        if self.max_fraction is not None:
+            ok &= frac <= self.max_fraction
+        if self.max_char_fraction is not None:
+            ok &= char_frac <= self.max_char_fraction
+        return ok
+
+
+class DuplicateParagraphs(DuplicateLines):
+    name = "duplicate_paragraphs"
+
+    def __init__(self, max_fraction, max_char_fraction):
+        super().__init__(max_fraction, max_char_fraction, paragraphs=True)
+
+
+class _NgramRule(DocumentFilter):
+    """Shared n-gram statistics for spaced and unspaced (n scaled) documents."""
+
+    kind = ""
+
+    def __init__(self, limits: dict[int, float], no_space_scale: int = 4):
+        self.limits, self.scale = {int(k): v for k, v in limits.items()}, no_space_scale
+
+    def keep(self, batch: DocBatch):
+        ok = np.ones(len(batch), dtype=bool)
+        ns = list(self.limits)
+        for docs, scale in ((~batch.no_space, 1), (batch.no_space, self.scale)):
+            if not docs.any():
+                continue
+            top, dup = ngram_fractions(batch.words, docs, ns if self.kind == "top" else [],
+                                       ns if self.kind == "dup" else [], scale)
+            for n, limit in self.limits.items():
+                ok &= (top if self.kind == "top" else dup)[n] <= limit
+        return ok
+
+
+class TopNgrams(_NgramRule):
+    name = "top_ngrams"
+    kind = "top"
+
+
+class DuplicateNgrams(_NgramRule):
+    name = "duplicate_ngrams"
+    kind = "dup"

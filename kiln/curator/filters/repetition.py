@@ -1,0 +1,130 @@
+"""Gopher repetition statistics, vectorised over a whole batch (Rae et al. 2021, appendix A).
+
+- duplicate lines / paragraphs: the share of pieces (and of their characters) that repeat an
+  earlier piece of the same document;
+- top n-gram fraction (n = 2..4): characters covered by the most frequent n-gram;
+- duplicate n-gram fraction (n = 5..10): characters of words covered by any n-gram occurring twice.
+
+N-grams are 64-bit polynomial hashes of word ids grown one word at a time; counting uses hash
+tables (pandas.factorize), not sorting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kiln.curator.filters.batch import Segments
+
+_PRIME = np.uint64(1_099_511_628_211)
+_DOC_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _occurrences(keys: np.ndarray) -> np.ndarray:
+    """How often each key occurs in the array, per element."""
+    codes, _ = pd.factorize(keys)
+    return np.bincount(codes)[codes]
+
+
+def _segment_max(values: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """Per-document maximum of values whose `doc` is sorted."""
+    out = np.zeros(n_docs, dtype=values.dtype)
+    if len(values):
+        first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])
+        out[doc[first]] = np.maximum.reduceat(values, first)
+    return out
+
+
+def duplicate_fractions(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """(share of pieces, share of characters) that repeat an earlier piece of the same document."""
+    n_docs = len(seg.lengths)
+    if len(seg.doc) == 0:
+        return np.zeros(n_docs), np.zeros(n_docs)
+    key = seg.doc * (int(seg.ids.max()) + 1) + seg.ids
+    codes, _ = pd.factorize(key)
+    first = np.zeros(len(codes), dtype=bool)
+    first[np.unique(codes, return_index=True)[1]] = True
+    dup = ~first
+    total_chars = seg.per_doc(seg.chars.astype(np.float64))
+    count_frac = seg.per_doc(dup.astype(np.float64)) / np.maximum(seg.lengths, 1)
+    char_frac = seg.per_doc((seg.chars * dup).astype(np.float64)) / np.maximum(total_chars, 1)
+    return count_frac, char_frac
+
+
+def ngram_fractions(
+    words: Segments, docs: np.ndarray, top_ns: list[int], dup_ns: list[int], scale: int = 1
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Top and duplicate n-gram character fractions for the documents selected by `docs` (bool).
+
+    For the selected documents, n is multiplied by `scale` (character tokens of CJK/Thai)."""
+    n_docs = len(words.lengths)
+    take = docs[words.doc]
+    ids, doc, chars = words.ids[take], words.doc[take], words.chars[take]
+    total = np.maximum(np.bincount(doc, weights=chars, minlength=n_docs), 1)
+    cum = np.concatenate([[0], np.cumsum(chars)])
+    top_out = {n: np.zeros(n_docs) for n in top_ns}
+    dup_out = {n: np.zeros(n_docs) for n in dup_ns}
+    wanted = {n * scale: n for n in set(top_ns) | set(dup_ns)}
+    if not wanted:
+        return top_out, dup_out
+    # Grow n-grams one word at a time over a shrinking set of start positions: an (n+1)-gram can
+    # only repeat where its n-gram prefix repeats, so after n = 2 only repeated starts stay active.
+    pos = np.arange(len(ids))
+    h = (ids + 1).astype(np.uint64) + doc.astype(np.uint64) * _DOC_MIX
+    for width in range(2, max(wanted) + 1):
+        end = pos + width - 1
+        inside = end < len(ids)
+        pos, h, end = pos[inside], h[inside], end[inside]
+        inside = doc[end] == doc[pos]
+        pos, h, end = pos[inside], h[inside], end[inside]
+        if len(pos) == 0:
+            break
+        h = h * _PRIME + (ids[end] + 1).astype(np.uint64)
+        count = _occurrences(h)
+        n = wanted.get(width)
+        if n is not None:
+            sdoc = doc[pos]
+            if n in top_out:
+                gram_chars = (cum[pos + width] - cum[pos]).astype(np.float64)
+                best = _segment_max(count, sdoc, n_docs)
+                is_top = (count == best[sdoc]) & (count > 1)
+                top_out[n] = _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs) / total
+            if n in dup_out:
+                dup_starts = pos[count > 1]
+                size = len(ids) + width + 1
+                diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
+                covered = np.cumsum(diff[: len(ids)]) > 0
+                dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
+        repeated = count > 1
+        pos, h = pos[repeated], h[repeated]
+    for d in (top_out, dup_out):
+        for n in d:
+            d[n] = np.where(docs, d[n], 0.0)
+    return top_out, dup_out
+    h = (ids + 1).astype(np.uint64) + doc.astype(np.uint64) * _DOC_MIX
+    for width in range(2, max(wanted) + 1):
+        m = len(ids) - width + 1
+        if m <= 0:
+            break
+        h = h[:m] * _PRIME + (ids[width - 1 :] + 1).astype(np.uint64)
+        if width not in wanted:
+            continue
+        n = wanted[width]
+        starts = np.nonzero(doc[:m] == doc[width - 1 :])[0]
+        if len(starts) == 0:
+            continue
+        sdoc = doc[starts]
+        count = _occurrences(h[starts])
+        if n in top_out:
+            gram_chars = (cum[starts + width] - cum[starts]).astype(np.float64)
+            best = _segment_max(count, sdoc, n_docs)
+            is_top = (count == best[sdoc]) & (count > 1)
+            top = _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs)
+            top_out[n] = top / total
+        if n in dup_out:
+            dup_starts = starts[count > 1]
+            size = len(ids) + width + 1
+            diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
+            covered = np.cumsum(diff[: len(ids)]) > 0
+            dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
+    return top_out, dup_out

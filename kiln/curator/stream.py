@@ -1,0 +1,74 @@
+"""The streamed per-document stage: read tasks run on Ray Data actors (or inline), each batch is
+processed and written straight to Parquet, so memory stays bounded by one batch per actor."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from itertools import islice
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from kiln.curator.config import CurateConfig
+from kiln.curator.process import ChunkProcessor
+from kiln.curator.readers import ReadTask, read_task
+
+
+def run_task(task: ReadTask, proc: ChunkProcessor, work_dir: str, rejected_dir: str) -> dict:
+    """Read, process and write one task; returns its counts (documents in, reasons)."""
+    cfg = proc.cfg
+    records = read_task(task, cfg.read)
+    n_in, reasons, chunk, ordinal = 0, Counter(), 0, 0
+    while True:
+        batch = list(islice(records, cfg.read.chunk_docs))
+        if not batch:
+            break
+        rows = (np.int64(task.index) << np.int64(32)) + np.arange(ordinal, ordinal + len(batch), dtype=np.int64)
+        kept, rejected, counts = proc.process(batch, rows)
+        name = f"part-{task.index:05d}-{chunk:04d}.parquet"
+        if kept.num_rows:
+            pq.write_table(kept, os.path.join(work_dir, name), compression="zstd")
+        if rejected.num_rows:
+            pq.write_table(rejected, os.path.join(rejected_dir, f"stream-{name}"), compression=cfg.output.compression)
+        n_in += len(batch)
+        reasons += counts
+        ordinal += len(batch)
+        chunk += 1
+    return {"task": task.index, "in": n_in, "reasons": dict(reasons)}
+
+
+class TaskActor:
+    """A Ray Data actor: builds the filters (and loads the language model) once."""
+
+    def __init__(self, cfg_json: str, work_dir: str, rejected_dir: str, extra_filters=()):
+        self.proc = ChunkProcessor(CurateConfig.model_validate_json(cfg_json), list(extra_filters))
+        self.work_dir, self.rejected_dir = work_dir, rejected_dir
+
+    def __call__(self, batch: dict) -> dict:
+        out = [run_task(ReadTask.from_dict(json.loads(t)), self.proc, self.work_dir, self.rejected_dir)
+               for t in batch["task"]]
+        return {"stats": [json.dumps(s) for s in out]}
+
+
+def run_stream(tasks: list[ReadTask], cfg: CurateConfig, work_dir: str, rejected_dir: str,
+               extra_filters=(), cpus_per_actor: float = 0.5) -> list[dict]:
+    if not tasks:
+        return []
+    if cfg.stream == "inline":
+        proc = ChunkProcessor(cfg, list(extra_filters))
+        return [run_task(t, proc, work_dir, rejected_dir) for t in tasks]
+    import ray
+
+    actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
+    ds = ray.data.from_items([{"task": json.dumps(t.to_dict())} for t in tasks], override_num_blocks=len(tasks))
+    ds = ds.map_batches(
+        TaskActor,
+        fn_constructor_args=(cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters)),
+        batch_size=1,
+        concurrency=actors,
+        num_cpus=cpus_per_actor,
+    )
+    stats = [json.loads(r["stats"]) for r in ds.take_all()]
+    return sorted(stats, key=lambda s: s["task"])

@@ -1,0 +1,206 @@
+"""A generated test corpus with known answers: planted exact and near duplicates (measured char
+24-gram Jaccard), junk aimed at each filter, malformed lines of every kind, Japanese prose."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+from kiln.curator.dedup.shingles import jaccard, shingle_set
+
+WORDS = (
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue "
+    "side kind head house service friend father power hour game line end member law car city community name "
+    "president team minute idea kid body information back parent face others level office door health person "
+    "art war history party result change morning reason research girl guy moment air teacher force education "
+    "foot boy age policy process music market sense nation plan college interest death experience effect use "
+    "class control care field development role effort rate heart drug show leader light voice wife police mind "
+    "price report decision son view relationship town road arm difference value building action model season "
+    "society tax director position player record paper space ground form event official matter center couple "
+    "site project activity star table need court oil situation cost industry figure street image phone data "
+    "picture practice piece land product doctor wall patient worker news test movie north love support technology "
+    "step baby computer type attention film tree source organization hair window evidence population site garden "
+    "river stone bridge forest mountain island harbor valley meadow village castle lantern blanket kettle"
+).split()
+VERBS = "makes finds takes gives keeps builds moves holds shows brings reads writes opens carries follows meets".split()
+ADJ = "small large quiet bright early late careful simple strong gentle famous local modern ancient narrow".split()
+
+JA_SENTENCES = [
+    "今日は朝から雨が降っていたので、私は家で本を読んで過ごしました。",
+    "駅の近くに新しいパン屋ができて、毎朝たくさんの人が並んでいます。",
+    "祖母は毎年春になると、庭の桜の木の下で家族と一緒にお弁当を食べます。",
+    "この町の図書館は古い建物ですが、中はとても静かで勉強しやすいです。",
+    "週末に友人と山へ登り、頂上から見た景色は本当に美しかったです。",
+    "最近は仕事が忙しくて、なかなか料理をする時間が取れません。",
+    "子どもたちは公園で元気に走り回り、夕方まで楽しそうに遊んでいました。",
+    "新しい言語を学ぶときは、毎日少しずつ続けることが大切だと思います。",
+    "夏休みには海の近くの小さな旅館に泊まり、新鮮な魚料理を味わいました。",
+    "電車の窓から田んぼが広がる風景を眺めていると、心が落ち着きます。",
+    "兄は大学で物理学を研究していて、週に一度は実験のために遅くまで残ります。",
+    "雪が積もった朝、近所の人たちと協力して道の雪かきをしました。",
+    "母が作る味噌汁は、季節の野菜がたくさん入っていてとてもおいしいです。",
+    "博物館では江戸時代の道具や着物が展示されていて、多くの発見がありました。",
+    "猫は日当たりのよい窓辺で丸くなり、午後の間ずっと眠っていました。",
+    "地域のお祭りでは、太鼓の音に合わせて大勢の人が踊りを楽しみます。",
+    "先生は難しい問題を、身近な例を使ってわかりやすく説明してくれました。",
+    "秋になると山の木々が赤や黄色に色づき、多くの観光客が訪れます。",
+    "父は定年後に畑を借りて、トマトやきゅうりを育てるようになりました。",
+    "会議の前に資料を読み直し、質問されそうな点を整理しておきました。",
+]
+DE_SENTENCES = [
+    "Der alte Bahnhof am Rande der Stadt wurde im letzten Jahr sorgfältig renoviert.",
+    "Meine Schwester arbeitet als Ärztin in einem kleinen Krankenhaus auf dem Land.",
+    "Am Wochenende fahren wir oft mit dem Fahrrad zum See und schwimmen dort.",
+    "Die Bibliothek bietet jeden Donnerstag einen Lesekreis für junge Erwachsene an.",
+    "Im Herbst sammeln die Kinder bunte Blätter und basteln daraus kleine Bilder.",
+    "Unser Nachbar hat einen wunderschönen Garten mit vielen seltenen Rosen.",
+    "Nach dem langen Winter freuen sich alle auf die ersten warmen Frühlingstage.",
+    "Der Bäcker an der Ecke verkauft das beste Brot in der ganzen Gegend.",
+    "Wir haben gestern Abend lange über die Zukunft unserer Stadt gesprochen.",
+    "Das Museum zeigt eine Ausstellung über die Geschichte der Seefahrt.",
+]
+
+
+def sentence(rng: random.Random, n_words: tuple[int, int] = (8, 14), vocab=WORDS) -> str:
+    n = rng.randint(*n_words)
+    words = [rng.choice(ADJ) if i % 5 == 1 else rng.choice(VERBS) if i % 5 == 3 else rng.choice(vocab) for i in range(n)]
+    return " ".join(words).capitalize() + "."
+
+
+def prose(rng: random.Random, n_sentences: int = 14, per_line: int = 2) -> str:
+    sents = [sentence(rng) for _ in range(n_sentences)]
+    lines = [" ".join(sents[i : i + per_line]) for i in range(0, len(sents), per_line)]
+    return "\n".join(lines)
+
+
+def japanese(rng: random.Random, n: int = 8) -> str:
+    picks = rng.sample(JA_SENTENCES, n)
+    return "\n".join("".join(picks[i : i + 2]) for i in range(0, n, 2))
+
+
+def mutate_to(rng: random.Random, text: str, low: float, high: float) -> tuple[str, float]:
+    """Replace words one at a time until the char 24-gram Jaccard falls into [low, high]."""
+    base = shingle_set(text, 24)
+    words = text.split(" ")
+    order = list(range(len(words)))
+    rng.shuffle(order)
+    for i in order:
+        words[i] = rng.choice(WORDS)
+        cand = " ".join(words)
+        j = jaccard(base, shingle_set(cand, 24))
+        if j <= high:
+            if j >= low:
+                return cand, j
+            break
+    raise RuntimeError("could not hit the Jaccard window; try another seed")
+
+
+@dataclass
+class Planted:
+    docs: list[dict] = field(default_factory=list)
+    raw_lines: list[bytes] = field(default_factory=list)  # malformed lines, written as bytes
+    near_pairs: list[tuple[str, str, float]] = field(default_factory=list)
+    exact_groups: list[list[str]] = field(default_factory=list)
+    junk: dict[str, str] = field(default_factory=dict)  # id -> expected reason
+    malformed: dict[str, str] = field(default_factory=dict)  # id -> expected reason
+    japanese: list[str] = field(default_factory=list)
+    clean_ids: list[str] = field(default_factory=list)
+
+
+def junk_docs(rng: random.Random) -> dict[str, tuple[str, str]]:
+    """reason -> (id, text): each violates its own rule and passes every rule applied before it."""
+    p = prose
+    short = "Too short to be a document."
+    long_words = " ".join(
+        rng.choice(["internationalization", "responsibilities", "characterization", "electroencephalogram",
+                    "incomprehensibility", "telecommunications"]) for _ in range(80)) + "."
+    hashtags = p(rng) + "\n" + " ".join(f"#{rng.choice(WORDS)}" for _ in range(40))
+    bullets = "\n".join("- " + sentence(rng) for _ in range(12))
+    ellipsis = "\n".join(sentence(rng)[:-1] + "..." for _ in range(12))
+    numbers = p(rng) + "\n" + " ".join(str(rng.randint(10, 99999)) for _ in range(80)) + "."
+    short_vocab = "cat dog sun red big old new hat map pen cup box".split()
+    symbols = "\n".join(" ".join(f"(({rng.choice(short_vocab)}))" for _ in range(10)) + "." for _ in range(10))
+    digits = "\n".join(" ".join(f"a{rng.randint(1000, 9999)}" for _ in range(10)) + "." for _ in range(8))
+    line = sentence(rng)
+    dup_lines = "\n".join([line] * 6 + [sentence(rng) for _ in range(6)])
+    para = sentence(rng, (10, 12))
+    dup_paras = "\n\n".join([para, para, para, "\n".join(sentence(rng, (3, 4)) for _ in range(24))])
+    top = "\n".join(f"{sentence(rng, (4, 6))[:-1]} blue whale {rng.choice(VERBS)} blue whale today." for _ in range(16))
+    phrase = " ".join(rng.choice(WORDS) for _ in range(12))
+    dup_ngrams = "\n".join(sentence(rng)[:-1] + " " + phrase + "." if i % 3 == 0 else sentence(rng) for i in range(14))
+    no_punct = "\n".join(sentence(rng)[:-1] for _ in range(12))
+    lorem = p(rng) + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit."
+    notices = ["Please enable JavaScript to see the {} map.", "This {} site needs JavaScript turned on.",
+               "JavaScript must be allowed for the {} menu.", "Your browser blocks JavaScript on this {} page.",
+               "Turn on JavaScript and reload the {} view.", "Without JavaScript the {} form cannot load."]
+    js = "\n".join(notices[i // 2].format(rng.choice(WORDS)) if i % 2 else sentence(rng) for i in range(12))
+    braces = p(rng) + "\n" + " ".join("{" + rng.choice(WORDS) + "}" for _ in range(30))
+    urls = p(rng, 8) + "\n" + " ".join(f"https://example.com/{rng.choice(WORDS)}/{rng.randint(10**8, 10**9)}/index.html" for _ in range(8))
+    german = "\n".join(rng.sample(DE_SENTENCES, 10))
+    docs = {
+        "word_count": short, "mean_word_length": long_words, "symbol_word_ratio": hashtags,
+        "bullet_lines": bullets, "ellipsis_lines": ellipsis, "alpha_words": numbers,
+        "non_alphanumeric": symbols, "digits": digits, "duplicate_lines": dup_lines,
+        "duplicate_paragraphs": dup_paras, "top_ngrams": top, "duplicate_ngrams": dup_ngrams,
+        "terminal_punctuation": no_punct, "lorem_ipsum": lorem, "javascript": js, "curly_braces": braces,
+        "url_ratio": urls, "language": german,
+    }
+    return {reason: (f"junk-{reason}", text) for reason, text in docs.items()}
+
+
+def make_corpus(seed: int = 0, n_clean: int = 60, n_pairs: int = 25, max_doc_chars: int = 20_000) -> Planted:
+    rng = random.Random(seed)
+    out = Planted()
+
+    def add(id_: str, text: str) -> None:
+        out.docs.append({"id": id_, "text": text, "source": "generated"})
+
+    for i in range(n_clean):
+        add(f"clean-{i:04d}", prose(rng))
+        out.clean_ids.append(f"clean-{i:04d}")
+    for g in range(5):  # exact duplicates: groups of 2-3 copies
+        text = prose(rng)
+        ids = [f"exact-{g}-{k}" for k in range(2 + g % 2)]
+        for id_ in ids:
+            add(id_, text)
+        out.exact_groups.append(ids)
+    for name, (low, high) in {"95": (0.93, 0.97), "85": (0.855, 0.90), "60": (0.55, 0.62)}.items():
+        for i in range(n_pairs):
+            base = prose(rng)
+            dup, j = mutate_to(rng, base, low, high)
+            a, b = f"near{name}-{i:03d}-a", f"near{name}-{i:03d}-b"
+            add(a, base)
+            add(b, dup)
+            out.near_pairs.append((a, b, j))
+    for reason, (id_, text) in junk_docs(rng).items():
+        add(id_, text)
+        out.junk[id_] = reason
+    for i in range(6):
+        id_ = f"ja-{i:03d}"
+        add(id_, japanese(rng))
+        out.japanese.append(id_)
+    # malformed lines of every kind
+    bad = {
+        "bad-json": (b'{"id": "bad-json", "text": "unterminated\n', "invalid_json"),
+        "bad-utf8": (b'{"id": "bad-utf8", "text": "caf\xe9 \xff\xfe broken"}\n', "invalid_utf8"),
+        "no-text": (b'{"id": "no-text", "body": "text under another key"}\n', "missing_text"),
+        "num-text": (b'{"id": "num-text", "text": 12345}\n', "non_string_text"),
+        "empty-text": (b'{"id": "empty-text", "text": "   \\n  "}\n', "empty_text"),
+        "array": (b'["not", "an", "object"]\n', "not_an_object"),
+        "huge": (json.dumps({"id": "huge", "text": prose(rng) * (max_doc_chars // 500)}).encode() + b"\n", "too_large"),
+    }
+    for id_, (line, reason) in bad.items():
+        out.raw_lines.append(line)
+        out.malformed[id_] = reason
+    rng.shuffle(out.docs)
+    return out
+
+
+def write_jsonl(planted: Planted, path: str) -> None:
+    lines = [json.dumps(d, ensure_ascii=False).encode() + b"\n" for d in planted.docs]
+    lines[len(lines) // 2 : len(lines) // 2] = planted.raw_lines
+    with open(path, "wb") as f:
+        f.writelines(lines)

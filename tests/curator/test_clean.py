@@ -1,0 +1,56 @@
+"""Cleaning: ftfy repair (only where ftfy would change something), normalisation, control
+characters, whitespace, C4 boilerplate lines, PII redaction."""
+
+from __future__ import annotations
+
+import random
+import unicodedata
+
+import ftfy
+
+from kiln.curator.clean import Cleaner
+from kiln.curator.config import CleanConfig
+from tests.curator.corpus import japanese, prose
+
+ONLY_FTFY = CleanConfig(normalization="none", remove_control_chars=False, normalize_whitespace=False,
+                        boilerplate_lines=False)
+
+
+def test_unicode_repair_equals_ftfy():
+    rng = random.Random(0)
+    samples = [
+        "The Mona Lisa doesnâ€™t have eyebrows.", "cafÃ© au lait", "&lt;b&gt;bold&lt;/b&gt; text",
+        "ﬁne ligatures", "ＦＵＬＬ　ｗｉｄｔｈ", "line\r\nbreaks\u2028here", "ｶﾀｶﾅ", "plain ascii text",
+        "naïve résumé — “quotes”", japanese(rng), prose(rng),
+    ]
+    out = Cleaner(ONLY_FTFY)(samples)
+    assert out == [ftfy.fix_text(s, normalization=None) for s in samples]
+    assert out[0] == "The Mona Lisa doesn't have eyebrows."
+
+
+def test_normalisation_control_chars_and_whitespace():
+    text = "Cafe\u0301\x00 bell\x07 \u200bzero  \n\n\n\nnext   \t\nline\u00a0nbsp  "
+    (nfc,) = Cleaner(CleanConfig())([text])
+    assert nfc == "Café bell zero\n\nnext\nline nbsp"
+    assert unicodedata.is_normalized("NFC", nfc)
+    (nfkc,) = Cleaner(CleanConfig(normalization="NFKC"))(["ｱｲｳ ①"])
+    assert nfkc == "アイウ 1"
+
+
+def test_boilerplate_lines_are_removed():
+    text = "A real sentence.\nRead our Privacy Policy here\nThis site uses cookies to work.\nAnother line."
+    (out,) = Cleaner(CleanConfig())([text])
+    assert out == "A real sentence.\nAnother line."
+
+
+def test_pii_redaction():
+    text = "Mail jane.doe@example.org or call +1 415-555-0199, server 192.168.10.4."
+    (out,) = Cleaner(CleanConfig(redact_pii=True))([text])
+    assert out == "Mail <EMAIL> or call <PHONE_NUMBER>, server <IP_ADDRESS>."
+    (untouched,) = Cleaner(CleanConfig())([text])
+    assert untouched == text
+
+
+def test_lone_surrogates_become_storable():
+    (out,) = Cleaner(CleanConfig())(["bad \ud800 surrogate"])
+    out.encode("utf-8")

@@ -1,0 +1,54 @@
+"""MinHash signatures estimate Jaccard; LSH + connected components keep the smallest id."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kiln.curator.dedup.components import duplicates_from_edges
+from kiln.curator.dedup.minhash import MinHasher
+from kiln.curator.dedup.shingles import jaccard, shingle_hashes, shingle_set
+from tests.curator.corpus import mutate_to, prose
+
+
+def test_shingles_match_a_naive_polynomial_hash():
+    texts = ["abcdefgh" * 5, "short", "日本語のテキストです。" * 4]
+    h, doc = shingle_hashes(texts, 8)
+    assert np.bincount(doc).tolist() == [33, 1, len(texts[2]) - 7]
+    naive = {texts[0][i : i + 8] for i in range(33)}
+    assert len(np.unique(h[doc == 0])) == len(naive)
+
+
+@pytest.mark.parametrize("scheme", ["oph", "permutations"])
+def test_signature_agreement_estimates_jaccard(scheme):
+    rng = random.Random(0)
+    mh = MinHasher(scheme=scheme)
+    errors = []
+    for low, high in [(0.9, 0.97), (0.8, 0.88), (0.5, 0.62)] * 6:
+        a = prose(rng)
+        b, j = mutate_to(rng, a, low, high)
+        sa, sb = mh.signatures([a, b])
+        errors.append((sa == sb).mean() - j)
+    assert abs(np.mean(errors)) < 0.02 and np.std(errors) < 0.05
+    assert (mh.signatures(["same text here"] * 2)[0] == mh.signatures(["same text here"])[0]).all()
+
+
+def test_banding_collides_similar_documents_only():
+    rng = random.Random(1)
+    mh = MinHasher()
+    a = prose(rng)
+    b, _ = mutate_to(rng, a, 0.93, 0.97)
+    c = prose(rng)
+    bands = mh.band_hashes(mh.signatures([a, b, c]))
+    assert (bands[0] == bands[1]).any() and not (bands[0] == bands[2]).any()
+    assert jaccard(shingle_set(a, 24), shingle_set(c, 24)) < 0.05
+
+
+def test_components_keep_the_smallest_id():
+    edges = pd.DataFrame({"a_row": [1, 2, 10], "a_id": ["b", "c", "x"], "b_row": [2, 3, 11], "b_id": ["c", "a", "y"]})
+    removed, clusters = duplicates_from_edges(edges)
+    assert clusters == 2
+    assert removed.tolist() == [1, 2, 11]  # keeps row 3 ("a") and row 10 ("x")
