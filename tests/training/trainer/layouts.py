@@ -22,14 +22,37 @@ def tiny_config(**overrides: Any):
     return TrainConfig.model_validate(base)
 
 
-def train_losses(**overrides: Any) -> list[float]:
+class RepeatedBatch:
+    """The same random batch forever: a model can memorise it, so a falling loss means learning."""
+
+    def __init__(self, micro_batch_size: int, seq_len: int, vocab_size: int):
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        sample = torch.randint(0, vocab_size, (micro_batch_size, seq_len + 1), generator=g)
+        self.batch = (sample[:, :-1], sample[:, 1:])
+
+    def __iter__(self):
+        while True:
+            yield self.batch
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def train_losses(repeat_batch: bool = False, **overrides: Any) -> list[float]:
     """Per-step losses of one run (in this process; distributed if a process group is up)."""
     import torch
 
     from kiln.training.trainer import Trainer
 
     torch.set_num_threads(1)  # tiny matmuls: threads only add contention on a shared 2-core box
-    history = Trainer(tiny_config(**overrides)).train()
+    cfg = tiny_config(**overrides)
+    loader = RepeatedBatch(cfg.micro_batch_size, cfg.seq_len, cfg.model.vocab_size) if repeat_batch else None
+    history = Trainer(cfg, dataloader=loader).train()
     return [m["loss"] for m in history]
 
 
