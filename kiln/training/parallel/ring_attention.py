@@ -109,7 +109,8 @@ def _scores(q, k, block: _Block, scale: float) -> torch.Tensor:
     qb = q[:, :, :, block.q]
     B, Hkv, G, Sq, D = qb.shape
     kb = k[:, :, block.k]
-    s = torch.matmul(qb.reshape(B, Hkv, G * Sq, D), kb.transpose(-1, -2)).mul_(scale)
+    # Not in place: selective recompute hands back the saved matmul output when it replays this.
+    s = torch.matmul(qb.reshape(B, Hkv, G * Sq, D), kb.transpose(-1, -2)) * scale
     s = s.view(B, Hkv, G, Sq, kb.shape[2])
     if block.mask is not None:
         s = s.masked_fill(~block.mask, float("-inf"))

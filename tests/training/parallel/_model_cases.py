@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from kiln.training.model import ModelConfig, Transformer
 from kiln.training.model.moe import moe_aux_loss
+from kiln.training.parallel.activation_checkpoint import apply_recompute
 from kiln.training.parallel.context_parallel import (
     apply_context_parallel,
     shard_for_context_parallel,
@@ -18,10 +19,13 @@ from kiln.training.parallel.context_parallel import (
 from kiln.training.parallel.expert_parallel import apply_expert_parallel
 
 # Model overrides of the tiny preset (2 layers keep it quick).
+# (model overrides, recompute mode applied after CP as parallelize does)
 CP_CASES = [
-    {},  # GQA 4 query / 2 kv heads
-    {"n_kv_heads": 1, "sliding_window": 6},  # MQA + sliding window
-    {"n_experts": 4, "top_k": 2, "moe_aux_loss_coef": 0.1},  # MoE statistics over the cp group
+    ({}, "none"),  # GQA 4 query / 2 kv heads
+    ({"n_kv_heads": 1, "sliding_window": 6}, "none"),  # MQA + sliding window
+    ({"n_experts": 4, "top_k": 2, "moe_aux_loss_coef": 0.1}, "none"),  # MoE stats over cp
+    ({"sliding_window": 10}, "selective"),  # op-level recompute replays the ring attention
+    ({}, "full"),
 ]
 
 
@@ -34,7 +38,8 @@ def _objective(model, cfg, tokens, labels):
 def _grad_error(model, ref) -> float:
     ref_params = dict(ref.named_parameters())
     return max(
-        (p.grad - ref_params[n].grad).abs().max().item() for n, p in model.named_parameters()
+        (p.grad - ref_params[n.replace("_checkpoint_wrapped_module.", "")].grad).abs().max().item()
+        for n, p in model.named_parameters()
     )
 
 
@@ -43,7 +48,7 @@ def cp_model_vs_single(seq_len: int) -> list[tuple]:
     _rank, cp = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
     results = []
-    for seed, overrides in enumerate(CP_CASES):
+    for seed, (overrides, recompute) in enumerate(CP_CASES):
         torch.manual_seed(seed)
         cfg = ModelConfig.preset("tiny", n_layers=2, **overrides)
         ref = Transformer(cfg)
@@ -54,13 +59,16 @@ def cp_model_vs_single(seq_len: int) -> list[tuple]:
         ref_loss.backward()
 
         apply_context_parallel(model, mesh, seq_len=seq_len)
+        apply_recompute(model, recompute, "op")
         local_tokens, local_labels = shard_for_context_parallel(tokens, labels, mesh)
         loss = _objective(model, cfg, local_tokens, local_labels)
         loss.backward()
         for p in model.parameters():  # FSDP over (dp_shard, cp) averages gradients like this
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
-        results.append((overrides, abs(loss.item() - ref_loss.item()), _grad_error(model, ref)))
+        results.append(
+            ((overrides, recompute), abs(loss.item() - ref_loss.item()), _grad_error(model, ref))
+        )
     return results
 
 

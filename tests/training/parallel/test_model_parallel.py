@@ -12,7 +12,7 @@ from tests.training.parallel._model_cases import cp_model_vs_single, ep_model_vs
 @pytest.mark.parametrize("cp,seq_len", [(2, 24), (4, 32)])
 def test_context_parallel_model_matches_single_process(cp, seq_len):
     for rank_results in run_distributed(cp_model_vs_single, cp, seq_len):
-        assert len(rank_results) == 3
+        assert len(rank_results) == 5
         for case, loss_err, grad_err in rank_results:
             assert loss_err < 1e-5 and grad_err < 1e-5, (case, loss_err, grad_err)
 
