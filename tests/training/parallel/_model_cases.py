@@ -72,27 +72,36 @@ def cp_model_vs_single(seq_len: int) -> list[tuple]:
     return results
 
 
-def ep_model_vs_single() -> tuple[float, float]:
-    """MoE Transformer with experts over ep=world ranks, one micro-batch per rank, vs one process."""
+def ep_model_vs_single() -> list[tuple[str, float, float]]:
+    """MoE Transformer with experts over ep=world ranks, one micro-batch per rank, vs one process.
+
+    Also under selective (op-level) and full recompute, which replay the all-to-alls.
+    """
     rank, ep = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("dp_shard",))
     torch.manual_seed(0)
     cfg = ModelConfig.preset("tiny", n_layers=2, n_experts=4, top_k=2, moe_aux_loss_coef=0.1)
     ref = Transformer(cfg)
-    model = copy.deepcopy(ref)
     tokens = torch.randint(0, cfg.vocab_size, (ep, 2, 16))
     labels = torch.roll(tokens, -1, dims=2)
+    results = []
+    for recompute in ("none", "selective", "full"):
+        model = copy.deepcopy(ref)
+        apply_expert_parallel(model, mesh)
+        apply_recompute(model, recompute, "op")
+        loss = _objective(model, cfg, tokens[rank], labels[rank])
+        loss.backward()
+        experts = {
+            id(p) for m in model.modules() if hasattr(m, "ep_group") for p in m.experts.parameters()
+        }
+        for p in model.parameters():
+            if id(p) not in experts:  # FSDP averages these; EP's hooks average expert grads
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+        dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
+        results.append((recompute, loss.item(), model))
     ref_loss = sum(_objective(ref, cfg, tokens[r], labels[r]) for r in range(ep)) / ep
     ref_loss.backward()
-
-    apply_expert_parallel(model, mesh)
-    loss = _objective(model, cfg, tokens[rank], labels[rank])
-    loss.backward()
-    experts = {
-        id(p) for m in model.modules() if hasattr(m, "ep_group") for p in m.experts.parameters()
-    }
-    for p in model.parameters():
-        if id(p) not in experts:  # FSDP averages these; expert grads are averaged by EP's hooks
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-    dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
-    return abs(loss.item() - ref_loss.item()), _grad_error(model, ref)
+    return [
+        (recompute, abs(loss - ref_loss.item()), _grad_error(model, ref))
+        for recompute, loss, model in results
+    ]
