@@ -4,6 +4,7 @@ identical gathered parameters and optimizer state, and the same continued losses
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kiln.training.checkpoint import load_model_state
 from kiln.training.checkpoint.offline import load_state
@@ -11,7 +12,7 @@ from kiln.training.config import TrainConfig
 from tests.training.checkpoint.gather import gathered_state
 from tests.training.distributed import run_distributed
 
-SAVE_AT, STEPS = 3, 6
+SAVE_AT, STEPS = 2, 4
 
 
 def _config(parallel: dict, **checkpoint) -> TrainConfig:
@@ -50,6 +51,7 @@ def _load_and_continue(ckpt: str, parallel: dict) -> tuple[dict, list[float], in
     return state, [m["loss"] for m in trainer.train()], step
 
 
+@pytest.mark.slow
 def test_reshard_tp2_pp2_dp2_to_dp4_and_one_process(tmp_path):
     root = str(tmp_path / "ckpt")
     saved = run_distributed(_save_and_continue, 8, root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import yaml
 
 from kiln.training.checkpoint import latest_checkpoint, read_sidecar
@@ -36,6 +37,7 @@ def _uninterrupted() -> list[float]:
     return [m["loss"] for m in Trainer(_config(None)).train()]
 
 
+@pytest.mark.slow
 def test_worker_killed_at_step_12_resumes_with_identical_losses(ray_session, tmp_path):
     """Through `kiln train`: the YAML config, --set overrides, Ray Train, one restart."""
     from kiln.platform.cli import main
