@@ -94,9 +94,10 @@ class IndexedSource:
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
+        first, last = int(ids[0]) // self.pass_length, int(ids[-1]) // self.pass_length
+        if first == last:  # the usual case: the whole batch from one pass
+            return self._pass(first).gather(ids - first * self.pass_length)
         passes, local = np.divmod(ids, self.pass_length)
-        if passes[0] == passes[-1]:
-            return self._pass(int(passes[0])).gather(local)
         out = np.empty((len(ids), self.seq_len + 1), dtype=np.int64)
         for p in np.unique(passes):
             mask = passes == p

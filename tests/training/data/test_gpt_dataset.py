@@ -123,3 +123,14 @@ def test_blending_indices_three_way():
     which, _ = build_blending_indices(np.array([0.5, 0.3, 0.2]), 1000, [10_000] * 3)
     counts = np.bincount(which, minlength=3)
     np.testing.assert_allclose(counts, [500, 300, 200], atol=1)
+
+
+def test_block_path_and_general_path_agree(tmp_path):
+    write_unique_dataset(tmp_path / "d", 300, 60, seed=6)
+    gpt = GPTDataset(IndexedDataset(tmp_path / "d"), 16, 0, cache_dir=tmp_path / "c")
+    gpt._BLOCK = 7  # consecutive ids cross many small blocks
+    ids = np.arange(len(gpt))
+    consecutive = gpt.gather(ids)
+    shuffled = np.random.default_rng(0).permutation(ids)
+    np.testing.assert_array_equal(gpt.gather(shuffled), consecutive[shuffled])
+    np.testing.assert_array_equal(np.stack([gpt[int(i)] for i in ids[:20]]), consecutive[:20])
