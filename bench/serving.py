@@ -111,6 +111,14 @@ def rest_throughput(url: str, total: int, clients: int, max_tokens: int) -> floa
     return asyncio.run(run())
 
 
+def replica_stats(ep) -> tuple[int, int]:
+    """(prompts completed, generate() calls) so far, from the endpoint's stats route."""
+    import httpx
+
+    st = httpx.get(f"{ep.url}/v2/models/{ep.model_name}/stats").json()["model_stats"][0]
+    return st["inference_count"], st["execution_count"]
+
+
 def triton_throughput(grpc_url: str, total: int, clients: int, inputs) -> float:
     import tritonclient.grpc.aio as grpcclient
 
@@ -166,6 +174,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=96, help="requests per throughput measurement")
     ap.add_argument("--latency-requests", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=16, help="dynamic batching max_batch_size")
+    ap.add_argument("--batch-wait-ms", type=float, default=20.0, help="dynamic batching wait")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -225,7 +234,10 @@ def main() -> int:
             for bs in (args.batch_size, 1):
                 settings = {
                     "limits": {"max_new_tokens": max(args.max_tokens, 64)},
-                    "batching": {"max_batch_size": bs, "batch_wait_timeout_s": 0.005},
+                    "batching": {
+                        "max_batch_size": bs,
+                        "batch_wait_timeout_s": args.batch_wait_ms / 1000,
+                    },
                     "deployment": {
                         "num_cpus": 1,
                         "max_ongoing_requests": max(64, 2 * args.clients),
@@ -237,11 +249,10 @@ def main() -> int:
                         body = {"prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0}
                         with httpx.Client(base_url=ep.url, timeout=600) as c:
                             rest = latency(lambda c=c, body=body: c.post("/v1/completions", json=body).raise_for_status(), args.latency_requests)  # fmt: skip
+                    before = replica_stats(ep)
                     rps[bs] = rest_throughput(ep.url, args.requests, args.clients, args.max_tokens)
-                    st = httpx.get(f"{ep.url}/v2/models/{ep.model_name}/stats").json()[
-                        "model_stats"
-                    ][0]
-                    mean_batch[bs] = st["inference_count"] / max(st["execution_count"], 1)
+                    after = replica_stats(ep)
+                    mean_batch[bs] = (after[0] - before[0]) / max(after[1] - before[1], 1)
                 finally:
                     ep.close()
         finally:
@@ -300,7 +311,8 @@ def main() -> int:
     print(f"  in-process p50 {inproc[0]:.1f} ms p99 {inproc[1]:.1f} ms | Triton p50 {triton[0]:.1f} ms p99 {triton[1]:.1f} ms "
           f"| REST p50 {rest[0]:.1f} ms p99 {rest[1]:.1f} ms")  # fmt: skip
     print(f"throughput: {args.requests} requests x {args.max_tokens} new tokens, {args.clients} concurrent clients; "
-          f"mean batch through REST {mean_batch[args.batch_size]:.1f} (max {args.batch_size}) vs {mean_batch[1]:.1f}\n")  # fmt: skip
+          f"mean batch through REST {mean_batch[args.batch_size]:.1f} (max {args.batch_size}, wait {args.batch_wait_ms:g} ms) "
+          f"vs {mean_batch[1]:.1f}\n")  # fmt: skip
     for r in results:
         row(*r)
     return 0
