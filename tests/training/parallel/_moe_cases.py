@@ -6,6 +6,7 @@ import copy
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 
 from kiln.training.model.moe import MoE
@@ -25,8 +26,11 @@ def _loss(moe: MoE, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, tor
     return out, (out * w).sum() + AUX_COEF * moe.aux_loss
 
 
-def ep_vs_single() -> list[tuple]:
-    """Max |EP - single process| of outputs and gradients; reference loss = mean over ranks."""
+def ep_vs_single(checkpoint_dir: str) -> list[tuple]:
+    """Max |EP - single process| of outputs and gradients; reference loss = mean over ranks.
+
+    The first case's EP model is also saved with DCP to checkpoint_dir (global expert names).
+    """
     rank, ep = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("ep",))
     errors = []
@@ -54,6 +58,8 @@ def ep_vs_single() -> list[tuple]:
         ref_norm_sq = sum(p.grad.pow(2).sum() for p in ref.experts.parameters())
         diffs.append(abs(expert_grad_norm_sq(moe).item() / ref_norm_sq.item() - 1))  # relative
         names = sorted(moe.state_dict())
+        if seed == 0:
+            dcp.save(moe.state_dict(), checkpoint_id=checkpoint_dir)
         errors.append(((n_experts, top_k, capacity), max(diffs), names))
     return errors
 
