@@ -99,7 +99,8 @@ class Trainer:
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        model = Transformer(cfg.model)
+        with torch.device(self.device):  # no CPU detour for big models on a GPU
+            model = Transformer(cfg.model)
         if cfg.precision == "fp8":
             swap_to_te_linear(model)
         self.model_config = cfg.model

@@ -1,0 +1,108 @@
+"""Kiln's training step against a plain single-process PyTorch loop: same model, batch, optimizer.
+
+Both sides do the same work per step (forward, cross entropy, backward, grad-norm clip, AdamW,
+lr schedule, loss to Python for logging); the difference is the trainer's bookkeeping. Runs
+alternate A/B/A/B and report medians, so load from other processes hits both sides alike.
+
+    .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--dim 256 --layers 4 --seq 256 --batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kiln.training.config import TrainConfig
+from kiln.training.model import ModelConfig, Transformer
+from kiln.training.trainer import Trainer
+
+
+class SameBatch:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __iter__(self):
+        while True:
+            yield self.batch
+
+    def state_dict(self):
+        return {}
+
+
+def plain_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> float:
+    """tokens/s of a hand-written loop."""
+    torch.manual_seed(0)
+    model = Transformer(model_cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    tokens, labels = batch
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        return loss.item()
+
+    step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * tokens.numel() / (time.perf_counter() - start)
+
+
+def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> float:
+    """tokens/s of Trainer.train_step on the same batch."""
+    tokens, _ = batch
+    cfg = TrainConfig(
+        model=model_cfg, seq_len=tokens.shape[1], global_batch_size=tokens.shape[0],
+        micro_batch_size=tokens.shape[0], steps=steps + 1, precision=precision,
+        schedule={"kind": "constant"}, optimizer={"implementation": "foreach"},
+    )
+    trainer = Trainer(cfg, dataloader=SameBatch(batch)).setup()
+    trainer.train_step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step()
+    return steps * tokens.numel() / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+
+    model_cfg = ModelConfig(vocab_size=8192, dim=args.dim, n_layers=args.layers, n_heads=args.dim // 64,
+                            n_kv_heads=max(1, args.dim // 128), ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64,
+                            max_seq_len=args.seq)
+    g = torch.Generator().manual_seed(0)
+    sample = torch.randint(0, model_cfg.vocab_size, (args.batch, args.seq + 1), generator=g)
+    batch = (sample[:, :-1].contiguous(), sample[:, 1:].contiguous())
+    print(f"model: {model_cfg.num_params() / 1e6:.1f}M params, batch {args.batch}x{args.seq}, "
+          f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads")
+    print(f"{'precision':<10}{'plain tok/s':>14}{'kiln tok/s':>14}{'overhead':>10}")
+    for precision in ("fp32", "bf16"):
+        plain, kiln = [], []
+        for _ in range(args.rounds):
+            plain.append(plain_loop(model_cfg, batch, args.steps, precision))
+            kiln.append(kiln_loop(model_cfg, batch, args.steps, precision))
+        p, k = statistics.median(plain), statistics.median(kiln)
+        print(f"{precision:<10}{p:>14.0f}{k:>14.0f}{100 * (p - k) / p:>9.1f}%")
+
+
+if __name__ == "__main__":
+    main()
