@@ -121,6 +121,6 @@ class CurateConfig(StageConfig):
     actors: int | None = Field(None, description="Ray Data actors (default: one per CPU of the machine)")
     backend: Literal["auto", "pandas", "cudf"] = "auto"
     cluster: Literal["local", "ray"] = Field("local", description="Dask scheduler: threads here, or Dask-on-Ray")
-    dask_partitions: int | None = Field(None, description="dedup partitions (default: from the data size)")
+    dask_partitions: int | None = Field(None, description="dedup partitions (default: one per 250k documents)")
     rmm_async: bool = True
     rmm_release_threshold: str | None = "10GB"

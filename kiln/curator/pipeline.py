@@ -65,7 +65,8 @@ def curate(cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilte
         staging = sorted(glob.glob(os.path.join(work_dir, "stream", "*.parquet")))
         t1 = time.perf_counter()
         with dask_session(backend, cfg.cluster, cfg.rmm_async, cfg.rmm_release_threshold):
-            dedup = run_dedup(staging, cfg, backend)
+            n_candidates = sum(s["in"] - sum(s["reasons"].values()) for s in stats)
+            dedup = run_dedup(staging, cfg, backend, n_candidates)
         seconds["dedup"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         kept = write_outputs(staging, dedup.exact_rows, dedup.fuzzy_rows, output_dir, rejected_dir,

@@ -32,7 +32,7 @@ def planted(tmp_path_factory) -> tuple[Planted, list[str]]:
 
 def _config(inputs: list[str], **overrides) -> CurateConfig:
     body = {"input": inputs, "read": {"max_doc_chars": MAX_CHARS, "chunk_docs": 40, "split_bytes": 64_000},
-            "output": {"shard_docs": 40, "seed": 7}, "actors": 2, "dask_partitions": 3}
+            "output": {"shard_docs": 40, "seed": 7}, "actors": 2, "dask_partitions": 2}
     return CurateConfig.model_validate(body | overrides)
 
 
@@ -116,7 +116,7 @@ def test_junk_malformed_and_japanese(ray_run, planted):
 
 def test_cluster_ray_equals_cluster_local(ray_run, planted, tmp_path):
     out, _ = ray_run
-    report = curate(_config(planted[1], stream="ray", cluster="ray"), str(tmp_path / "ray-ray"))
+    report = curate(_config(planted[1], stream="inline", cluster="ray"), str(tmp_path / "ray-ray"))
     assert report["cluster"] == "ray"
     assert _shards(str(tmp_path / "ray-ray")) == _shards(out)
 

@@ -5,7 +5,7 @@ buckets-to-edges does; connected components later join what the anchors link."""
 
 from __future__ import annotations
 
-import dask.dataframe as dd
+import numpy as np
 import pandas as pd
 
 PAIR_META = pd.DataFrame(
@@ -35,10 +35,19 @@ def _unique_pairs(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop_duplicates(subset=["a_row", "b_row"]).sort_values(["a_row", "b_row"])
 
 
+def _long(df: pd.DataFrame, band_cols: list[str]) -> pd.DataFrame:
+    """One row per (document, band): band keys already differ between bands."""
+    n = len(band_cols)
+    return pd.DataFrame(
+        {"_row": np.repeat(df["_row"].to_numpy(), n), "id": np.repeat(df["id"].to_numpy(), n),
+         "bucket": df[band_cols].to_numpy().reshape(-1)}
+    )
+
+
 def candidate_pairs(ddf, band_cols: list[str], max_bucket: int = 1000):
     """Dask frame of (a_row, a_id, b_row, b_id) candidate pairs, each pair once."""
-    long = dd.concat(
-        [ddf[["_row", "id", col]].rename(columns={col: "bucket"}) for col in band_cols]
-    )
+    meta = pd.DataFrame({"_row": pd.Series([], dtype="int64"), "id": pd.Series([], dtype="object"),
+                         "bucket": pd.Series([], dtype="int64")})
+    long = ddf[["_row", "id", *band_cols]].map_partitions(_long, band_cols, meta=meta)
     pairs = long.shuffle(on="bucket").map_partitions(_bucket_pairs, max_bucket, meta=PAIR_META)
     return pairs.shuffle(on="b_row").map_partitions(_unique_pairs, meta=PAIR_META)

@@ -25,7 +25,10 @@ def _to_pandas(df):
     return df.to_pandas() if hasattr(df, "to_pandas") else df
 
 
-def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "pandas") -> DedupResult:
+ROWS_PER_PARTITION = 250_000  # ~50 MB of dedup keys per pandas partition
+
+
+def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "pandas", n_docs: int = 0) -> DedupResult:
     import dask.dataframe as dd
 
     result = DedupResult()
@@ -34,22 +37,19 @@ def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "panda
     fz = cfg.dedup.fuzzy
     bands = band_columns(fz.bands) if fz.enabled else []
     ddf = dd.read_parquet(staging_files, columns=["_row", "id", "_hash", *bands])
-    if cfg.dask_partitions:
-        ddf = ddf.repartition(npartitions=cfg.dask_partitions)
+    ddf = ddf.repartition(npartitions=cfg.dask_partitions or max(1, -(-n_docs // ROWS_PER_PARTITION)))
     if cfg.dedup.exact:
         result.exact_rows = exact_duplicate_rows(ddf).to_numpy()
         result.counts["exact_duplicates"] = len(result.exact_rows)
     if fz.enabled:
         survivors = ddf[~ddf["_row"].isin(result.exact_rows.tolist())] if len(result.exact_rows) else ddf
-        pairs = candidate_pairs(survivors, bands, fz.max_bucket_size)
+        pairs = _to_pandas(candidate_pairs(survivors, bands, fz.max_bucket_size).compute())
+        result.counts["candidate_pairs"] = len(pairs)
         if fz.verify:
             texts = dd.read_parquet(staging_files, columns=["_row", "text"])
-            pairs = pairs.persist()
-            result.counts["candidate_pairs"] = int(len(pairs))
-            edges = _to_pandas(verify_pairs(pairs, texts, fz.ngram, fz.threshold).compute())
+            edges = verify_pairs(pairs, texts, fz.ngram, fz.threshold)
         else:
-            edges = _to_pandas(pairs.compute())
-            result.counts["candidate_pairs"] = len(edges)
+            edges = pairs
         result.counts["duplicate_pairs"] = len(edges)
         result.fuzzy_rows, clusters = duplicates_from_edges(edges, use_cugraph=backend == "cudf")
         result.counts["fuzzy_duplicates"] = len(result.fuzzy_rows)

@@ -1,34 +1,38 @@
-"""Jaccard verification of candidate pairs: join both texts, compare their shingle sets."""
+"""Jaccard verification of candidate pairs: true character n-gram Jaccard of both texts.
+
+Only the texts of documents that appear in some pair are fetched (a filter per partition, no
+shuffle of the corpus), then each pair's shingle sets are compared."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from kiln.curator.dedup.lsh import PAIR_META
 from kiln.curator.dedup.shingles import jaccard, shingle_hashes
 
-VERIFIED_META = PAIR_META.assign(jaccard=pd.Series([], dtype="float64"))
+
+def _texts_of(df: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    return df[df["_row"].isin(rows)]
 
 
-def _jaccard_partition(df: pd.DataFrame, ngram: int, threshold: float) -> pd.DataFrame:
-    if df.empty:
-        return VERIFIED_META.copy()
-    texts = pd.unique(pd.concat([df["a_text"], df["b_text"]], ignore_index=True))
-    index = {t: i for i, t in enumerate(texts)}
-    h, doc = shingle_hashes(list(texts), ngram)
-    bounds = np.searchsorted(doc, np.arange(len(texts) + 1))
-    sets = [np.unique(h[bounds[i] : bounds[i + 1]]) for i in range(len(texts))]
-    scores = np.array(
-        [jaccard(sets[index[a]], sets[index[b]]) for a, b in zip(df["a_text"], df["b_text"], strict=True)]
-    )
-    out = df[list(PAIR_META.columns)].assign(jaccard=scores)
-    return out[out["jaccard"] >= threshold]
+def pair_jaccard(pairs: pd.DataFrame, texts: pd.Series, ngram: int) -> np.ndarray:
+    """Jaccard of each (a_row, b_row) pair; `texts` is indexed by `_row`."""
+    rows = texts.index.to_numpy()
+    h, doc = shingle_hashes(texts.tolist(), ngram)
+    bounds = np.searchsorted(doc, np.arange(len(rows) + 1))
+    sets = {r: np.unique(h[bounds[i] : bounds[i + 1]]) for i, r in enumerate(rows)}
+    return np.array([jaccard(sets[a], sets[b]) for a, b in zip(pairs["a_row"], pairs["b_row"], strict=True)])
 
 
-def verify_pairs(pairs, texts, ngram: int, threshold: float):
-    """Keep candidate pairs whose true character n-gram Jaccard is at least `threshold`."""
-    a = texts.rename(columns={"_row": "a_row", "text": "a_text"})
-    b = texts.rename(columns={"_row": "b_row", "text": "b_text"})
-    joined = pairs.merge(a, on="a_row").merge(b, on="b_row")
-    return joined.map_partitions(_jaccard_partition, ngram, threshold, meta=VERIFIED_META)
+def verify_pairs(pairs: pd.DataFrame, texts_ddf, ngram: int, threshold: float) -> pd.DataFrame:
+    """Keep candidate pairs whose true Jaccard is at least `threshold` (adds a `jaccard` column)."""
+    if pairs.empty:
+        return pairs.assign(jaccard=pd.Series([], dtype="float64"))
+    rows = np.unique(np.concatenate([pairs["a_row"].to_numpy(), pairs["b_row"].to_numpy()]))
+    needed = texts_ddf.map_partitions(_texts_of, rows, meta=texts_ddf._meta).compute()
+    if hasattr(needed, "to_pandas"):
+        needed = needed.to_pandas()
+    texts = needed.set_index("_row")["text"]
+    scores = pair_jaccard(pairs, texts, ngram)
+    out = pairs.assign(jaccard=scores)
+    return out[out["jaccard"] >= threshold].reset_index(drop=True)
