@@ -33,10 +33,11 @@ def endpoint(ray_session, tiny_model_dir):
     settings = {
         "api_key": API_KEY,
         "limits": {"max_new_tokens": MAX_NEW_TOKENS, "max_prompt_chars": 2000},
-        "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.02},
+        "batching": {"max_batch_size": 16, "batch_wait_timeout_s": 0.02},
         "deployment": {"num_cpus": 0.5},
     }
-    ep = launch(tiny_model_dir, settings, port=free_port(), app_name="rest-test")
+    # under a route prefix of its own: no clash with an app another test left at "/"
+    ep = launch(tiny_model_dir, settings, port=free_port(), app_name="rest-test", route_prefix="/rest")
     yield ep
     ep.close()
     serve.shutdown()

@@ -44,7 +44,7 @@ def test_serve_stage_triton_backend(endpoint, exported_model, generator, tmp_pat
         art = Artifact.load(result.artifact("serve.endpoint").uri)
         assert art.kind == "Endpoint" and art.meta["backend"] == "triton"
         url = art.meta["url"]
-        assert url == endpoint.url + "/triton" and art.meta["model"] == "tiny"
+        assert url.endswith("/triton") and art.meta["model"] == "tiny"
 
         prompts = ["the quick brown fox", "a kiln fires clay"]
         expected = [c.text for c in generator.generate(prompts, SamplingParams(max_new_tokens=8))]
