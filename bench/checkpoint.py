@@ -1,8 +1,9 @@
 """Checkpoint benchmark: a >= 500 MB training state (params + AdamW moments) on 2 gloo ranks (FSDP2).
 
 Prints, from one run:
-  - the machine's sequential write bandwidth (dd, 1 MiB blocks, fsync at the end) in the same folder
-  - a sync DCP save of the state: seconds and GB/s, and the ratio to dd
+  - a sync DCP save of the state: seconds and GB/s, against the machine's sequential write
+    bandwidth (dd, 1 MiB blocks, fsync at the end, same folder) measured right before it; three
+    such pairs (the shared disk's speed drifts), the fastest save is the headline
   - the time training is blocked by an async save (staging to CPU + waiting on the previous one)
     against the sync save (target: <= 15%)
   - load with resharding: the dp_shard=2 checkpoint loaded into a tp=2 layout, seconds and GB/s
@@ -74,6 +75,12 @@ def _rank_main(rank: int, world: int, port: int, args, root: str, results) -> No
     from kiln.training.trainer import Trainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import logging
+
+    logging.basicConfig(
+        level=logging.WARNING, format=f"[rank{rank}] %(asctime)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kiln.checkpoint").setLevel(logging.INFO if args.verbose else logging.WARNING)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -81,31 +88,41 @@ def _rank_main(rank: int, world: int, port: int, args, root: str, results) -> No
         trainer = Trainer(_config(args, f"{root}/sync", {"dp_shard": world})).setup()
         trainer.train()
         ckpt = trainer.checkpointer
-        dist.barrier()
-        t0 = time.perf_counter()
-        ckpt.save(1, force=True)
-        dist.barrier()
-        sync_s = time.perf_counter() - t0
+        pairs = []  # (dd GB/s just before, DCP save s): the shared disk's speed drifts by 5x
+        for attempt in range(3):
+            dd = dd_bandwidth(root, args.dd_mib) if rank == 0 else 0.0
+            ckpt.root = f"{root}/sync{attempt}"
+            dist.barrier()
+            t0 = time.perf_counter()
+            ckpt.save(1, force=True)
+            dist.barrier()
+            pairs.append((dd, time.perf_counter() - t0))
+        dd_bw, sync_s = min(pairs, key=lambda p: p[1])
 
-        # Async save of the same state: what training waits for is the call itself (staging);
-        # the write overlaps the following work. Then the wait at close, for the record.
+        # Async saves of the same state: what training waits for is the call itself (staging to
+        # CPU); the write overlaps the following work. The first save also allocates the staging
+        # buffers; later ones reuse them (steady state). Then the wait for the write, for the record.
         ckpt.cfg.async_save = True
-        ckpt.root = f"{root}/async"
-        dist.barrier()
-        t0 = time.perf_counter()
-        ckpt.save(2, force=True)
-        blocked_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        blocked = []
+        for step in (2, 3):
+            ckpt.root = f"{root}/async{step}"
+            dist.barrier()
+            t0 = time.perf_counter()
+            ckpt.save(step, force=True)
+            blocked.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            ckpt.wait()
+            dist.barrier()
+            background_s = time.perf_counter() - t1
+        first_blocked_s, blocked_s = blocked
         ckpt.close()
-        dist.barrier()
-        background_s = time.perf_counter() - t1
 
         # Load with resharding: dp_shard=2 -> tp=2.
         from kiln.training.checkpoint import CheckpointConfig, Checkpointer
 
         fresh = Trainer(_config(args, None, {"tp": world, "dp_shard": 1})).setup()
         loader = Checkpointer(
-            CheckpointConfig(load_from=f"{root}/sync/step-00000001"), trainer=fresh
+            CheckpointConfig(load_from=f"{root}/sync0/step-00000001"), trainer=fresh
         )
         dist.barrier()
         t0 = time.perf_counter()
@@ -116,7 +133,10 @@ def _rank_main(rank: int, world: int, port: int, args, root: str, results) -> No
             results.put(
                 {
                     "sync_s": sync_s,
+                    "dd": dd_bw,
+                    "pairs": pairs,
                     "blocked_s": blocked_s,
+                    "first_blocked_s": first_blocked_s,
                     "background_s": background_s,
                     "load_s": load_s,
                     "params": sum(
@@ -137,6 +157,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--verbose", action="store_true", help="log each save's phases")
+    parser.add_argument("--dd-mib", type=int, default=768, help="size of each dd write")
     args = parser.parse_args()
 
     import torch.multiprocessing as mp
@@ -153,20 +175,26 @@ def main() -> None:
         join=True,
     )
     r = results.get()
-    state_bytes = folder_bytes(f"{root}/sync/step-00000001")
-    dd = dd_bandwidth(root, max(256, state_bytes // 2**20))
+    state_bytes = folder_bytes(f"{root}/sync0/step-00000001")
+    dd = r["dd"]
     save_gbs = state_bytes / r["sync_s"] / 1e9
     print(
         f"state: {r['params'] / 1e6:.1f} M params, {state_bytes / 1e6:.0f} MB on disk (params + AdamW moments), "
         f"{args.ranks} ranks"
     )
-    print(f"sequential write (dd, fsync):   {dd:.2f} GB/s")
+    for dd_i, save_i in r["pairs"]:
+        print(f"  pair: dd {dd_i:.2f} GB/s, then DCP save {state_bytes / save_i / 1e9:.2f} GB/s")
+    print(f"sequential write (dd, fsync):   {dd:.2f} GB/s  (just before the fastest save)")
     print(
         f"DCP sync save:                  {r['sync_s']:.2f} s = {save_gbs:.2f} GB/s  ({save_gbs / dd:.0%} of dd)"
     )
     print(
         f"async save, training blocked:  {r['blocked_s']:.2f} s  vs sync {r['sync_s']:.2f} s  "
         f"= {r['blocked_s'] / r['sync_s']:.0%} (target <= 15%); background write {r['background_s']:.2f} s"
+    )
+    print(
+        f"  (first async save of a run, allocating the staging buffers: {r['first_blocked_s']:.2f} s "
+        f"= {r['first_blocked_s'] / r['sync_s']:.0%})"
     )
     print(
         f"load with reshard (dp2 -> tp2): {r['load_s']:.2f} s   "

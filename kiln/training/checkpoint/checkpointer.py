@@ -81,6 +81,7 @@ class Checkpointer:
         self.committed: tuple[int, str] | None = None  # (step, dir) of the newest complete one
         self.on_commit: list[Callable[[int, str], None]] = []  # rank 0: called after `latest` moved
         self.loaded_from: str | None = None
+        self._staging = None
 
     # -- saving -----------------------------------------------------------------------------
 
@@ -89,15 +90,26 @@ class Checkpointer:
         self.poll()
         if self.root is None or not self._due(step, force):
             return False
+        t_wait = time.perf_counter()
         self.wait()  # at most one save in flight
         path = storage.join(self.root, storage.step_dir_name(step))
         self._prepare(path)
         state = self._state_for_save(step)
+        log.debug(
+            "checkpoint step %d: waited/prepared/collected in %.2fs",
+            step,
+            time.perf_counter() - t_wait,
+        )
         sidecar = self._sidecar(step) if self.rank == 0 else {}
         writer = make_writer(path, self.cfg.thread_count)
         t0 = time.perf_counter()
         if self.cfg.async_save:
-            response = dcp.async_save(state, storage_writer=writer, process_group=self._save_pg)
+            response = dcp.async_save(
+                state,
+                storage_writer=writer,
+                process_group=self._save_pg,
+                async_stager=self._stager(),
+            )
             future = getattr(response, "upload_completion", response)
             self._inflight = (future, step, path, sidecar)
             log.info(
@@ -129,6 +141,27 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def _stager(self):
+        """One stager for the whole run: it keeps its CPU copy of the state between saves, so
+        staging after the first save is a memcpy into memory already touched (~5x faster on CPU)."""
+        if self._staging is None:
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._staging = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,  # training may change the params right after save()
+                    use_non_blocking_copy=False,
+                )
+            )
+        return self._staging
 
     def _due(self, step: int, force: bool) -> bool:
         if force:
