@@ -11,11 +11,19 @@ only batches handed out, never those prefetched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from typing import Any, Protocol
 
 import numpy as np
+
+
+@functools.cache
+def _torch():
+    import torch  # imported on first use: the CLI imports this package and should stay fast
+
+    return torch
 
 
 class SampleSource(Protocol):
@@ -66,10 +74,9 @@ class TokenLoader:
         return np.arange(first, first + self.micro_batch_size, dtype=np.int64)
 
     def _assemble(self, batch: int):
-        import torch
-
-        samples = torch.from_numpy(self.source.gather(self.sample_ids(batch)))
-        return samples[:, :-1], samples[:, 1:]
+        samples = self.source.gather(self.sample_ids(batch))
+        torch = _torch()
+        return torch.from_numpy(samples[:, :-1]), torch.from_numpy(samples[:, 1:])
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> TokenLoader:
