@@ -140,3 +140,9 @@ def deploy(
 
 def undeploy(name: str = DEFAULT_APP_NAME) -> None:
     serve.delete(name)
+
+
+def app_builder(args: dict[str, Any]):
+    """Ray Serve application builder: `serve run kiln.serving.app:app_builder model_dir=DIR`, and
+    the `import_path` of the KubeRay RayService in deploy/ (its `args:` are AppSettings fields)."""
+    return build_app(AppSettings.model_validate(args))
