@@ -116,7 +116,11 @@ def tokenize_corpus(
     )
     dtype = indexed_dataset.token_dtype(vocab_size)
     shard_dir = Path(out_dir) / "_shards"
-    ds = ray.data.read_parquet(corpus_files(corpus_dir)).select_columns(["id", "text"])
+    files = corpus_files(corpus_dir)
+    # At least one block per actor, or a small corpus arrives as one block and one actor idles.
+    ds = ray.data.read_parquet(
+        files, override_num_blocks=max(len(files), num_actors)
+    ).select_columns(["id", "text"])
     shards = ds.map_batches(
         ShardTokenizer,
         fn_constructor_kwargs={
