@@ -14,6 +14,7 @@ import contextlib
 import functools
 import queue
 import threading
+import weakref
 from typing import Any, Protocol
 
 import numpy as np
@@ -98,29 +99,15 @@ class TokenLoader:
     def _start_prefetch(self) -> None:
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.prefetch)
+        # The thread holds only a weak reference, so a loader dropped mid-iteration is collected
+        # and its thread ends instead of idling forever.
         self._thread = threading.Thread(
-            target=self._produce,
-            args=(self._delivered, self._stop, self._queue),
+            target=_produce,
+            args=(weakref.ref(self), self._delivered, self._stop, self._queue),
             daemon=True,
             name="kiln-prefetch",
         )
         self._thread.start()
-
-    def _produce(self, batch: int, stop: threading.Event, q: queue.Queue) -> None:
-        while not stop.is_set():
-            try:
-                item = self._assemble(batch)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
-                item = e
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(item, BaseException):
-                return
-            batch += 1
 
     def close(self) -> None:
         """Stop the prefetch thread (the loader can be iterated again afterwards)."""
@@ -153,3 +140,26 @@ class TokenLoader:
         self.close()
         self._start = int(state["samples_consumed"])
         self._delivered = 0
+
+
+def _produce(loader_ref: weakref.ref, batch: int, stop: threading.Event, q: queue.Queue) -> None:
+    """Prefetch thread: assemble batch after batch until stopped or the loader is gone."""
+    while not stop.is_set():
+        loader = loader_ref()
+        if loader is None:
+            return
+        try:
+            item = loader._assemble(batch)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
+            item = e
+        del loader
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                if loader_ref() is None:
+                    return
+        if isinstance(item, BaseException):
+            return
+        batch += 1

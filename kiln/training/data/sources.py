@@ -81,14 +81,17 @@ class IndexedSource:
 
     def _pass(self, p: int) -> GPTDataset | BlendedDataset:
         if p not in self._passes:
-            parts = [
-                GPTDataset(ds, self.seq_len, self.seed + p, cache_dir=self.cache_dir)
-                for ds in self.datasets
-            ]
+            parts = []
+            for ds in self.datasets:
+                try:
+                    parts.append(
+                        GPTDataset(ds, self.seq_len, self.seed + p, cache_dir=self.cache_dir)
+                    )
+                except ValueError as e:
+                    raise InputError(f"data.paths: {ds.prefix}: {e}") from None
             built = parts[0] if len(parts) == 1 else BlendedDataset(parts, self.weights)
-            self._passes = {
-                k: v for k, v in self._passes.items() if k >= p - 1
-            }  # keep two passes mapped
+            # keep this pass and the previous one mapped
+            self._passes = {k: v for k, v in self._passes.items() if k >= p - 1}
             self._passes[p] = built
         return self._passes[p]
 

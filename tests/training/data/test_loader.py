@@ -149,3 +149,24 @@ def test_bad_paths_are_user_errors(tmp_path):
         )
     with pytest.raises(ConfigError, match="data.paths"):
         build_dataloader(DataConfig(), seq_len=8, micro_batch_size=1, dp_rank=0, dp_size=1, seed=0)
+
+
+def test_a_dropped_loader_stops_its_prefetch_thread(data):
+    import gc
+    import threading
+
+    loader = _loader(data, prefetch=2)
+    next(loader)
+    thread = loader._thread
+    del loader
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert not any(t.name == "kiln-prefetch" and t is thread for t in threading.enumerate())
+
+
+def test_too_little_data_is_a_user_error(tmp_path):
+    write_unique_dataset(tmp_path / "tiny", 2, 5)
+    cfg = DataConfig(paths=[str(tmp_path / "tiny")], index_cache_dir=str(tmp_path))
+    with pytest.raises(InputError, match="cannot fill one sample"):
+        build_dataloader(cfg, seq_len=64, micro_batch_size=1, dp_rank=0, dp_size=1, seed=0)
