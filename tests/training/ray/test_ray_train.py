@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -63,7 +64,11 @@ def test_worker_killed_at_step_12_resumes_with_identical_losses(ray_session, tmp
         "--set",
         f"ray.callbacks=[{hook}]",
     ]
-    assert main(argv) == 0
+    # The uninterrupted reference runs meanwhile: Ray's start and restart are mostly waiting.
+    with ThreadPoolExecutor(1) as pool:
+        reference_run = pool.submit(run_distributed, _uninterrupted, 4, timeout=900)
+        assert main(argv) == 0
+        reference = reference_run.result()[0]
 
     assert os.path.exists(os.path.join(run_dir, "killed-at-step-12"))  # the kill happened
     history = read_metrics(run_dir)  # steps 11.. come from the attempt after the restart
@@ -72,7 +77,6 @@ def test_worker_killed_at_step_12_resumes_with_identical_losses(ray_session, tmp
         restarted = [json.loads(line)["step"] for line in f]
     assert restarted.count(11) == 2 and restarted.count(13) == 1  # resumed from step 10
 
-    reference = run_distributed(_uninterrupted, 4)[0]
     for h in history[10:]:
         assert abs(h["loss"] - reference[h["step"] - 1]) < 1e-6, (
             h["step"],
