@@ -37,7 +37,9 @@ def plain_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> flo
     """tokens/s of a hand-written loop."""
     torch.manual_seed(0)
     model = Transformer(model_cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     tokens, labels = batch
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -64,9 +66,14 @@ def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> floa
     """tokens/s of Trainer.train_step on the same batch."""
     tokens, _ = batch
     cfg = TrainConfig(
-        model=model_cfg, seq_len=tokens.shape[1], global_batch_size=tokens.shape[0],
-        micro_batch_size=tokens.shape[0], steps=steps + 1, precision=precision,
-        schedule={"kind": "constant"}, optimizer={"implementation": "foreach"},
+        model=model_cfg,
+        seq_len=tokens.shape[1],
+        global_batch_size=tokens.shape[0],
+        micro_batch_size=tokens.shape[0],
+        steps=steps + 1,
+        precision=precision,
+        schedule={"kind": "constant"},
+        optimizer={"implementation": "foreach"},
     )
     trainer = Trainer(cfg, dataloader=SameBatch(batch)).setup()
     trainer.train_step()  # warm-up
@@ -86,14 +93,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
 
-    model_cfg = ModelConfig(vocab_size=8192, dim=args.dim, n_layers=args.layers, n_heads=args.dim // 64,
-                            n_kv_heads=max(1, args.dim // 128), ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64,
-                            max_seq_len=args.seq)
+    model_cfg = ModelConfig(
+        vocab_size=8192,
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.dim // 64,
+        n_kv_heads=max(1, args.dim // 128),
+        ffn_hidden_dim=args.dim * 8 // 3 // 64 * 64,
+        max_seq_len=args.seq,
+    )
     g = torch.Generator().manual_seed(0)
     sample = torch.randint(0, model_cfg.vocab_size, (args.batch, args.seq + 1), generator=g)
     batch = (sample[:, :-1].contiguous(), sample[:, 1:].contiguous())
-    print(f"model: {model_cfg.num_params() / 1e6:.1f}M params, batch {args.batch}x{args.seq}, "
-          f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads")
+    print(
+        f"model: {model_cfg.num_params() / 1e6:.1f}M params, batch {args.batch}x{args.seq}, "
+        f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads"
+    )
     print(f"{'precision':<10}{'plain tok/s':>14}{'kiln tok/s':>14}{'overhead':>10}")
     for precision in ("fp32", "bf16"):
         plain, kiln = [], []

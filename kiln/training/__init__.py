@@ -51,13 +51,25 @@ def _launch_torchrun(cfg: TrainConfig, nproc: int) -> list[dict[str, Any]]:
         with open(config_path, "w") as f:
             f.write(cfg.model_copy(update={"metrics_file": metrics}).model_dump_json())
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-            "-m", "kiln.training.torchrun_main", "--config", config_path,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "kiln.training.torchrun_main",
+            "--config",
+            config_path,
         ]
-        result = subprocess.run(cmd)
+        result = subprocess.run(cmd, check=False)
         if result.returncode != 0:
-            raise KilnError(f"training failed under torchrun (exit code {result.returncode}); see the log above")
+            raise KilnError(
+                f"training failed under torchrun (exit code {result.returncode}); see the log above"
+            )
         with open(metrics) as f:
             f.seek(start)
             return [json.loads(line) for line in f if line.strip()]

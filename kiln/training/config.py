@@ -26,8 +26,12 @@ class ParallelConfig(_Strict):
     tp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1, description="Expert parallel; borrows the dp_shard (x cp) ranks.")
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] = "1f1b"
-    pp_microbatches: int | None = Field(None, ge=1, description="Default: pp (one micro-batch per pipeline rank).")
-    pp_virtual_stages: int = Field(1, ge=1, description="Stages per rank (interleaved_1f1b; zbv uses 2).")
+    pp_microbatches: int | None = Field(
+        None, ge=1, description="Default: pp (one micro-batch per pipeline rank)."
+    )
+    pp_virtual_stages: int = Field(
+        1, ge=1, description="Stages per rank (interleaved_1f1b; zbv uses 2)."
+    )
     reshard_after_forward: bool = Field(
         False, description="FSDP2: False = distributed optimizer (ZeRO-2 like), True = ZeRO-3."
     )
@@ -49,7 +53,9 @@ class ParallelConfig(_Strict):
                 f"parallel: pp*dp_replicate*dp_shard*cp*tp = {others * dp_shard} but the world size is {world_size}"
             )
         if self.ep > 1 and (dp_shard * self.cp) % self.ep:
-            raise ConfigError(f"parallel.ep={self.ep} must divide dp_shard*cp = {dp_shard * self.cp}")
+            raise ConfigError(
+                f"parallel.ep={self.ep} must divide dp_shard*cp = {dp_shard * self.cp}"
+            )
         return self.model_copy(update={"dp_shard": dp_shard})
 
     @property
@@ -62,7 +68,9 @@ class OptimizerConfig(_Strict):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0, description="Max global grad norm (None: no clipping).")
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="Max global grad norm (None: no clipping)."
+    )
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
 
 
@@ -70,7 +78,9 @@ class ScheduleConfig(_Strict):
     kind: Literal["cosine", "wsd", "constant"] = "cosine"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of the steps spent decaying.")
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="WSD: share of the steps spent decaying."
+    )
 
 
 class TrainConfig(_Strict):
@@ -82,17 +92,22 @@ class TrainConfig(_Strict):
     fp8_recipe: Literal["delayed", "current"] = "delayed"
     recompute: Literal["none", "selective", "full"] = "none"
     selective_recompute: Literal["op", "attention"] = Field(
-        "op", description="op: keep matmul/attention outputs, recompute the rest; attention: the core."
+        "op",
+        description="op: keep matmul/attention outputs, recompute the rest; attention: the core.",
     )
     activation_offload: bool = False
-    optimizer_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy: params, grads, Adam on CPU.")
+    optimizer_offload: bool = Field(
+        False, description="FSDP2 CPUOffloadPolicy: params, grads, Adam on CPU."
+    )
     seq_len: int = Field(128, gt=0)
     global_batch_size: int = Field(8, gt=0)
     micro_batch_size: int = Field(2, gt=0)
     steps: int = Field(10, ge=0)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    peak_tflops: float | None = Field(None, gt=0, description="Device peak for MFU (default: known GPUs).")
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Device peak for MFU (default: known GPUs)."
+    )
     data: DataConfig = Field(default_factory=lambda: DataConfig(synthetic=True))
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log_every: int = Field(1, ge=1)
@@ -112,9 +127,13 @@ class TrainConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.seq_len > self.model.max_seq_len:
-            raise ConfigError(f"seq_len ({self.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+            raise ConfigError(
+                f"seq_len ({self.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
+            )
         if self.parallel.pp > 1 and self.model.tie_embeddings:
-            raise ConfigError("model.tie_embeddings is not supported with parallel.pp > 1 (first and last stage differ)")
+            raise ConfigError(
+                "model.tie_embeddings is not supported with parallel.pp > 1 (first and last stage differ)"
+            )
         return self
 
     def grad_accum_steps(self, dp_size: int) -> int:

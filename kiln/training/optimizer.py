@@ -20,7 +20,10 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     impl = cfg.implementation
     if impl == "auto":
         impl = "fused" if params and params[0].is_cuda else "foreach"
@@ -47,7 +50,9 @@ def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / decay_steps)
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: ScheduleConfig) -> LambdaLR:
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, cfg: ScheduleConfig
+) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 

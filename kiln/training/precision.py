@@ -26,11 +26,17 @@ def autocast_context(precision: str, device_type: str, distributed: bool):
 def check_fp8_available() -> None:
     """fp8 needs Transformer Engine and an fp8-capable GPU (Hopper / Ada or newer)."""
     if importlib.util.find_spec("transformer_engine") is None:
-        raise ConfigError("precision=fp8 needs Transformer Engine: pip install 'kiln[gpu]' (transformer-engine)")
+        raise ConfigError(
+            "precision=fp8 needs Transformer Engine: pip install 'kiln[gpu]' (transformer-engine)"
+        )
     if not torch.cuda.is_available():
-        raise ConfigError("precision=fp8 needs a CUDA GPU (Hopper or Ada or newer); none is visible")
+        raise ConfigError(
+            "precision=fp8 needs a CUDA GPU (Hopper or Ada or newer); none is visible"
+        )
     if torch.cuda.get_device_capability() < (8, 9):
-        raise ConfigError(f"precision=fp8 needs compute capability >= 8.9, this GPU has {torch.cuda.get_device_capability()}")
+        raise ConfigError(
+            f"precision=fp8 needs compute capability >= 8.9, this GPU has {torch.cuda.get_device_capability()}"
+        )
 
 
 def swap_to_te_linear(model: nn.Module) -> None:
@@ -41,8 +47,13 @@ def swap_to_te_linear(model: nn.Module) -> None:
         for parent in block.modules():
             for name, child in list(parent.named_children()):
                 if type(child) is nn.Linear:
-                    new = te.Linear(child.in_features, child.out_features, bias=False,
-                                    params_dtype=child.weight.dtype, device=child.weight.device)
+                    new = te.Linear(
+                        child.in_features,
+                        child.out_features,
+                        bias=False,
+                        params_dtype=child.weight.dtype,
+                        device=child.weight.device,
+                    )
                     with torch.no_grad():
                         new.weight.copy_(child.weight)
                     setattr(parent, name, new)
@@ -56,8 +67,9 @@ def fp8_context(precision: str, recipe: str):
     from transformer_engine.common import recipe as te_recipe
 
     if recipe == "delayed":
-        fp8_recipe = te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16,
-                                              amax_compute_algo="max")
+        fp8_recipe = te_recipe.DelayedScaling(
+            fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"
+        )
     else:
         fp8_recipe = te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID)
     return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "RANK" in os.environ:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend)
         Trainer(cfg).train()
     except KilnError as exc:

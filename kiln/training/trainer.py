@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,9 +22,20 @@ from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.model import Transformer
-from kiln.training.optimizer import build_lr_scheduler, build_optimizer, clip_grads_, global_grad_norm
+from kiln.training.optimizer import (
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grads_,
+    global_grad_norm,
+)
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
-from kiln.training.precision import LossScaler, autocast_context, check_fp8_available, fp8_context, swap_to_te_linear
+from kiln.training.precision import (
+    LossScaler,
+    autocast_context,
+    check_fp8_available,
+    fp8_context,
+    swap_to_te_linear,
+)
 
 log = logging.getLogger("kiln.training")
 
@@ -31,7 +43,9 @@ log = logging.getLogger("kiln.training")
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
 
-    def __init__(self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None):
+    def __init__(
+        self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None
+    ):
         self.cfg = cfg
         self.on_step = on_step
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
@@ -53,7 +67,9 @@ class Trainer:
         if cfg.precision == "fp8":
             check_fp8_available()
             if self.parallel.tp > 1:
-                raise ConfigError("precision=fp8 (te.Linear) is not combined with parallel.tp > 1 here")
+                raise ConfigError(
+                    "precision=fp8 (te.Linear) is not combined with parallel.tp > 1 here"
+                )
         if cfg.model.n_experts and self.parallel.pp > 1:
             log.warning("MoE load-balancing loss is not added under pipeline parallelism")
 
@@ -64,14 +80,21 @@ class Trainer:
         self.grad_accum = cfg.grad_accum_steps(self.dp_size)
         self._build_model()
         self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
-        self.lr_schedulers = [build_lr_scheduler(o, cfg.steps, cfg.schedule) for o in self.optimizers]
+        self.lr_schedulers = [
+            build_lr_scheduler(o, cfg.steps, cfg.schedule) for o in self.optimizers
+        ]
         self.scaler = LossScaler(enabled=cfg.precision == "fp16")
         if self.dataloader is None:
             from kiln.training.data import build_dataloader
 
             self.dataloader = build_dataloader(
-                cfg.data, seq_len=cfg.seq_len, micro_batch_size=cfg.micro_batch_size,
-                dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.seed, vocab_size=cfg.model.vocab_size,
+                cfg.data,
+                seq_len=cfg.seq_len,
+                micro_batch_size=cfg.micro_batch_size,
+                dp_rank=self.dp_rank,
+                dp_size=self.dp_size,
+                seed=cfg.seed,
+                vocab_size=cfg.model.vocab_size,
             )
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
@@ -88,7 +111,7 @@ class Trainer:
         if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
             if not torch.cuda.is_available():
                 raise ConfigError("device=cuda but no CUDA device is visible")
-            index = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+            index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
             torch.cuda.set_device(index)
             return torch.device("cuda", index)
         return torch.device("cpu")
@@ -110,7 +133,11 @@ class Trainer:
             from kiln.training.parallel.pipeline_parallel import build_pipeline
 
             self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
-                model, self.mesh["pp"], cfg, self.device, self._pp_loss,
+                model,
+                self.mesh["pp"],
+                cfg,
+                self.device,
+                self._pp_loss,
                 parallelize_fn=lambda part: parallelize(part, self.mesh, cfg),
             )
         else:
@@ -135,9 +162,11 @@ class Trainer:
         """One micro-batch; returns its (unscaled) mean token loss, or 0 off the last pp stage."""
         cfg = self.cfg
         device_type = self.device.type
-        with autocast_context(cfg.precision, device_type, self.distributed), fp8_context(
-            cfg.precision, cfg.fp8_recipe
-        ), loss_parallel_context(self.loss_parallel):
+        with (
+            autocast_context(cfg.precision, device_type, self.distributed),
+            fp8_context(cfg.precision, cfg.fp8_recipe),
+            loss_parallel_context(self.loss_parallel),
+        ):
             if self.pp:
                 losses: list[torch.Tensor] = []
                 inputs = (tokens,) if self.has_first else ()
@@ -258,7 +287,13 @@ class Trainer:
             mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
             log.info(
                 "step %d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f mfu %s peak_mem %.2fGB",
-                m["step"], m["loss"], m["grad_norm"], m["lr"], m["tokens_per_s"], mfu, m["peak_mem_gb"],
+                m["step"],
+                m["loss"],
+                m["grad_norm"],
+                m["lr"],
+                m["tokens_per_s"],
+                mfu,
+                m["peak_mem_gb"],
             )
         if self.cfg.metrics_file:
             with open(self.cfg.metrics_file, "a") as f:

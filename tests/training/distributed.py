@@ -12,7 +12,8 @@ import queue as queue_lib
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "kiln.training.model"])
@@ -26,8 +27,12 @@ def _free_port() -> int:
 
 def _worker(fn, rank: int, world_size: int, port: int, args, queue) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
     import torch
     import torch.distributed as dist
@@ -37,14 +42,16 @@ def _worker(fn, rank: int, world_size: int, port: int, args, queue) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(*args)
         queue.put((rank, True, result))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args, timeout: float = 180.0) -> list[Any]:
+def run_distributed(
+    fn: Callable[..., Any], world_size: int, *args, timeout: float = 180.0
+) -> list[Any]:
     """fn(*args) on every rank of a fresh gloo group; returns the per-rank results in rank order."""
     port = _free_port()
     queue = _CTX.Queue()
@@ -61,9 +68,15 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args, timeout: flo
             try:
                 rank, ok, value = queue.get(timeout=1.0)
             except queue_lib.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode not in (None, 0)]
+                dead = [
+                    r
+                    for r, p in enumerate(procs)
+                    if r not in results and p.exitcode not in (None, 0)
+                ]
                 if dead:
-                    raise RuntimeError(f"ranks {dead} died (exit codes {[procs[r].exitcode for r in dead]})")
+                    raise RuntimeError(
+                        f"ranks {dead} died (exit codes {[procs[r].exitcode for r in dead]})"
+                    )
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"run_distributed: no result after {timeout}s") from None
                 continue

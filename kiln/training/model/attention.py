@@ -41,7 +41,9 @@ class AttentionCore(nn.Module):
     def __init__(self, head_dim: int, sliding_window: int | None = None, backend: str = "auto"):
         super().__init__()
         if backend not in BACKENDS:
-            raise ConfigError(f"model.attention_backend {backend!r} is unknown; expected one of {BACKENDS}")
+            raise ConfigError(
+                f"model.attention_backend {backend!r} is unknown; expected one of {BACKENDS}"
+            )
         if not backend_available(backend):
             raise ConfigError(
                 f"model.attention_backend={backend!r} needs CUDA and the "
@@ -102,6 +104,8 @@ class AttentionCore(nn.Module):
                 qkv_format="bshd",
             )
         out = self._te_attention(
-            q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            q.transpose(1, 2).contiguous(),
+            k.transpose(1, 2).contiguous(),
+            v.transpose(1, 2).contiguous(),
         )
         return out.view(B, S, Hq, Dh).transpose(1, 2)

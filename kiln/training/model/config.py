@@ -38,7 +38,9 @@ class ModelConfig(BaseModel):
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.dim % self.n_heads:
-            raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+            raise ConfigError(
+                f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})"
+            )
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
@@ -46,7 +48,9 @@ class ModelConfig(BaseModel):
         if (self.dim // self.n_heads) % 2:
             raise ConfigError("model.dim / model.n_heads (head dim) must be even for RoPE")
         if self.n_experts and self.top_k > self.n_experts:
-            raise ConfigError(f"model.top_k ({self.top_k}) must be <= model.n_experts ({self.n_experts})")
+            raise ConfigError(
+                f"model.top_k ({self.top_k}) must be <= model.n_experts ({self.n_experts})"
+            )
         return self
 
     @property
@@ -57,7 +61,9 @@ class ModelConfig(BaseModel):
     def preset(cls, name: str, **overrides) -> ModelConfig:
         """A named shape (`tiny`, `125m`, `1b`, `llama3_8b`), optionally with fields overridden."""
         if name not in PRESETS:
-            raise ConfigError(f"model preset {name!r} is unknown; expected one of {sorted(PRESETS)}")
+            raise ConfigError(
+                f"model preset {name!r} is unknown; expected one of {sorted(PRESETS)}"
+            )
         return cls(**{**PRESETS[name], **overrides})
 
     def num_params(self, exclude_embedding: bool = False) -> int:
@@ -75,15 +81,46 @@ class ModelConfig(BaseModel):
 
 PRESETS: dict[str, dict] = {
     # Tests: fast on 2 CPU cores, 4 layers so pp=2 with 2 virtual stages has a layer per stage.
-    "tiny": dict(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden_dim=128,
-                 max_seq_len=256),
+    "tiny": {
+        "vocab_size": 256,
+        "dim": 64,
+        "n_layers": 4,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "ffn_hidden_dim": 128,
+        "max_seq_len": 256,
+    },
     # GPT-2-small sized Llama.
-    "125m": dict(vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12,
-                 ffn_hidden_dim=2048, max_seq_len=2048),
+    "125m": {
+        "vocab_size": 32000,
+        "dim": 768,
+        "n_layers": 12,
+        "n_heads": 12,
+        "n_kv_heads": 12,
+        "ffn_hidden_dim": 2048,
+        "max_seq_len": 2048,
+    },
     # Llama-3.2-1B shape.
-    "1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
-               ffn_hidden_dim=8192, rope_theta=500000.0, max_seq_len=4096, tie_embeddings=True),
+    "1b": {
+        "vocab_size": 128256,
+        "dim": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "ffn_hidden_dim": 8192,
+        "rope_theta": 500000.0,
+        "max_seq_len": 4096,
+        "tie_embeddings": True,
+    },
     # Llama-3-8B shape (FLOP and memory planning).
-    "llama3_8b": dict(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
-                      ffn_hidden_dim=14336, rope_theta=500000.0, max_seq_len=8192),
+    "llama3_8b": {
+        "vocab_size": 128256,
+        "dim": 4096,
+        "n_layers": 32,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "ffn_hidden_dim": 14336,
+        "rope_theta": 500000.0,
+        "max_seq_len": 8192,
+    },
 }

@@ -27,7 +27,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.core = AttentionCore(cfg.head_dim, cfg.sliding_window, cfg.attention_backend)
 
-    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor
+    ) -> torch.Tensor:
         B, S, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(B, S, -1, self.head_dim).transpose(1, 2)
@@ -56,7 +58,9 @@ def _build_moe(cfg: ModelConfig) -> nn.Module:
     try:
         from kiln.training.model.moe import MoE
     except ImportError as exc:  # B's module; the dense model never needs it
-        raise ConfigError(f"model.n_experts={cfg.n_experts} needs kiln.training.model.moe ({exc})") from exc
+        raise ConfigError(
+            f"model.n_experts={cfg.n_experts} needs kiln.training.model.moe ({exc})"
+        ) from exc
     return MoE(cfg.dim, cfg.ffn_hidden_dim, cfg.n_experts, cfg.top_k, cfg.capacity_factor)
 
 
@@ -74,7 +78,9 @@ class TransformerBlock(nn.Module):
         else:
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
 
-    def forward(self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor
+    ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope_cos, rope_sin)
         mlp = self.moe if hasattr(self, "moe") else self.feed_forward
         return h + mlp(self.ffn_norm(h))
@@ -105,8 +111,12 @@ class Transformer(nn.Module):
 
         Call after `to_empty()` when the model was built on the meta device.
         """
-        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta,
-                               device=buffer_device or self.rope_cos.device)
+        cos, sin = rope_tables(
+            self.cfg.head_dim,
+            self.cfg.max_seq_len,
+            self.cfg.rope_theta,
+            device=buffer_device or self.rope_cos.device,
+        )
         self.rope_cos, self.rope_sin = cos, sin
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():

@@ -39,7 +39,9 @@ def apply_recompute(model: nn.Module, mode: str, selective: str = "op") -> None:
         if mode == "full":
             model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
         elif selective == "attention":
-            block.attention.core = checkpoint_wrapper(block.attention.core, preserve_rng_state=False)
+            block.attention.core = checkpoint_wrapper(
+                block.attention.core, preserve_rng_state=False
+            )
         else:
             model.layers[key] = checkpoint_wrapper(
                 block, preserve_rng_state=False, context_fn=_op_policy_context

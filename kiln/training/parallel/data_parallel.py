@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 
 def apply_fsdp(
@@ -23,12 +28,14 @@ def apply_fsdp(
     fp32 master weights, gradients and Adam state stay sharded (Megatron's distributed optimizer).
     True frees them after forward and gathers again in backward (ZeRO-3).
     """
-    kwargs = dict(
-        mesh=dp_mesh,
-        mp_policy=mp_policy,
-        offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
-        ignored_params=ignored_params or None,
-    )
+    kwargs = {
+        "mesh": dp_mesh,
+        "mp_policy": mp_policy,
+        "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        if cpu_offload
+        else OffloadPolicy(),
+        "ignored_params": ignored_params or None,
+    }
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
     # The root's parameters are used last in forward and first in backward: no point resharding.

@@ -18,7 +18,12 @@ from kiln.training.parallel.data_parallel import apply_fsdp, apply_replicate
 from kiln.training.parallel.mesh import submesh
 from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
 
-_PARAM_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+_PARAM_DTYPE = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.bfloat16,
+}
 
 
 def parallelize(model: nn.Module, world_mesh: DeviceMesh | None, cfg: TrainConfig) -> nn.Module:
@@ -55,7 +60,9 @@ def _ep_mesh(world_mesh: DeviceMesh, p) -> DeviceMesh:
         return world_mesh["dp_shard"]
     if p.ep == p.dp_shard * p.cp:
         return submesh(world_mesh, "dp_shard_cp")
-    raise ConfigError(f"parallel.ep={p.ep} must equal dp_shard ({p.dp_shard}) or dp_shard*cp ({p.dp_shard * p.cp})")
+    raise ConfigError(
+        f"parallel.ep={p.ep} must equal dp_shard ({p.dp_shard}) or dp_shard*cp ({p.dp_shard * p.cp})"
+    )
 
 
 def _apply_ep(model: nn.Module, world_mesh: DeviceMesh, p) -> None:
@@ -89,7 +96,9 @@ def _apply_data_parallel(model: nn.Module, world_mesh: DeviceMesh, cfg: TrainCon
     else:
         dp_mesh = submesh(world_mesh, "dp_shard_cp")
     apply_fsdp(
-        model, dp_mesh, mp_policy,
+        model,
+        dp_mesh,
+        mp_policy,
         reshard_after_forward=p.reshard_after_forward,
         cpu_offload=cfg.optimizer_offload,
         ignored_params=ignored,

@@ -8,7 +8,7 @@ checkpoints reshard across different splits.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,11 +29,15 @@ def _numel(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def split_layers(layer_sizes: list[int], first_extra: int, last_extra: int, n_stages: int) -> list[list[int]]:
+def split_layers(
+    layer_sizes: list[int], first_extra: int, last_extra: int, n_stages: int
+) -> list[list[int]]:
     """Contiguous layer ranges, one per stage, minimising the largest stage's parameter count."""
     n = len(layer_sizes)
     if n < n_stages:
-        raise ConfigError(f"model.n_layers ({n}) must be >= the number of pipeline stages ({n_stages})")
+        raise ConfigError(
+            f"model.n_layers ({n}) must be >= the number of pipeline stages ({n_stages})"
+        )
     prefix = [0]
     for size in layer_sizes:
         prefix.append(prefix[-1] + size)
@@ -103,17 +107,23 @@ def build_pipeline(
     pp, rank = pp_mesh.size(), pp_mesh.get_local_rank()
     virtual = 2 if p.pp_schedule == "zbv" else p.pp_virtual_stages
     if p.pp_schedule in ("gpipe", "1f1b") and virtual != 1:
-        raise ConfigError(f"parallel.pp_schedule={p.pp_schedule} runs one stage per rank (pp_virtual_stages=1)")
+        raise ConfigError(
+            f"parallel.pp_schedule={p.pp_schedule} runs one stage per rank (pp_virtual_stages=1)"
+        )
     if p.pp_schedule == "interleaved_1f1b" and virtual < 2:
         virtual = 2
     n_stages = pp * virtual
     mcfg: ModelConfig = model.cfg
     sizes = [_numel(model.layers[str(i)]) for i in range(mcfg.n_layers)]
-    layout = split_layers(sizes, _numel(model.tok_embeddings), _numel(model.norm) + _numel(model.output), n_stages)
+    layout = split_layers(
+        sizes, _numel(model.tok_embeddings), _numel(model.norm) + _numel(model.output), n_stages
+    )
 
     n_micro = pipeline_microbatches(cfg)
     if cfg.micro_batch_size % n_micro:
-        raise ConfigError(f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of pp_microbatches ({n_micro})")
+        raise ConfigError(
+            f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of pp_microbatches ({n_micro})"
+        )
 
     stages, parts = [], []
     ids = stage_ids(rank, pp, virtual, p.pp_schedule)
@@ -125,7 +135,7 @@ def build_pipeline(
 
     # scale_grads would divide *all* accumulated gradients after every step, which breaks gradient
     # accumulation over several steps; the trainer folds 1/n_microbatches into the loss instead.
-    kwargs = dict(loss_fn=loss_fn, scale_grads=False)
+    kwargs = {"loss_fn": loss_fn, "scale_grads": False}
     if p.pp_schedule == "gpipe":
         schedule = ScheduleGPipe(stages[0], n_micro, **kwargs)
     elif p.pp_schedule == "1f1b":

@@ -26,10 +26,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     cfg = model.cfg
     tp = tp_mesh.size()
     if cfg.n_heads % tp or cfg.n_kv_heads % tp:
-        raise ConfigError(f"parallel.tp={tp} must divide model.n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.n_kv_heads})")
+        raise ConfigError(
+            f"parallel.tp={tp} must divide model.n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.n_kv_heads})"
+        )
     top_plan = {}
     if model.tok_embeddings is not None:
-        top_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        top_plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1)
+        )
     if model.norm is not None:
         top_plan["norm"] = SequenceParallel()
     if model.output is not None:
@@ -46,7 +50,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         plan = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+                input_layouts=(Shard(1), None, None),
+                desired_input_layouts=(Replicate(), None, None),
             ),
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
@@ -57,14 +62,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         if hasattr(block, "moe"):
             # Experts stay whole on every TP rank (expert parallelism splits them instead).
             plan["moe"] = PrepareModuleInputOutput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=False,
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=False,
             )
         else:
-            plan.update({
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
-            })
+            plan.update(
+                {
+                    "feed_forward": PrepareModuleInput(
+                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                    ),
+                    "feed_forward.w1": ColwiseParallel(),
+                    "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                    "feed_forward.w3": ColwiseParallel(),
+                }
+            )
         parallelize_module(block, tp_mesh, plan)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-STEPS = 3
+STEPS = 4  # the 4th loss is the loss after 3 optimizer steps
 
 
 def tiny_config(**overrides: Any):
-    """Tiny model, short sequences, 8 sequences per optimizer step, 3 steps, fp32."""
+    """Tiny model, short sequences, 8 sequences per optimizer step, 4 steps, fp32."""
     from kiln.training.config import TrainConfig
 
-    base = dict(
-        model="tiny", seq_len=16, global_batch_size=8, micro_batch_size=2, steps=STEPS, seed=7,
-        optimizer={"lr": 3e-3, "grad_clip": 1.0}, schedule={"warmup_steps": 1},
-        data={"synthetic": True, "prefetch": 0},
-    )
+    base = {
+        "model": "tiny",
+        "seq_len": 16,
+        "global_batch_size": 8,
+        "micro_batch_size": 2,
+        "steps": STEPS,
+        "seed": 7,
+        "optimizer": {"lr": 3e-3, "grad_clip": 1.0},
+        "schedule": {"warmup_steps": 1},
+        "data": {"synthetic": True, "prefetch": 0},
+    }
     parallel = overrides.pop("parallel", {})
     base.update(overrides)
     base["parallel"] = {"dp_shard": -1, **parallel}
@@ -51,7 +57,11 @@ def train_losses(repeat_batch: bool = False, **overrides: Any) -> list[float]:
 
     torch.set_num_threads(1)  # tiny matmuls: threads only add contention on a shared 2-core box
     cfg = tiny_config(**overrides)
-    loader = RepeatedBatch(cfg.micro_batch_size, cfg.seq_len, cfg.model.vocab_size) if repeat_batch else None
+    loader = (
+        RepeatedBatch(cfg.micro_batch_size, cfg.seq_len, cfg.model.vocab_size)
+        if repeat_batch
+        else None
+    )
     history = Trainer(cfg, dataloader=loader).train()
     return [m["loss"] for m in history]
 

@@ -12,13 +12,19 @@ from tests.training.trainer.layouts import train_losses
 
 pytestmark = pytest.mark.gpu
 
-needs_flash = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn not installed")
-needs_te = pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="TE not installed")
+needs_flash = pytest.mark.skipif(
+    importlib.util.find_spec("flash_attn") is None, reason="flash-attn not installed"
+)
+needs_te = pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None, reason="TE not installed"
+)
 
 
 def _qkv(hq=8, hkv=2, seq=256, dh=64):
     torch.manual_seed(0)
-    make = lambda h: torch.randn(2, h, seq, dh, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    make = lambda h: torch.randn(
+        2, h, seq, dh, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     return make(hq), make(hkv), make(hkv)
 
 
@@ -46,7 +52,9 @@ def test_te_attention_backend_matches_sdpa(window):
 
 
 def test_bf16_trains_on_gpu():
-    losses = train_losses(device="cuda", precision="bf16", optimizer={"lr": 1e-2}, steps=8, repeat_batch=True)
+    losses = train_losses(
+        device="cuda", precision="bf16", optimizer={"lr": 1e-2}, steps=8, repeat_batch=True
+    )
     assert losses[-1] < losses[0] - 0.1
 
 
@@ -57,7 +65,16 @@ def test_fp8_trains_on_gpu():
     # TE's fp8 GEMMs want dims that are multiples of 16.
     model = {"preset": "tiny", "dim": 128, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden_dim": 256}
     for recipe in ("delayed", "current"):
-        losses = train_losses(device="cuda", precision="fp8", fp8_recipe=recipe, model=model,
-                              micro_batch_size=16, global_batch_size=16, seq_len=32,
-                              optimizer={"lr": 1e-2}, steps=8, repeat_batch=True)
+        losses = train_losses(
+            device="cuda",
+            precision="fp8",
+            fp8_recipe=recipe,
+            model=model,
+            micro_batch_size=16,
+            global_batch_size=16,
+            seq_len=32,
+            optimizer={"lr": 1e-2},
+            steps=8,
+            repeat_batch=True,
+        )
         assert losses[-1] < losses[0] - 0.1, recipe

@@ -23,7 +23,9 @@ def naive_attention(q, k, v, window=None):
     return scores.softmax(-1) @ v
 
 
-@pytest.mark.parametrize("hq,hkv,window", [(4, 4, None), (4, 2, None), (4, 1, None), (4, 2, 5), (4, 1, 3)])
+@pytest.mark.parametrize(
+    "hq,hkv,window", [(4, 4, None), (4, 2, None), (4, 1, None), (4, 2, 5), (4, 1, 3)]
+)
 def test_attention_core_matches_naive(hq, hkv, window):
     torch.manual_seed(0)
     q = torch.randn(2, hq, 17, 8, dtype=torch.float64, requires_grad=True)
@@ -60,17 +62,24 @@ def test_bad_configs_are_clear_errors():
 
 def _to_hf_name(name: str) -> str:
     for ours, theirs in [
-        ("attention.wq", "self_attn.q_proj"), ("attention.wk", "self_attn.k_proj"),
-        ("attention.wv", "self_attn.v_proj"), ("attention.wo", "self_attn.o_proj"),
-        ("feed_forward.w1", "mlp.gate_proj"), ("feed_forward.w2", "mlp.down_proj"),
-        ("feed_forward.w3", "mlp.up_proj"), ("attention_norm", "input_layernorm"),
+        ("attention.wq", "self_attn.q_proj"),
+        ("attention.wk", "self_attn.k_proj"),
+        ("attention.wv", "self_attn.v_proj"),
+        ("attention.wo", "self_attn.o_proj"),
+        ("feed_forward.w1", "mlp.gate_proj"),
+        ("feed_forward.w2", "mlp.down_proj"),
+        ("feed_forward.w3", "mlp.up_proj"),
+        ("attention_norm", "input_layernorm"),
         ("ffn_norm", "post_attention_layernorm"),
     ]:
         name = name.replace(ours, theirs)
     if name.startswith("layers."):
         return "model." + name
-    return {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"}[name]
+    return {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }[name]
 
 
 @pytest.mark.parametrize("window", [None, 6])
@@ -80,10 +89,18 @@ def test_matches_hugging_face(window):
     cfg = ModelConfig.preset("tiny", sliding_window=window)
     torch.manual_seed(0)
     model = Transformer(cfg)
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_hidden_dim,
-                  num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                  num_key_value_heads=cfg.n_kv_heads, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                  max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=False)
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_hidden_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_seq_len,
+        "tie_word_embeddings": False,
+    }
     if window is None:
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     else:

@@ -12,18 +12,29 @@ from tests.training.distributed import run_distributed
 from tests.training.trainer.layouts import run_layouts, train_losses
 
 TWO_RANKS = {
-    "dp_shard2_distributed_optimizer": {"parallel": {"dp_shard": 2, "reshard_after_forward": False}},
+    "dp_shard2_distributed_optimizer": {
+        "parallel": {"dp_shard": 2, "reshard_after_forward": False}
+    },
     "dp_shard2_zero3": {"parallel": {"dp_shard": 2, "reshard_after_forward": True}},
     "dp_replicate2": {"parallel": {"dp_replicate": 2, "dp_shard": 1}},
     "tp2_sp": {"parallel": {"tp": 2, "dp_shard": 1}},
     "pp2_gpipe": {"parallel": {"pp": 2, "dp_shard": 1, "pp_schedule": "gpipe"}},
     "pp2_1f1b": {"parallel": {"pp": 2, "dp_shard": 1, "pp_schedule": "1f1b"}},
-    "pp2_interleaved_1f1b": {"parallel": {"pp": 2, "dp_shard": 1, "pp_schedule": "interleaved_1f1b",
-                                          "pp_virtual_stages": 2}},
+    "pp2_interleaved_1f1b": {
+        "parallel": {
+            "pp": 2,
+            "dp_shard": 1,
+            "pp_schedule": "interleaved_1f1b",
+            "pp_virtual_stages": 2,
+        }
+    },
     "pp2_zbv": {"parallel": {"pp": 2, "dp_shard": 1, "pp_schedule": "zbv"}},
     "recompute_selective_op": {"parallel": {"dp_shard": 2}, "recompute": "selective"},
-    "recompute_selective_attention": {"parallel": {"dp_shard": 2}, "recompute": "selective",
-                                      "selective_recompute": "attention"},
+    "recompute_selective_attention": {
+        "parallel": {"dp_shard": 2},
+        "recompute": "selective",
+        "selective_recompute": "attention",
+    },
     "recompute_full": {"parallel": {"dp_shard": 2}, "recompute": "full"},
     "activation_offload": {"parallel": {"dp_shard": 2}, "activation_offload": True},
     "optimizer_offload": {"parallel": {"dp_shard": 2}, "optimizer_offload": True},
@@ -54,7 +65,9 @@ def test_two_rank_layout_matches_single_process(layout, reference, two_rank_loss
 def test_bf16_distributed_stays_near_fp32(reference, two_rank_losses):
     # FSDP2 MixedPrecisionPolicy: bf16 compute, fp32 master weights and gradient reduction.
     assert two_rank_losses["bf16_dp_shard2"] == pytest.approx(reference, abs=3e-2)
-    assert two_rank_losses["bf16_dp_shard2"] != pytest.approx(reference, abs=1e-6)  # really ran bf16
+    assert two_rank_losses["bf16_dp_shard2"] != pytest.approx(
+        reference, abs=1e-6
+    )  # really ran bf16
 
 
 @pytest.mark.slow

@@ -16,7 +16,16 @@ from kiln.training.parallel.pipeline_parallel import split_layers, stage_ids
 from kiln.training.precision import LossScaler
 from tests.training.trainer.layouts import tiny_config, train_losses
 
-METRIC_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_gb", "tokens_seen"}
+METRIC_KEYS = {
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s",
+    "mfu",
+    "peak_mem_gb",
+    "tokens_seen",
+}
 
 
 def test_warmup_cosine_and_wsd_schedules():
@@ -33,7 +42,10 @@ def test_warmup_cosine_and_wsd_schedules():
 
 def test_pipeline_split_balances_parameters_and_keeps_global_names():
     # Heavy embeddings on the first stage push layers to the later stages.
-    assert split_layers([10] * 8, first_extra=25, last_extra=0, n_stages=2) == [[0, 1, 2], [3, 4, 5, 6, 7]]
+    assert split_layers([10] * 8, first_extra=25, last_extra=0, n_stages=2) == [
+        [0, 1, 2],
+        [3, 4, 5, 6, 7],
+    ]
     assert split_layers([10] * 4, 0, 0, 4) == [[0], [1], [2], [3]]
     with pytest.raises(ConfigError, match="n_layers"):
         split_layers([10] * 2, 0, 0, 4)
@@ -60,7 +72,11 @@ def test_global_grad_norm_and_clipping_match_torch():
 def test_loss_scaler_skips_overflow_and_grows():
     scaler = LossScaler(enabled=True, init_scale=8.0, growth_interval=2)
     assert not scaler.update(torch.tensor(float("inf"))) and scaler.scale == 4.0
-    assert scaler.update(torch.tensor(1.0)) and scaler.update(torch.tensor(1.0)) and scaler.scale == 8.0
+    assert (
+        scaler.update(torch.tensor(1.0))
+        and scaler.update(torch.tensor(1.0))
+        and scaler.scale == 8.0
+    )
 
 
 def test_bf16_trains_and_stays_near_fp32():
@@ -94,7 +110,9 @@ def test_config_errors_name_the_field():
 def test_train_entry_point_reports_every_metric(tmp_path):
     from kiln.training import train
 
-    cfg = tiny_config(steps=2, metrics_file=str(tmp_path / "m.jsonl"), model={"preset": "tiny", "n_layers": 2})
+    cfg = tiny_config(
+        steps=2, metrics_file=str(tmp_path / "m.jsonl"), model={"preset": "tiny", "n_layers": 2}
+    )
     history = train(cfg)
     assert [m["step"] for m in history] == [1, 2]
     assert METRIC_KEYS <= set(history[0])
