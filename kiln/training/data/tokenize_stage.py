@@ -94,6 +94,29 @@ def obtain_tokenizer(cfg: TokenizeConfig, corpus_files: list[str]):
     return train_tokenizer(texts, cfg.vocab_size, specials, cfg.min_frequency)
 
 
+def plot_document_lengths(tokens_dir: str) -> None:
+    """`document_lengths.png`: tokens per document of each split (log-scaled histogram)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for split in ("train", "valid", "test"):
+        lengths = indexed_dataset.IndexedDataset(Path(tokens_dir) / split).sequence_lengths
+        if len(lengths):
+            bins = np.logspace(0, np.log10(max(int(lengths.max()), 2)), 40)
+            ax.hist(lengths, bins=bins, histtype="step", label=f"{split} ({len(lengths)} docs)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per document (incl. EOD)")
+    ax.set_ylabel("documents")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(tokens_dir) / "document_lengths.png", dpi=100)
+    plt.close(fig)
+
+
 class TokenizeStage(Stage):
     """Train (or load) a byte-level BPE tokenizer and tokenise the corpus into Megatron indexed datasets."""
 
@@ -150,6 +173,7 @@ class TokenizeStage(Stage):
             "seed": cfg.seed,
         }
         (Path(tokens_out.path) / TOKENS_META).write_text(json.dumps(meta, indent=2))
+        plot_document_lengths(tokens_out.path)
 
         elapsed = time.perf_counter() - t0
         total_docs = sum(c["documents"] for c in counts.values())

@@ -65,6 +65,7 @@ def test_outputs_are_committed_artifacts(run):
         "test.idx",
         "tokenizer.json",
         "tokens.json",
+        "document_lengths.png",
     ):
         assert name in files
     assert not any(name.startswith("_shards") for name in files)
