@@ -1,7 +1,7 @@
 """kiln.curator: read, clean, filter and deduplicate text corpora (Ray Data + Dask).
 
-    from kiln.curator import CurateConfig, curate
-    report = curate(CurateConfig(input=["data/*.jsonl.zst"]), "out/corpus")
+from kiln.curator import CurateConfig, curate
+report = curate(CurateConfig(input=["data/*.jsonl.zst"]), "out/corpus")
 """
 
 from kiln.curator.config import CurateConfig

@@ -24,7 +24,10 @@ _ODD_SPACES = r"[\x{00a0}\x{2000}-\x{200a}\x{202f}\x{205f}]"
 
 PII_PATTERNS = {
     "email": (r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}", "<EMAIL>"),
-    "ip": (r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b", "<IP_ADDRESS>"),
+    "ip": (
+        r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b",
+        "<IP_ADDRESS>",
+    ),
     "phone": (
         r"(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\b\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}\b",
         "<PHONE_NUMBER>",
@@ -39,7 +42,9 @@ def _ftfy_fix(text: str) -> str:
 
 
 def _drop_lines(text: str, phrases: list[str]) -> str:
-    return "\n".join(line for line in text.split("\n") if not any(p in line.lower() for p in phrases))
+    return "\n".join(
+        line for line in text.split("\n") if not any(p in line.lower() for p in phrases)
+    )
 
 
 class Cleaner:
@@ -73,6 +78,11 @@ class Cleaner:
             arr = pc.utf8_trim_whitespace(arr)
         texts = arr.to_pylist()
         if cfg.boilerplate_lines and self.phrases:
-            has = pc.match_substring_regex(arr, "|".join(map(re.escape, self.phrases)), ignore_case=True)
-            texts = [_drop_lines(t, self.phrases) if h else t for t, h in zip(texts, has.to_pylist(), strict=True)]
+            has = pc.match_substring_regex(
+                arr, "|".join(map(re.escape, self.phrases)), ignore_case=True
+            )
+            texts = [
+                _drop_lines(t, self.phrases) if h else t
+                for t, h in zip(texts, has.to_pylist(), strict=True)
+            ]
         return texts

@@ -6,12 +6,20 @@ import json
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("curate", help="read, clean, filter and deduplicate text into a Parquet corpus")
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files, folders or globs")
+    p = subparsers.add_parser(
+        "curate", help="read, clean, filter and deduplicate text into a Parquet corpus"
+    )
+    p.add_argument(
+        "--input", nargs="+", required=True, metavar="PATH", help="files, folders or globs"
+    )
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--config", metavar="FILE", help="YAML or JSON with CurateConfig fields")
-    p.add_argument("--stream", choices=["ray", "inline"], help="override config: where per-document work runs")
-    p.add_argument("--cluster", choices=["local", "ray"], help="override config: Dask scheduler for dedup")
+    p.add_argument(
+        "--stream", choices=["ray", "inline"], help="override config: where per-document work runs"
+    )
+    p.add_argument(
+        "--cluster", choices=["local", "ray"], help="override config: Dask scheduler for dedup"
+    )
     p.set_defaults(func=_curate)
 
 
@@ -46,6 +54,11 @@ def _curate(args) -> int:
 
     cfg = load_config(args.config, input=args.input, stream=args.stream, cluster=args.cluster)
     report = curate(cfg, args.output)
-    print(json.dumps({k: report[k] for k in ("documents_in", "kept", "rejected", "removed_by_reason")}, indent=2))
+    print(
+        json.dumps(
+            {k: report[k] for k in ("documents_in", "kept", "rejected", "removed_by_reason")},
+            indent=2,
+        )
+    )
     print(f"wrote {args.output} ({report['docs_per_s']:.0f} docs/s)")
     return 0

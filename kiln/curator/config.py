@@ -30,9 +30,13 @@ class ReadConfig(_Section):
     text_field: str = "text"
     id_field: str = "id"
     source_field: str = "source"
-    max_doc_chars: int = Field(1_000_000, gt=0, description="longer documents go to rejected/ as too_large")
+    max_doc_chars: int = Field(
+        1_000_000, gt=0, description="longer documents go to rejected/ as too_large"
+    )
     chunk_docs: int = Field(2000, gt=0, description="documents per streamed batch")
-    split_bytes: int = Field(32 << 20, gt=0, description="plain JSONL files are split into byte ranges this big")
+    split_bytes: int = Field(
+        32 << 20, gt=0, description="plain JSONL files are split into byte ranges this big"
+    )
     text_files_per_task: int = Field(500, gt=0)
 
 
@@ -44,7 +48,9 @@ class CleanConfig(_Section):
     boilerplate_lines: bool = True
     boilerplate_phrases: list[str] = Field(default_factory=lambda: list(C4_POLICY_PHRASES))
     redact_pii: bool = False
-    pii_kinds: list[Literal["email", "ip", "phone"]] = Field(default_factory=lambda: ["email", "ip", "phone"])
+    pii_kinds: list[Literal["email", "ip", "phone"]] = Field(
+        default_factory=lambda: ["email", "ip", "phone"]
+    )
 
 
 class FilterConfig(_Section):
@@ -76,12 +82,19 @@ class FilterConfig(_Section):
     max_curly_brace_ratio: float | None = 0.01
     max_url_char_ratio: float | None = 0.2
     languages: list[str] | None = Field(default_factory=lambda: ["en", "ja"])
-    language_bytes: int = Field(1024, gt=0, description="langid reads this many UTF-8 bytes of each doc")
-    no_space_script_ratio: float = Field(
-        0.3, description="docs whose letters are at least this fraction CJK/kana/Thai use character rules"
+    language_bytes: int = Field(
+        1024, gt=0, description="langid reads this many UTF-8 bytes of each doc"
     )
-    no_space_ngram_scale: int = Field(4, gt=0, description="n-gram sizes are multiplied by this for character tokens")
-    custom: list[str] = Field(default_factory=list, description="'module:Class' of extra DocumentFilter classes")
+    no_space_script_ratio: float = Field(
+        0.3,
+        description="docs whose letters are at least this fraction CJK/kana/Thai use character rules",
+    )
+    no_space_ngram_scale: int = Field(
+        4, gt=0, description="n-gram sizes are multiplied by this for character tokens"
+    )
+    custom: list[str] = Field(
+        default_factory=list, description="'module:Class' of extra DocumentFilter classes"
+    )
 
 
 class FuzzyConfig(_Section):
@@ -91,11 +104,16 @@ class FuzzyConfig(_Section):
     rows: int = Field(13, gt=0)
     seed: int = 42
     signature: Literal["oph", "permutations"] = Field(
-        "oph", description="one-permutation MinHash with optimal densification, or k independent hashes"
+        "oph",
+        description="one-permutation MinHash with optimal densification, or k independent hashes",
     )
     verify: bool = True
-    threshold: float = Field(0.8, ge=0, le=1, description="Jaccard a verified candidate pair must reach")
-    max_bucket_size: int = Field(1000, gt=1, description="members per bucket compared with their anchor")
+    threshold: float = Field(
+        0.8, ge=0, le=1, description="Jaccard a verified candidate pair must reach"
+    )
+    max_bucket_size: int = Field(
+        1000, gt=1, description="members per bucket compared with their anchor"
+    )
 
 
 class DedupConfig(_Section):
@@ -117,10 +135,18 @@ class CurateConfig(StageConfig):
     filters: FilterConfig = Field(default_factory=FilterConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
-    stream: Literal["ray", "inline"] = Field("ray", description="Ray Data actors, or one in-process loop")
-    actors: int | None = Field(None, description="Ray Data actors (default: one per CPU of the machine)")
+    stream: Literal["ray", "inline"] = Field(
+        "ray", description="Ray Data actors, or one in-process loop"
+    )
+    actors: int | None = Field(
+        None, description="Ray Data actors (default: one per CPU of the machine)"
+    )
     backend: Literal["auto", "pandas", "cudf"] = "auto"
-    cluster: Literal["local", "ray"] = Field("local", description="Dask scheduler: threads here, or Dask-on-Ray")
-    dask_partitions: int | None = Field(None, description="dedup partitions (default: one per 250k documents)")
+    cluster: Literal["local", "ray"] = Field(
+        "local", description="Dask scheduler: threads here, or Dask-on-Ray"
+    )
+    dask_partitions: int | None = Field(
+        None, description="dedup partitions (default: one per 250k documents)"
+    )
     rmm_async: bool = True
     rmm_release_threshold: str | None = "10GB"

@@ -23,8 +23,15 @@ EXACT_DUPLICATE = "exact_duplicate"
 FUZZY_DUPLICATE = "fuzzy_duplicate"
 
 
-def write_outputs(staging_files: list[str], exact_rows: np.ndarray, fuzzy_rows: np.ndarray,
-                  out_dir: str, rejected_dir: str, spill_dir: str, cfg: OutputConfig) -> int:
+def write_outputs(
+    staging_files: list[str],
+    exact_rows: np.ndarray,
+    fuzzy_rows: np.ndarray,
+    out_dir: str,
+    rejected_dir: str,
+    spill_dir: str,
+    cfg: OutputConfig,
+) -> int:
     """Write the kept documents as shards and the duplicates to rejected/; returns documents kept."""
     staging_files = sorted(staging_files)
     exact_rows, fuzzy_rows = np.sort(exact_rows), np.sort(fuzzy_rows)
@@ -36,9 +43,17 @@ def write_outputs(staging_files: list[str], exact_rows: np.ndarray, fuzzy_rows: 
         dup = is_exact | is_fuzzy
         if dup.any():
             reason = np.where(is_exact[dup], EXACT_DUPLICATE, FUZZY_DUPLICATE)
-            rej = table.filter(pa.array(dup)).select(CORPUS_COLUMNS).append_column("reason", pa.array(reason, pa.string()))
+            rej = (
+                table.filter(pa.array(dup))
+                .select(CORPUS_COLUMNS)
+                .append_column("reason", pa.array(reason, pa.string()))
+            )
             name = "dedup-" + os.path.basename(path)
-            pq.write_table(rej.cast(REJECTED_SCHEMA), os.path.join(rejected_dir, name), compression=cfg.compression)
+            pq.write_table(
+                rej.cast(REJECTED_SCHEMA),
+                os.path.join(rejected_dir, name),
+                compression=cfg.compression,
+            )
         kept_per_file.append(~dup)
     total = int(sum(k.sum() for k in kept_per_file))
     if total == 0:
@@ -47,7 +62,9 @@ def write_outputs(staging_files: list[str], exact_rows: np.ndarray, fuzzy_rows: 
     slot = np.random.default_rng(cfg.seed).permutation(total)
     os.makedirs(spill_dir, exist_ok=True)
     start = 0
-    for i, (path, keep) in enumerate(zip(staging_files, kept_per_file, strict=True)):  # pass 2: spill
+    for i, (path, keep) in enumerate(
+        zip(staging_files, kept_per_file, strict=True)
+    ):  # pass 2: spill
         if not keep.any():
             continue
         table = pq.read_table(path, columns=CORPUS_COLUMNS).filter(pa.array(keep))
@@ -66,6 +83,8 @@ def write_outputs(staging_files: list[str], exact_rows: np.ndarray, fuzzy_rows: 
         table = pa.concat_tables(pieces)
         table = table.take(pc.sort_indices(table.column("_pos"))).select(CORPUS_COLUMNS)
         table = table.replace_schema_metadata(None)
-        pq.write_table(table, os.path.join(out_dir, f"shard-{s:05d}.parquet"), compression=cfg.compression)
+        pq.write_table(
+            table, os.path.join(out_dir, f"shard-{s:05d}.parquet"), compression=cfg.compression
+        )
         shutil.rmtree(d)
     return total

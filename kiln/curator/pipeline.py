@@ -41,15 +41,21 @@ def _ray_runtime(cfg: CurateConfig, runtime):
     return rt, rt  # the second one is shut down at the end
 
 
-def curate(cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = (), runtime=None) -> dict:
+def curate(
+    cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = (), runtime=None
+) -> dict:
     """Curate `cfg.input` into `output_dir` (shards, rejected/, report.json, funnel.png)."""
     t0 = time.perf_counter()
     files = expand_inputs(cfg.input)
     tasks = plan_tasks(files, cfg.read.split_bytes, cfg.read.text_files_per_task)
     backend = resolve_backend(cfg.backend)
+    if backend != cfg.backend:  # actors see the resolved backend (GPU MinHash under cudf)
+        cfg = cfg.model_copy(update={"backend": backend})
     os.makedirs(output_dir, exist_ok=True)
     if glob.glob(os.path.join(output_dir, "shard-*.parquet")):
-        raise InputError(f"{output_dir}: already holds curated shards (expected an empty output folder)")
+        raise InputError(
+            f"{output_dir}: already holds curated shards (expected an empty output folder)"
+        )
     rejected_dir = os.path.join(output_dir, "rejected")
     work_dir = os.path.join(output_dir, "_work")
     for d in (rejected_dir, work_dir):
@@ -60,7 +66,9 @@ def curate(cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilte
     try:
         cpus = rt.cpus_per_worker() if rt else 0.5
         log.info("curating %d files in %d tasks", len(files), len(tasks))
-        stats = run_stream(tasks, cfg, os.path.join(work_dir, "stream"), rejected_dir, extra_filters, cpus)
+        stats = run_stream(
+            tasks, cfg, os.path.join(work_dir, "stream"), rejected_dir, extra_filters, cpus
+        )
         seconds["stream"] = time.perf_counter() - t0
         staging = sorted(glob.glob(os.path.join(work_dir, "stream", "*.parquet")))
         t1 = time.perf_counter()
@@ -69,8 +77,15 @@ def curate(cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilte
             dedup = run_dedup(staging, cfg, backend, n_candidates)
         seconds["dedup"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        kept = write_outputs(staging, dedup.exact_rows, dedup.fuzzy_rows, output_dir, rejected_dir,
-                             os.path.join(work_dir, "spill"), cfg.output)
+        kept = write_outputs(
+            staging,
+            dedup.exact_rows,
+            dedup.fuzzy_rows,
+            output_dir,
+            rejected_dir,
+            os.path.join(work_dir, "spill"),
+            cfg.output,
+        )
         seconds["output"] = time.perf_counter() - t2
     finally:
         if started is not None:
@@ -87,6 +102,14 @@ def curate(cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilte
     if cfg.output.plot:
         plot_funnel(report, os.path.join(output_dir, "funnel.png"))
     if not report["invariant_holds"]:
-        raise RuntimeError(f"curation lost documents: {n_in} in, {kept} kept, {report['rejected']} rejected")
-    log.info("curated %d documents: %d kept, %d rejected (%.1f s)", n_in, kept, n_in - kept, seconds["total"])
+        raise RuntimeError(
+            f"curation lost documents: {n_in} in, {kept} kept, {report['rejected']} rejected"
+        )
+    log.info(
+        "curated %d documents: %d kept, %d rejected (%.1f s)",
+        n_in,
+        kept,
+        n_in - kept,
+        seconds["total"],
+    )
     return report

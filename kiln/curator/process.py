@@ -19,8 +19,13 @@ from kiln.curator.filters import DocBatch, DocumentFilter, Language, build_filte
 
 EMPTY_AFTER_CLEANING = "empty_after_cleaning"
 REJECTED_SCHEMA = pa.schema(
-    [("id", pa.string()), ("text", pa.large_string()), ("source", pa.string()),
-     ("language", pa.string()), ("reason", pa.string())]
+    [
+        ("id", pa.string()),
+        ("text", pa.large_string()),
+        ("source", pa.string()),
+        ("language", pa.string()),
+        ("reason", pa.string()),
+    ]
 )
 
 
@@ -41,9 +46,16 @@ class ChunkProcessor:
         self.filters = build_filters(cfg.filters, list(extra_filters))
         self.language = next((f for f in self.filters if isinstance(f, Language)), None)
         fz = cfg.dedup.fuzzy
-        self.minhasher = MinHasher(fz.ngram, fz.bands, fz.rows, fz.seed, fz.signature) if fz.enabled else None
+        hasher = MinHasher
+        if fz.enabled and cfg.backend == "cudf":
+            from kiln.curator.dedup.gpu import CudfMinHasher as hasher
+        self.minhasher = (
+            hasher(fz.ngram, fz.bands, fz.rows, fz.seed, fz.signature) if fz.enabled else None
+        )
 
-    def process(self, records: list[dict], row_keys: np.ndarray) -> tuple[pa.Table, pa.Table, Counter]:
+    def process(
+        self, records: list[dict], row_keys: np.ndarray
+    ) -> tuple[pa.Table, pa.Table, Counter]:
         """(kept candidates with `_row`, `_hash`, band columns; rejected with `reason`; reason counts)."""
         reasons: list[str | None] = [r["reason"] for r in records]
         texts: list[str | None] = [r["text"] for r in records]

@@ -8,20 +8,40 @@ from collections import Counter
 from kiln.curator.readers import base as read_reasons
 
 MALFORMED = [
-    read_reasons.INVALID_JSON, read_reasons.NOT_AN_OBJECT, read_reasons.INVALID_UTF8, read_reasons.MISSING_TEXT,
-    read_reasons.NON_STRING_TEXT, read_reasons.EMPTY_TEXT, read_reasons.TOO_LARGE, read_reasons.NO_TEXT_EXTRACTED,
+    read_reasons.INVALID_JSON,
+    read_reasons.NOT_AN_OBJECT,
+    read_reasons.INVALID_UTF8,
+    read_reasons.MISSING_TEXT,
+    read_reasons.NON_STRING_TEXT,
+    read_reasons.EMPTY_TEXT,
+    read_reasons.TOO_LARGE,
+    read_reasons.NO_TEXT_EXTRACTED,
 ]
 
 
-def build_report(n_in: int, reasons: Counter, filter_names: list[str], dedup_counts: dict, kept: int,
-                 seconds: dict) -> dict:
+def build_report(
+    n_in: int,
+    reasons: Counter,
+    filter_names: list[str],
+    dedup_counts: dict,
+    kept: int,
+    seconds: dict,
+) -> dict:
     """Per-step funnel: read -> clean -> each filter -> exact dedup -> fuzzy dedup."""
     steps = []
     remaining = n_in
 
     def step(name: str, removed: int, **extra) -> None:
         nonlocal remaining
-        steps.append({"step": name, "in": remaining, "removed": removed, "kept": remaining - removed, **extra})
+        steps.append(
+            {
+                "step": name,
+                "in": remaining,
+                "removed": removed,
+                "kept": remaining - removed,
+                **extra,
+            }
+        )
         remaining -= removed
 
     malformed = {r: reasons.get(r, 0) for r in MALFORMED if reasons.get(r, 0)}
@@ -30,12 +50,27 @@ def build_report(n_in: int, reasons: Counter, filter_names: list[str], dedup_cou
     for name in filter_names:
         step(f"filter:{name}", reasons.get(name, 0))
     step("exact_dedup", dedup_counts.get("exact_duplicates", 0))
-    step("fuzzy_dedup", dedup_counts.get("fuzzy_duplicates", 0),
-         clusters=dedup_counts.get("fuzzy_clusters", 0), candidate_pairs=dedup_counts.get("candidate_pairs", 0),
-         duplicate_pairs=dedup_counts.get("duplicate_pairs", 0))
+    step(
+        "fuzzy_dedup",
+        dedup_counts.get("fuzzy_duplicates", 0),
+        clusters=dedup_counts.get("fuzzy_clusters", 0),
+        candidate_pairs=dedup_counts.get("candidate_pairs", 0),
+        duplicate_pairs=dedup_counts.get("duplicate_pairs", 0),
+    )
     rejected = n_in - kept
-    by_reason = dict(sorted((reasons + Counter({"exact_duplicate": dedup_counts.get("exact_duplicates", 0),
-                                                 "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0)})).items()))
+    by_reason = dict(
+        sorted(
+            (
+                reasons
+                + Counter(
+                    {
+                        "exact_duplicate": dedup_counts.get("exact_duplicates", 0),
+                        "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0),
+                    }
+                )
+            ).items()
+        )
+    )
     return {
         "documents_in": n_in,
         "kept": kept,
@@ -60,7 +95,11 @@ def plot_funnel(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [s for s in report["steps"] if s["removed"] or s["step"] in ("read", "exact_dedup", "fuzzy_dedup")]
+    steps = [
+        s
+        for s in report["steps"]
+        if s["removed"] or s["step"] in ("read", "exact_dedup", "fuzzy_dedup")
+    ]
     labels = ["input"] + [s["step"] for s in steps]
     values = [report["documents_in"]] + [s["kept"] for s in steps]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import ClassVar
 
 from kiln.curator.config import CurateConfig
 from kiln.platform.stage import Stage, StageContext
@@ -12,8 +13,8 @@ from kiln.platform.stage import Stage, StageContext
 class CurateStage(Stage):
     type_name = "curate"
     Config = CurateConfig
-    input_kinds: dict[str, str] = {}
-    output_kinds = {"corpus": "Corpus"}
+    input_kinds: ClassVar[dict[str, str]] = {}
+    output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
 
     def extra_fingerprint(self) -> str:
         """Input files' names, sizes and mtimes: a changed input invalidates the cache."""
@@ -31,7 +32,15 @@ class CurateStage(Stage):
         out = ctx.outputs["corpus"]
         runtime = ctx.ray() if self.config.stream == "ray" or self.config.cluster == "ray" else None
         report = curate(self.config, out.path, runtime=runtime)
-        out.counts = {"documents": report["kept"], "rejected": report["rejected"], "input": report["documents_in"]}
+        out.counts = {
+            "documents": report["kept"],
+            "rejected": report["rejected"],
+            "input": report["documents_in"],
+        }
         out.meta = {"removed_by_reason": report["removed_by_reason"], "backend": report["backend"]}
-        return {"docs_per_s": report["docs_per_s"], "kept": report["kept"], "rejected": report["rejected"],
-                "seconds": report["seconds"]["total"]}
+        return {
+            "docs_per_s": report["docs_per_s"],
+            "kept": report["kept"],
+            "rejected": report["rejected"],
+            "seconds": report["seconds"]["total"],
+        }

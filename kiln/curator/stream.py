@@ -25,13 +25,19 @@ def run_task(task: ReadTask, proc: ChunkProcessor, work_dir: str, rejected_dir: 
         batch = list(islice(records, cfg.read.chunk_docs))
         if not batch:
             break
-        rows = (np.int64(task.index) << np.int64(32)) + np.arange(ordinal, ordinal + len(batch), dtype=np.int64)
+        rows = (np.int64(task.index) << np.int64(32)) + np.arange(
+            ordinal, ordinal + len(batch), dtype=np.int64
+        )
         kept, rejected, counts = proc.process(batch, rows)
         name = f"part-{task.index:05d}-{chunk:04d}.parquet"
         if kept.num_rows:
             pq.write_table(kept, os.path.join(work_dir, name), compression="zstd")
         if rejected.num_rows:
-            pq.write_table(rejected, os.path.join(rejected_dir, f"stream-{name}"), compression=cfg.output.compression)
+            pq.write_table(
+                rejected,
+                os.path.join(rejected_dir, f"stream-{name}"),
+                compression=cfg.output.compression,
+            )
         n_in += len(batch)
         reasons += counts
         ordinal += len(batch)
@@ -47,13 +53,21 @@ class TaskActor:
         self.work_dir, self.rejected_dir = work_dir, rejected_dir
 
     def __call__(self, batch: dict) -> dict:
-        out = [run_task(ReadTask.from_dict(json.loads(t)), self.proc, self.work_dir, self.rejected_dir)
-               for t in batch["task"]]
+        out = [
+            run_task(ReadTask.from_dict(json.loads(t)), self.proc, self.work_dir, self.rejected_dir)
+            for t in batch["task"]
+        ]
         return {"stats": [json.dumps(s) for s in out]}
 
 
-def run_stream(tasks: list[ReadTask], cfg: CurateConfig, work_dir: str, rejected_dir: str,
-               extra_filters=(), cpus_per_actor: float = 0.5) -> list[dict]:
+def run_stream(
+    tasks: list[ReadTask],
+    cfg: CurateConfig,
+    work_dir: str,
+    rejected_dir: str,
+    extra_filters=(),
+    cpus_per_actor: float = 0.5,
+) -> list[dict]:
     if not tasks:
         return []
     if cfg.stream == "inline":
@@ -62,13 +76,16 @@ def run_stream(tasks: list[ReadTask], cfg: CurateConfig, work_dir: str, rejected
     import ray
 
     actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
-    ds = ray.data.from_items([{"task": json.dumps(t.to_dict())} for t in tasks], override_num_blocks=len(tasks))
+    ds = ray.data.from_items(
+        [{"task": json.dumps(t.to_dict())} for t in tasks], override_num_blocks=len(tasks)
+    )
     ds = ds.map_batches(
         TaskActor,
         fn_constructor_args=(cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters)),
         batch_size=1,
         concurrency=actors,
         num_cpus=cpus_per_actor,
+        num_gpus=1.0 / actors if cfg.backend == "cudf" else 0,
     )
     stats = [json.loads(r["stats"]) for r in ds.take_all()]
     return sorted(stats, key=lambda s: s["task"])

@@ -9,24 +9,267 @@ from dataclasses import dataclass, field
 
 from kiln.curator.dedup.shingles import jaccard, shingle_set
 
-WORDS = (
-    "time year people way day man thing woman life child world school state family student group country "
-    "problem hand part place case week company system program question work government number night point "
-    "home water room mother area money story fact month lot right study book eye job word business issue "
-    "side kind head house service friend father power hour game line end member law car city community name "
-    "president team minute idea kid body information back parent face others level office door health person "
-    "art war history party result change morning reason research girl guy moment air teacher force education "
-    "foot boy age policy process music market sense nation plan college interest death experience effect use "
-    "class control care field development role effort rate heart drug show leader light voice wife police mind "
-    "price report decision son view relationship town road arm difference value building action model season "
-    "society tax director position player record paper space ground form event official matter center couple "
-    "site project activity star table need court oil situation cost industry figure street image phone data "
-    "picture practice piece land product doctor wall patient worker news test movie north love support technology "
-    "step baby computer type attention film tree source organization hair window evidence population site garden "
-    "river stone bridge forest mountain island harbor valley meadow village castle lantern blanket kettle"
-).split()
-VERBS = "makes finds takes gives keeps builds moves holds shows brings reads writes opens carries follows meets".split()
-ADJ = "small large quiet bright early late careful simple strong gentle famous local modern ancient narrow".split()
+WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+    "foot",
+    "boy",
+    "age",
+    "policy",
+    "process",
+    "music",
+    "market",
+    "sense",
+    "nation",
+    "plan",
+    "college",
+    "interest",
+    "death",
+    "experience",
+    "effect",
+    "use",
+    "class",
+    "control",
+    "care",
+    "field",
+    "development",
+    "role",
+    "effort",
+    "rate",
+    "heart",
+    "drug",
+    "show",
+    "leader",
+    "light",
+    "voice",
+    "wife",
+    "police",
+    "mind",
+    "price",
+    "report",
+    "decision",
+    "son",
+    "view",
+    "relationship",
+    "town",
+    "road",
+    "arm",
+    "difference",
+    "value",
+    "building",
+    "action",
+    "model",
+    "season",
+    "society",
+    "tax",
+    "director",
+    "position",
+    "player",
+    "record",
+    "paper",
+    "space",
+    "ground",
+    "form",
+    "event",
+    "official",
+    "matter",
+    "center",
+    "couple",
+    "site",
+    "project",
+    "activity",
+    "star",
+    "table",
+    "need",
+    "court",
+    "oil",
+    "situation",
+    "cost",
+    "industry",
+    "figure",
+    "street",
+    "image",
+    "phone",
+    "data",
+    "picture",
+    "practice",
+    "piece",
+    "land",
+    "product",
+    "doctor",
+    "wall",
+    "patient",
+    "worker",
+    "news",
+    "test",
+    "movie",
+    "north",
+    "love",
+    "support",
+    "technology",
+    "step",
+    "baby",
+    "computer",
+    "type",
+    "attention",
+    "film",
+    "tree",
+    "source",
+    "organization",
+    "hair",
+    "window",
+    "evidence",
+    "population",
+    "site",
+    "garden",
+    "river",
+    "stone",
+    "bridge",
+    "forest",
+    "mountain",
+    "island",
+    "harbor",
+    "valley",
+    "meadow",
+    "village",
+    "castle",
+    "lantern",
+    "blanket",
+    "kettle",
+]
+VERBS = [
+    "makes",
+    "finds",
+    "takes",
+    "gives",
+    "keeps",
+    "builds",
+    "moves",
+    "holds",
+    "shows",
+    "brings",
+    "reads",
+    "writes",
+    "opens",
+    "carries",
+    "follows",
+    "meets",
+]
+ADJ = [
+    "small",
+    "large",
+    "quiet",
+    "bright",
+    "early",
+    "late",
+    "careful",
+    "simple",
+    "strong",
+    "gentle",
+    "famous",
+    "local",
+    "modern",
+    "ancient",
+    "narrow",
+]
 
 JA_SENTENCES = [
     "今日は朝から雨が降っていたので、私は家で本を読んで過ごしました。",
@@ -66,7 +309,10 @@ DE_SENTENCES = [
 
 def sentence(rng: random.Random, n_words: tuple[int, int] = (8, 14), vocab=WORDS) -> str:
     n = rng.randint(*n_words)
-    words = [rng.choice(ADJ) if i % 5 == 1 else rng.choice(VERBS) if i % 5 == 3 else rng.choice(vocab) for i in range(n)]
+    words = [
+        rng.choice(ADJ) if i % 5 == 1 else rng.choice(VERBS) if i % 5 == 3 else rng.choice(vocab)
+        for i in range(n)
+    ]
     return " ".join(words).capitalize() + "."
 
 
@@ -114,44 +360,107 @@ def junk_docs(rng: random.Random) -> dict[str, tuple[str, str]]:
     """reason -> (id, text): each violates its own rule and passes every rule applied before it."""
     p = prose
     short = "Too short to be a document."
-    long_words = " ".join(
-        rng.choice(["internationalization", "responsibilities", "characterization", "electroencephalogram",
-                    "incomprehensibility", "telecommunications"]) for _ in range(80)) + "."
+    long_words = (
+        " ".join(
+            rng.choice(
+                [
+                    "internationalization",
+                    "responsibilities",
+                    "characterization",
+                    "electroencephalogram",
+                    "incomprehensibility",
+                    "telecommunications",
+                ]
+            )
+            for _ in range(80)
+        )
+        + "."
+    )
     hashtags = p(rng) + "\n" + " ".join(f"#{rng.choice(WORDS)}" for _ in range(40))
     bullets = "\n".join("- " + sentence(rng) for _ in range(12))
     ellipsis = "\n".join(sentence(rng)[:-1] + "..." for _ in range(12))
     numbers = p(rng) + "\n" + " ".join(str(rng.randint(10, 99999)) for _ in range(80)) + "."
-    short_vocab = "cat dog sun red big old new hat map pen cup box".split()
-    symbols = "\n".join(" ".join(f"(({rng.choice(short_vocab)}))" for _ in range(10)) + "." for _ in range(10))
-    digits = "\n".join(" ".join(f"a{rng.randint(1000, 9999)}" for _ in range(10)) + "." for _ in range(8))
+    short_vocab = [
+        "cat",
+        "dog",
+        "sun",
+        "red",
+        "big",
+        "old",
+        "new",
+        "hat",
+        "map",
+        "pen",
+        "cup",
+        "box",
+    ]
+    symbols = "\n".join(
+        " ".join(f"(({rng.choice(short_vocab)}))" for _ in range(10)) + "." for _ in range(10)
+    )
+    digits = "\n".join(
+        " ".join(f"a{rng.randint(1000, 9999)}" for _ in range(10)) + "." for _ in range(8)
+    )
     line = sentence(rng)
     dup_lines = "\n".join([line] * 6 + [sentence(rng) for _ in range(6)])
     para = sentence(rng, (10, 12))
     dup_paras = "\n\n".join([para, para, para, "\n".join(sentence(rng, (3, 4)) for _ in range(24))])
-    top = "\n".join(f"{sentence(rng, (4, 6))[:-1]} blue whale {rng.choice(VERBS)} blue whale today." for _ in range(16))
+    top = "\n".join(
+        f"{sentence(rng, (4, 6))[:-1]} blue whale {rng.choice(VERBS)} blue whale today."
+        for _ in range(16)
+    )
     phrase = " ".join(rng.choice(WORDS) for _ in range(12))
-    dup_ngrams = "\n".join(sentence(rng)[:-1] + " " + phrase + "." if i % 3 == 0 else sentence(rng) for i in range(14))
+    dup_ngrams = "\n".join(
+        sentence(rng)[:-1] + " " + phrase + "." if i % 3 == 0 else sentence(rng) for i in range(14)
+    )
     no_punct = "\n".join(sentence(rng)[:-1] for _ in range(12))
     lorem = p(rng) + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit."
-    notices = ["Please enable JavaScript to see the {} map.", "This {} site needs JavaScript turned on.",
-               "JavaScript must be allowed for the {} menu.", "Your browser blocks JavaScript on this {} page.",
-               "Turn on JavaScript and reload the {} view.", "Without JavaScript the {} form cannot load."]
-    js = "\n".join(notices[i // 2].format(rng.choice(WORDS)) if i % 2 else sentence(rng) for i in range(12))
+    notices = [
+        "Please enable JavaScript to see the {} map.",
+        "This {} site needs JavaScript turned on.",
+        "JavaScript must be allowed for the {} menu.",
+        "Your browser blocks JavaScript on this {} page.",
+        "Turn on JavaScript and reload the {} view.",
+        "Without JavaScript the {} form cannot load.",
+    ]
+    js = "\n".join(
+        notices[i // 2].format(rng.choice(WORDS)) if i % 2 else sentence(rng) for i in range(12)
+    )
     braces = p(rng) + "\n" + " ".join("{" + rng.choice(WORDS) + "}" for _ in range(30))
-    urls = p(rng, 8) + "\n" + " ".join(f"https://example.com/{rng.choice(WORDS)}/{rng.randint(10**8, 10**9)}/index.html" for _ in range(8))
+    urls = (
+        p(rng, 8)
+        + "\n"
+        + " ".join(
+            f"https://example.com/{rng.choice(WORDS)}/{rng.randint(10**8, 10**9)}/index.html"
+            for _ in range(8)
+        )
+    )
     german = "\n".join(rng.sample(DE_SENTENCES, 10))
     docs = {
-        "word_count": short, "mean_word_length": long_words, "symbol_word_ratio": hashtags,
-        "bullet_lines": bullets, "ellipsis_lines": ellipsis, "alpha_words": numbers,
-        "non_alphanumeric": symbols, "digits": digits, "duplicate_lines": dup_lines,
-        "duplicate_paragraphs": dup_paras, "top_ngrams": top, "duplicate_ngrams": dup_ngrams,
-        "terminal_punctuation": no_punct, "lorem_ipsum": lorem, "javascript": js, "curly_braces": braces,
-        "url_ratio": urls, "language": german,
+        "word_count": short,
+        "mean_word_length": long_words,
+        "symbol_word_ratio": hashtags,
+        "bullet_lines": bullets,
+        "ellipsis_lines": ellipsis,
+        "alpha_words": numbers,
+        "non_alphanumeric": symbols,
+        "digits": digits,
+        "duplicate_lines": dup_lines,
+        "duplicate_paragraphs": dup_paras,
+        "top_ngrams": top,
+        "duplicate_ngrams": dup_ngrams,
+        "terminal_punctuation": no_punct,
+        "lorem_ipsum": lorem,
+        "javascript": js,
+        "curly_braces": braces,
+        "url_ratio": urls,
+        "language": german,
     }
     return {reason: (f"junk-{reason}", text) for reason, text in docs.items()}
 
 
-def make_corpus(seed: int = 0, n_clean: int = 60, n_pairs: int = 25, max_doc_chars: int = 20_000) -> Planted:
+def make_corpus(
+    seed: int = 0, n_clean: int = 60, n_pairs: int = 25, max_doc_chars: int = 20_000
+) -> Planted:
     rng = random.Random(seed)
     out = Planted()
 
@@ -190,7 +499,11 @@ def make_corpus(seed: int = 0, n_clean: int = 60, n_pairs: int = 25, max_doc_cha
         "num-text": (b'{"id": "num-text", "text": 12345}\n', "non_string_text"),
         "empty-text": (b'{"id": "empty-text", "text": "   \\n  "}\n', "empty_text"),
         "array": (b'["not", "an", "object"]\n', "not_an_object"),
-        "huge": (json.dumps({"id": "huge", "text": prose(rng) * (max_doc_chars // 500)}).encode() + b"\n", "too_large"),
+        "huge": (
+            json.dumps({"id": "huge", "text": prose(rng) * (max_doc_chars // 500)}).encode()
+            + b"\n",
+            "too_large",
+        ),
     }
     for id_, (line, reason) in bad.items():
         out.raw_lines.append(line)

@@ -12,16 +12,28 @@ from kiln.curator.clean import Cleaner
 from kiln.curator.config import CleanConfig
 from tests.curator.corpus import japanese, prose
 
-ONLY_FTFY = CleanConfig(normalization="none", remove_control_chars=False, normalize_whitespace=False,
-                        boilerplate_lines=False)
+ONLY_FTFY = CleanConfig(
+    normalization="none",
+    remove_control_chars=False,
+    normalize_whitespace=False,
+    boilerplate_lines=False,
+)
 
 
 def test_unicode_repair_equals_ftfy():
     rng = random.Random(0)
     samples = [
-        "The Mona Lisa doesnâ€™t have eyebrows.", "cafÃ© au lait", "&lt;b&gt;bold&lt;/b&gt; text",
-        "ﬁne ligatures", "ＦＵＬＬ　ｗｉｄｔｈ", "line\r\nbreaks\u2028here", "ｶﾀｶﾅ", "plain ascii text",
-        "naïve résumé — “quotes”", japanese(rng), prose(rng),
+        "The Mona Lisa doesnâ€™t have eyebrows.",
+        "cafÃ© au lait",
+        "&lt;b&gt;bold&lt;/b&gt; text",
+        "ﬁne ligatures",
+        "ＦＵＬＬ　ｗｉｄｔｈ",
+        "line\r\nbreaks\u2028here",
+        "ｶﾀｶﾅ",
+        "plain ascii text",
+        "naïve résumé — “quotes”",
+        japanese(rng),
+        prose(rng),
     ]
     out = Cleaner(ONLY_FTFY)(samples)
     assert out == [ftfy.fix_text(s, normalization=None) for s in samples]

@@ -18,7 +18,9 @@ from tests.curator.corpus import DE_SENTENCES, japanese, junk_docs, prose
 def _reasons(proc: ChunkProcessor, texts: dict[str, str]) -> dict[str, str | None]:
     recs = [{"id": k, "text": t, "source": "t", "reason": None} for k, t in texts.items()]
     _, rejected, _ = proc.process(recs, np.arange(len(recs), dtype=np.int64))
-    got = dict(zip(rejected.column("id").to_pylist(), rejected.column("reason").to_pylist(), strict=True))
+    got = dict(
+        zip(rejected.column("id").to_pylist(), rejected.column("reason").to_pylist(), strict=True)
+    )
     return {k: got.get(k) for k in texts}
 
 
@@ -54,7 +56,12 @@ def test_batch_langid_equals_langid_classify():
     from langid.langid import LanguageIdentifier, model
 
     rng = random.Random(5)
-    texts = [prose(rng) for _ in range(5)] + [japanese(rng) for _ in range(5)] + DE_SENTENCES + ["", "x", "42 !!"]
+    texts = (
+        [prose(rng) for _ in range(5)]
+        + [japanese(rng) for _ in range(5)]
+        + DE_SENTENCES
+        + ["", "x", "42 !!"]
+    )
     ident = LanguageIdentifier.from_modelstring(model, norm_probs=False)
     expected = [ident.classify(t.encode("utf-8")[:1024])[0] for t in texts]
     assert batch_langid(1024).classify(texts).tolist() == expected
@@ -72,7 +79,10 @@ def test_user_filter_plugs_in_by_config_and_by_instance():
     texts = {"calm": prose(rng), "loud": prose(rng).upper()}
     cfg = CurateConfig(filters=FilterConfig(custom=["tests.curator.test_filters:NoShouting"]))
     assert _reasons(ChunkProcessor(cfg), texts) == {"calm": None, "loud": "shouting"}
-    assert _reasons(ChunkProcessor(CurateConfig(), [NoShouting()]), texts) == {"calm": None, "loud": "shouting"}
+    assert _reasons(ChunkProcessor(CurateConfig(), [NoShouting()]), texts) == {
+        "calm": None,
+        "loud": "shouting",
+    }
     assert build_filters(cfg.filters)[-1].name == "shouting"
 
 

@@ -48,7 +48,9 @@ def test_banding_collides_similar_documents_only():
 
 
 def test_components_keep_the_smallest_id():
-    edges = pd.DataFrame({"a_row": [1, 2, 10], "a_id": ["b", "c", "x"], "b_row": [2, 3, 11], "b_id": ["c", "a", "y"]})
+    edges = pd.DataFrame(
+        {"a_row": [1, 2, 10], "a_id": ["b", "c", "x"], "b_row": [2, 3, 11], "b_id": ["c", "a", "y"]}
+    )
     removed, clusters = duplicates_from_edges(edges)
     assert clusters == 2
     assert removed.tolist() == [1, 2, 11]  # keeps row 3 ("a") and row 10 ("x")

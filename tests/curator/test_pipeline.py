@@ -31,13 +31,22 @@ def planted(tmp_path_factory) -> tuple[Planted, list[str]]:
 
 
 def _config(inputs: list[str], **overrides) -> CurateConfig:
-    body = {"input": inputs, "read": {"max_doc_chars": MAX_CHARS, "chunk_docs": 40, "split_bytes": 64_000},
-            "output": {"shard_docs": 40, "seed": 7}, "actors": 2, "dask_partitions": 2}
+    body = {
+        "input": inputs,
+        "read": {"max_doc_chars": MAX_CHARS, "chunk_docs": 40, "split_bytes": 64_000},
+        "output": {"shard_docs": 40, "seed": 7},
+        "actors": 2,
+        "dask_partitions": 2,
+    }
     return CurateConfig.model_validate(body | overrides)
 
 
 def _shards(out: str) -> list[bytes]:
-    return [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(out, "shard-*.parquet")))]
+    out_bytes = []
+    for p in sorted(glob.glob(os.path.join(out, "shard-*.parquet"))):
+        with open(p, "rb") as f:
+            out_bytes.append(f.read())
+    return out_bytes
 
 
 def _ids(paths: list[str], column: str = "id") -> list:
@@ -58,27 +67,43 @@ def test_invariant_and_report(ray_run, planted):
     kept = _ids(glob.glob(f"{out}/shard-*.parquet"))
     rejected = pq.read_table(glob.glob(f"{out}/rejected/*.parquet")).to_pydict()
     assert report["documents_in"] == n_in == len(kept) + len(rejected["id"])
-    assert report["kept"] == len(kept) and report["rejected"] == len(rejected["id"]) and report["invariant_holds"]
+    assert (
+        report["kept"] == len(kept)
+        and report["rejected"] == len(rejected["id"])
+        and report["invariant_holds"]
+    )
     # lines that are not JSON objects have no id of their own: they are named by file and offset
     anonymous = [i for i in kept + rejected["id"] if ".jsonl" in i]
     named = [i for i in kept + rejected["id"] if ".jsonl" not in i]
     assert len(anonymous) == 2
-    assert sorted(named) == sorted([d["id"] for d in corpus.docs] + list(set(corpus.malformed) - {"bad-json", "array"}))
+    assert sorted(named) == sorted(
+        [d["id"] for d in corpus.docs] + list(set(corpus.malformed) - {"bad-json", "array"})
+    )
     steps = report["steps"]
     assert all(s["in"] == s["kept"] + s["removed"] for s in steps)
-    assert [s["in"] for s in steps[1:]] == [s["kept"] for s in steps[:-1]] and steps[-1]["kept"] == len(kept)
+    assert [s["in"] for s in steps[1:]] == [s["kept"] for s in steps[:-1]] and steps[-1][
+        "kept"
+    ] == len(kept)
     with open(os.path.join(out, "report.json")) as f:
         assert json.load(f)["kept"] == len(kept)
-    assert open(os.path.join(out, "funnel.png"), "rb").read(4) == b"\x89PNG"
+    with open(os.path.join(out, "funnel.png"), "rb") as f:
+        assert f.read(4) == b"\x89PNG"
     assert len(_shards(out)) == -(-len(kept) // 40)
-    assert pq.read_schema(glob.glob(f"{out}/shard-*.parquet")[0]).names == ["id", "text", "source", "language"]
+    assert pq.read_schema(glob.glob(f"{out}/shard-*.parquet")[0]).names == [
+        "id",
+        "text",
+        "source",
+        "language",
+    ]
 
 
 def test_fuzzy_dedup_recall_and_false_positives(ray_run, planted):
     out, _ = ray_run
     corpus, _ = planted
     rejected = pq.read_table(glob.glob(f"{out}/rejected/*.parquet")).to_pydict()
-    fuzzy = {i for i, r in zip(rejected["id"], rejected["reason"], strict=True) if r == "fuzzy_duplicate"}
+    fuzzy = {
+        i for i, r in zip(rejected["id"], rejected["reason"], strict=True) if r == "fuzzy_duplicate"
+    }
     high = [(a, b) for a, b, j in corpus.near_pairs if j >= 0.85]
     low = [(a, b) for a, b, j in corpus.near_pairs if j <= 0.6]
     found = [b in fuzzy or a in fuzzy for a, b in high]
@@ -86,7 +111,9 @@ def test_fuzzy_dedup_recall_and_false_positives(ray_run, planted):
     assert all(not (a in fuzzy and b in fuzzy) for a, b in high)  # one of each pair survives
     false = [a in fuzzy or b in fuzzy for a, b in low]
     assert sum(false) / len(low) <= 0.02
-    assert fuzzy <= {x for pair in corpus.near_pairs for x in pair[:2]}  # nothing else is a near duplicate
+    assert fuzzy <= {
+        x for pair in corpus.near_pairs for x in pair[:2]
+    }  # nothing else is a near duplicate
 
 
 def test_exact_duplicates_keep_the_smallest_id(ray_run, planted):
@@ -125,7 +152,12 @@ def test_same_seed_gives_byte_identical_shards(ray_run, planted, tmp_path):
     out, _ = ray_run
     curate(_config(planted[1], stream="inline", cluster="local"), str(tmp_path / "inline"))
     assert _shards(str(tmp_path / "inline")) == _shards(out)  # inline == Ray Data, byte for byte
-    other = _config(planted[1], stream="inline", cluster="local", output={"shard_docs": 40, "seed": 8})
+    other = _config(
+        planted[1], stream="inline", cluster="local", output={"shard_docs": 40, "seed": 8}
+    )
     curate(other, str(tmp_path / "seed8"))
-    a, b = _ids(sorted(glob.glob(f"{out}/shard-*"))), _ids(sorted(glob.glob(f"{tmp_path}/seed8/shard-*")))
+    a, b = (
+        _ids(sorted(glob.glob(f"{out}/shard-*"))),
+        _ids(sorted(glob.glob(f"{tmp_path}/seed8/shard-*"))),
+    )
     assert sorted(a) == sorted(b) and a != b

@@ -43,12 +43,30 @@ def test_cli(tmp_path, capsys):
     cfg = tmp_path / "curate.yaml"
     cfg.write_text("filters:\n  languages: [en]\noutput:\n  shard_docs: 5\n")
     out = tmp_path / "out"
-    assert main(["curate", "--input", path, "--output", str(out), "--config", str(cfg), "--stream", "inline"]) == 0
+    assert (
+        main(
+            [
+                "curate",
+                "--input",
+                path,
+                "--output",
+                str(out),
+                "--config",
+                str(cfg),
+                "--stream",
+                "inline",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out.rsplit("}", 1)[0] + "}")["kept"] == 12
     assert len(glob.glob(f"{out}/shard-*.parquet")) == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("filters:\n  min_wrods: 3\n")
-    assert main(["curate", "--input", path, "--output", str(tmp_path / "o2"), "--config", str(bad)]) == 2
+    assert (
+        main(["curate", "--input", path, "--output", str(tmp_path / "o2"), "--config", str(bad)])
+        == 2
+    )
     assert "curate.filters.min_wrods: unknown field" in capsys.readouterr().err
 
 

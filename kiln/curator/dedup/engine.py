@@ -10,14 +10,13 @@ log = logging.getLogger("kiln.curator")
 
 
 def gpu_available() -> bool:
-    try:
-        import cudf  # noqa: F401
-        import dask_cuda  # noqa: F401
-        import torch
+    import importlib.util
 
-        return torch.cuda.is_available()
-    except Exception:
+    if not all(importlib.util.find_spec(m) for m in ("cudf", "dask_cuda")):
         return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def resolve_backend(backend: str) -> str:
@@ -26,12 +25,16 @@ def resolve_backend(backend: str) -> str:
     if backend == "cudf" and not gpu_available():
         from kiln.platform.errors import ConfigError
 
-        raise ConfigError("curate.backend: 'cudf' needs CUDA with cudf and dask-cuda installed (pip install kiln[gpu])")
+        raise ConfigError(
+            "curate.backend: 'cudf' needs CUDA with cudf and dask-cuda installed (pip install kiln[gpu])"
+        )
     return backend
 
 
 @contextlib.contextmanager
-def dask_session(backend: str, cluster: str, rmm_async: bool = True, rmm_release_threshold: str | None = None):
+def dask_session(
+    backend: str, cluster: str, rmm_async: bool = True, rmm_release_threshold: str | None = None
+):
     """Configure Dask for the dedup graph; yields the resolved backend name."""
     import dask
 

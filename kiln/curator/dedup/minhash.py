@@ -18,7 +18,9 @@ EMPTY = np.uint32(0xFFFFFFFF)
 
 
 class MinHasher:
-    def __init__(self, ngram: int = 24, bands: int = 20, rows: int = 13, seed: int = 42, scheme: str = "oph"):
+    def __init__(
+        self, ngram: int = 24, bands: int = 20, rows: int = 13, seed: int = 42, scheme: str = "oph"
+    ):
         self.ngram, self.bands, self.rows, self.seed, self.scheme = ngram, bands, rows, seed, scheme
         self.k = bands * rows
         rng = np.random.default_rng(seed)
@@ -65,7 +67,10 @@ class MinHasher:
             d, j = d[~hit], j[~hit]
         if len(d):  # very sparse documents: a value derived from the document's smallest bin
             low = np.where(filled, sig, EMPTY).min(axis=1)
-            out[d, j] = (mix64(low[d].astype(np.uint64) * np.uint64(k) + j.astype(np.uint64)) >> np.uint64(32)).astype(np.uint32)
+            out[d, j] = (
+                mix64(low[d].astype(np.uint64) * np.uint64(k) + j.astype(np.uint64))
+                >> np.uint64(32)
+            ).astype(np.uint32)
         return out
 
     def band_hashes(self, sig: np.ndarray) -> np.ndarray:
@@ -73,7 +78,9 @@ class MinHasher:
         n = sig.shape[0]
         bands = sig.reshape(n, self.bands, self.rows).astype(np.uint64)
         # seeding each band differently keeps buckets of different bands apart
-        acc = np.broadcast_to(mix64(np.arange(1, self.bands + 1, dtype=np.uint64)), (n, self.bands)).copy()
+        acc = np.broadcast_to(
+            mix64(np.arange(1, self.bands + 1, dtype=np.uint64)), (n, self.bands)
+        ).copy()
         for r in range(self.rows):
             acc = mix64(acc ^ bands[:, :, r])
         return acc

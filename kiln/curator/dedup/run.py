@@ -28,7 +28,9 @@ def _to_pandas(df):
 ROWS_PER_PARTITION = 250_000  # ~50 MB of dedup keys per pandas partition
 
 
-def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "pandas", n_docs: int = 0) -> DedupResult:
+def run_dedup(
+    staging_files: list[str], cfg: CurateConfig, backend: str = "pandas", n_docs: int = 0
+) -> DedupResult:
     import dask.dataframe as dd
 
     result = DedupResult()
@@ -37,12 +39,16 @@ def run_dedup(staging_files: list[str], cfg: CurateConfig, backend: str = "panda
     fz = cfg.dedup.fuzzy
     bands = band_columns(fz.bands) if fz.enabled else []
     ddf = dd.read_parquet(staging_files, columns=["_row", "id", "_hash", *bands])
-    ddf = ddf.repartition(npartitions=cfg.dask_partitions or max(1, -(-n_docs // ROWS_PER_PARTITION)))
+    ddf = ddf.repartition(
+        npartitions=cfg.dask_partitions or max(1, -(-n_docs // ROWS_PER_PARTITION))
+    )
     if cfg.dedup.exact:
         result.exact_rows = exact_duplicate_rows(ddf).to_numpy()
         result.counts["exact_duplicates"] = len(result.exact_rows)
     if fz.enabled:
-        survivors = ddf[~ddf["_row"].isin(result.exact_rows.tolist())] if len(result.exact_rows) else ddf
+        survivors = (
+            ddf[~ddf["_row"].isin(result.exact_rows.tolist())] if len(result.exact_rows) else ddf
+        )
         pairs = _to_pandas(candidate_pairs(survivors, bands, fz.max_bucket_size).compute())
         result.counts["candidate_pairs"] = len(pairs)
         if fz.verify:

@@ -21,7 +21,9 @@ def pair_jaccard(pairs: pd.DataFrame, texts: pd.Series, ngram: int) -> np.ndarra
     h, doc = shingle_hashes(texts.tolist(), ngram)
     bounds = np.searchsorted(doc, np.arange(len(rows) + 1))
     sets = {r: np.unique(h[bounds[i] : bounds[i + 1]]) for i, r in enumerate(rows)}
-    return np.array([jaccard(sets[a], sets[b]) for a, b in zip(pairs["a_row"], pairs["b_row"], strict=True)])
+    return np.array(
+        [jaccard(sets[a], sets[b]) for a, b in zip(pairs["a_row"], pairs["b_row"], strict=True)]
+    )
 
 
 def verify_pairs(pairs: pd.DataFrame, texts_ddf, ngram: int, threshold: float) -> pd.DataFrame:

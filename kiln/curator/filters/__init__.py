@@ -18,7 +18,9 @@ def load_custom(spec: str) -> DocumentFilter:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError):
-        raise ConfigError(f"filters.custom: cannot import {spec!r} (expected 'package.module:Class')") from None
+        raise ConfigError(
+            f"filters.custom: cannot import {spec!r} (expected 'package.module:Class')"
+        ) from None
     obj = cls() if isinstance(cls, type) else cls
     if not isinstance(obj, DocumentFilter) or not obj.name:
         raise ConfigError(f"filters.custom: {spec!r} is not a DocumentFilter with a name")
@@ -33,25 +35,51 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
         if cond:
             out.append(f)
 
-    add(cfg.min_words is not None or cfg.max_words is not None, gopher.WordCount(cfg.min_words, cfg.max_words))
-    add(cfg.min_mean_word_length is not None or cfg.max_mean_word_length is not None,
-        gopher.MeanWordLength(cfg.min_mean_word_length, cfg.max_mean_word_length))
-    add(cfg.max_symbol_word_ratio is not None, gopher.SymbolWordRatio(None, cfg.max_symbol_word_ratio))
+    add(
+        cfg.min_words is not None or cfg.max_words is not None,
+        gopher.WordCount(cfg.min_words, cfg.max_words),
+    )
+    add(
+        cfg.min_mean_word_length is not None or cfg.max_mean_word_length is not None,
+        gopher.MeanWordLength(cfg.min_mean_word_length, cfg.max_mean_word_length),
+    )
+    add(
+        cfg.max_symbol_word_ratio is not None,
+        gopher.SymbolWordRatio(None, cfg.max_symbol_word_ratio),
+    )
     add(cfg.max_bullet_line_ratio is not None, gopher.BulletLines(None, cfg.max_bullet_line_ratio))
-    add(cfg.max_ellipsis_line_ratio is not None, gopher.EllipsisLines(None, cfg.max_ellipsis_line_ratio))
+    add(
+        cfg.max_ellipsis_line_ratio is not None,
+        gopher.EllipsisLines(None, cfg.max_ellipsis_line_ratio),
+    )
     add(cfg.min_alpha_word_ratio is not None, gopher.AlphaWords(cfg.min_alpha_word_ratio, None))
     add(cfg.max_non_alnum_ratio is not None, gopher.NonAlnumRatio(None, cfg.max_non_alnum_ratio))
     add(cfg.max_digit_ratio is not None, gopher.DigitRatio(None, cfg.max_digit_ratio))
-    add(cfg.max_dup_line_fraction is not None or cfg.max_dup_line_char_fraction is not None,
-        gopher.DuplicateLines(cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction))
-    add(cfg.max_dup_para_fraction is not None or cfg.max_dup_para_char_fraction is not None,
-        gopher.DuplicateParagraphs(cfg.max_dup_para_fraction, cfg.max_dup_para_char_fraction))
-    add(bool(cfg.top_ngram_char_fraction), gopher.TopNgrams(cfg.top_ngram_char_fraction or {}, cfg.no_space_ngram_scale))
-    add(bool(cfg.dup_ngram_char_fraction),
-        gopher.DuplicateNgrams(cfg.dup_ngram_char_fraction or {}, cfg.no_space_ngram_scale))
-    add(cfg.min_terminal_punct_line_ratio is not None, c4.TerminalPunctuation(cfg.min_terminal_punct_line_ratio, None))
+    add(
+        cfg.max_dup_line_fraction is not None or cfg.max_dup_line_char_fraction is not None,
+        gopher.DuplicateLines(cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction),
+    )
+    add(
+        cfg.max_dup_para_fraction is not None or cfg.max_dup_para_char_fraction is not None,
+        gopher.DuplicateParagraphs(cfg.max_dup_para_fraction, cfg.max_dup_para_char_fraction),
+    )
+    add(
+        bool(cfg.top_ngram_char_fraction),
+        gopher.TopNgrams(cfg.top_ngram_char_fraction or {}, cfg.no_space_ngram_scale),
+    )
+    add(
+        bool(cfg.dup_ngram_char_fraction),
+        gopher.DuplicateNgrams(cfg.dup_ngram_char_fraction or {}, cfg.no_space_ngram_scale),
+    )
+    add(
+        cfg.min_terminal_punct_line_ratio is not None,
+        c4.TerminalPunctuation(cfg.min_terminal_punct_line_ratio, None),
+    )
     add(cfg.lorem_ipsum, c4.LoremIpsum())
-    add(cfg.max_javascript_line_ratio is not None, c4.Javascript(None, cfg.max_javascript_line_ratio))
+    add(
+        cfg.max_javascript_line_ratio is not None,
+        c4.Javascript(None, cfg.max_javascript_line_ratio),
+    )
     add(cfg.max_curly_brace_ratio is not None, c4.CurlyBraces(None, cfg.max_curly_brace_ratio))
     add(cfg.max_url_char_ratio is not None, c4.UrlRatio(None, cfg.max_url_char_ratio))
     add(bool(cfg.languages), Language(cfg.languages or [], cfg.language_bytes))

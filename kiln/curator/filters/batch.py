@@ -34,7 +34,9 @@ class Segments:
     `doc[i]` is the document of piece i, `ids` a batch-wide integer id per distinct piece,
     `chars` its length, `lengths[d]` the number of pieces of document d."""
 
-    def __init__(self, doc: np.ndarray, ids: np.ndarray, chars: np.ndarray, n_docs: int, alpha=None):
+    def __init__(
+        self, doc: np.ndarray, ids: np.ndarray, chars: np.ndarray, n_docs: int, alpha=None
+    ):
         self.doc, self.ids, self.chars = doc, ids, chars
         self.lengths = np.bincount(doc, minlength=n_docs)
         self.alpha = alpha
@@ -43,7 +45,9 @@ class Segments:
     def from_lists(cls, lists: pa.Array, n_docs: int, rows: np.ndarray | None = None) -> Segments:
         """From an Arrow list<string> array (one list per document), dropping blank pieces."""
         values = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-        doc = np.repeat(np.arange(len(lists)) if rows is None else rows, _np(pc.list_value_length(lists)))
+        doc = np.repeat(
+            np.arange(len(lists)) if rows is None else rows, _np(pc.list_value_length(lists))
+        )
         keep = _np(pc.not_equal(values, ""))
         values, doc = values.filter(pa.array(keep)), doc[keep]
         ids = _np(pc.dictionary_encode(values).indices).astype(np.int64)
@@ -113,7 +117,9 @@ class DocBatch:
         parts = []
         spaced = np.nonzero(~self.no_space)[0]
         if len(spaced):
-            seg = Segments.from_lists(pc.utf8_split_whitespace(self.arr.take(pa.array(spaced))), n, spaced)
+            seg = Segments.from_lists(
+                pc.utf8_split_whitespace(self.arr.take(pa.array(spaced))), n, spaced
+            )
             seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL")).astype(np.int64)
             parts.append(seg)
         unspaced = np.nonzero(self.no_space)[0]
@@ -123,7 +129,9 @@ class DocBatch:
             doc = np.repeat(unspaced, _np(pc.utf8_length(squeezed)))
             ids = cps.astype(np.int64) + (1 << 40)  # disjoint from dictionary ids
             table = _isalpha_table()
-            alpha = np.where(cps < len(table), table[np.minimum(cps, len(table) - 1)], True).astype(np.int64)
+            alpha = np.where(cps < len(table), table[np.minimum(cps, len(table) - 1)], True).astype(
+                np.int64
+            )
             parts.append(Segments(doc, ids, np.ones(len(cps), dtype=np.int64), n, alpha))
         if not parts:
             z = np.zeros(0, dtype=np.int64)

@@ -76,8 +76,14 @@ class DigitRatio(Bounds):
 class DuplicateLines(DocumentFilter):
     name = "duplicate_lines"
 
-    def __init__(self, max_fraction: float | None, max_char_fraction: float | None, paragraphs: bool = False):
-        self.max_fraction, self.max_char_fraction, self.paragraphs = max_fraction, max_char_fraction, paragraphs
+    def __init__(
+        self, max_fraction: float | None, max_char_fraction: float | None, paragraphs: bool = False
+    ):
+        self.max_fraction, self.max_char_fraction, self.paragraphs = (
+            max_fraction,
+            max_char_fraction,
+            paragraphs,
+        )
 
     def keep(self, batch):
         frac, char_frac = duplicate_fractions(batch.paragraphs if self.paragraphs else batch.lines)
@@ -110,8 +116,13 @@ class _NgramRule(DocumentFilter):
         for docs, scale in ((~batch.no_space, 1), (batch.no_space, self.scale)):
             if not docs.any():
                 continue
-            top, dup = ngram_fractions(batch.words, docs, ns if self.kind == "top" else [],
-                                       ns if self.kind == "dup" else [], scale)
+            top, dup = ngram_fractions(
+                batch.words,
+                docs,
+                ns if self.kind == "top" else [],
+                ns if self.kind == "dup" else [],
+                scale,
+            )
             for n, limit in self.limits.items():
                 ok &= (top if self.kind == "top" else dup)[n] <= limit
         return ok

@@ -49,7 +49,8 @@ class BatchLangid:
         valid = np.arange(width)[:, None] < lens[None, :]
         docs = np.broadcast_to(np.arange(len(data))[None, :], states.shape)[valid]
         counts = sp.csr_matrix(
-            (np.ones(len(docs), dtype=np.float32), (docs, states[valid])), shape=(len(data), self.n_states)
+            (np.ones(len(docs), dtype=np.float32), (docs, states[valid])),
+            shape=(len(data), self.n_states),
         )
         return counts @ self.state_to_feat
 

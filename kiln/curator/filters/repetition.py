@@ -88,11 +88,15 @@ def ngram_fractions(
                 gram_chars = (cum[pos + width] - cum[pos]).astype(np.float64)
                 best = _segment_max(count, sdoc, n_docs)
                 is_top = (count == best[sdoc]) & (count > 1)
-                top_out[n] = _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs) / total
+                top_out[n] = (
+                    _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs) / total
+                )
             if n in dup_out:
                 dup_starts = pos[count > 1]
                 size = len(ids) + width + 1
-                diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
+                diff = np.bincount(dup_starts, minlength=size) - np.bincount(
+                    dup_starts + width, minlength=size
+                )
                 covered = np.cumsum(diff[: len(ids)]) > 0
                 dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
         repeated = count > 1
@@ -124,7 +128,9 @@ def ngram_fractions(
         if n in dup_out:
             dup_starts = starts[count > 1]
             size = len(ids) + width + 1
-            diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
+            diff = np.bincount(dup_starts, minlength=size) - np.bincount(
+                dup_starts + width, minlength=size
+            )
             covered = np.cumsum(diff[: len(ids)]) > 0
             dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
     return top_out, dup_out

@@ -17,7 +17,12 @@ def read_task(task: ReadTask, cfg: ReadConfig) -> Iterator[dict]:
     from kiln.curator.readers.text import read_text_files
     from kiln.curator.readers.warc import read_warc
 
-    reader = {"jsonl": read_jsonl, "parquet": read_parquet, "text": read_text_files, "warc": read_warc}[task.kind]
+    reader = {
+        "jsonl": read_jsonl,
+        "parquet": read_parquet,
+        "text": read_text_files,
+        "warc": read_warc,
+    }[task.kind]
     for rec in reader(task, cfg):
         if rec["reason"] is None:
             text = rec["text"]

@@ -49,7 +49,9 @@ def record(id_: str | None, text: str | None, source: str, reason: str | None = 
 
 def file_kind(path: str) -> str | None:
     name = path.lower()
-    if name.endswith((".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")):
+    if name.endswith(
+        (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
+    ):
         return "jsonl"
     if name.endswith((".parquet", ".pq")):
         return "parquet"
@@ -66,7 +68,9 @@ def expand_inputs(inputs: list[str]) -> list[str]:
         raise InputError("curate.input: no input paths given (expected files, folders or globs)")
     files: list[str] = []
     for spec in inputs:
-        matches = sorted(glob.glob(spec, recursive=True)) if any(c in spec for c in "*?[") else [spec]
+        matches = (
+            sorted(glob.glob(spec, recursive=True)) if any(c in spec for c in "*?[") else [spec]
+        )
         if not matches or not any(os.path.exists(m) for m in matches):
             raise InputError(f"{spec}: input not found (expected a file, folder or glob)")
         for m in matches:
@@ -76,7 +80,9 @@ def expand_inputs(inputs: list[str]) -> list[str]:
             elif file_kind(m):
                 files.append(m)
             else:
-                raise InputError(f"{m}: unknown input format (expected .jsonl[.gz|.zst], .parquet, .txt or .warc[.gz])")
+                raise InputError(
+                    f"{m}: unknown input format (expected .jsonl[.gz|.zst], .parquet, .txt or .warc[.gz])"
+                )
     return sorted(set(files))
 
 
@@ -94,7 +100,9 @@ def plan_tasks(files: list[str], split_bytes: int, text_files_per_task: int) -> 
                 tasks.append(ReadTask(len(tasks), kind, path))
             else:
                 for start in range(0, size, split_bytes):
-                    tasks.append(ReadTask(len(tasks), kind, path, start, min(size, start + split_bytes)))
+                    tasks.append(
+                        ReadTask(len(tasks), kind, path, start, min(size, start + split_bytes))
+                    )
         elif kind == "parquet":
             for rg in range(pq.ParquetFile(path).num_row_groups):
                 tasks.append(ReadTask(len(tasks), kind, path, rg, rg + 1))

@@ -14,7 +14,9 @@ from kiln.curator.readers import base
 def read_parquet(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
     name = os.path.basename(task.path)
     pf = pq.ParquetFile(task.path)
-    cols = [c for c in (cfg.id_field, cfg.text_field, cfg.source_field) if c in pf.schema_arrow.names]
+    cols = [
+        c for c in (cfg.id_field, cfg.text_field, cfg.source_field) if c in pf.schema_arrow.names
+    ]
     table = pf.read_row_group(task.start, columns=cols)
     n = table.num_rows
     ids = table.column(cfg.id_field).to_pylist() if cfg.id_field in cols else [None] * n

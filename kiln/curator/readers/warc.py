@@ -12,7 +12,9 @@ from kiln.curator.readers import base
 def html_to_text(html: str) -> str | None:
     import trafilatura
 
-    return trafilatura.extract(html, include_comments=False, include_tables=True, favor_precision=True)
+    return trafilatura.extract(
+        html, include_comments=False, include_tables=True, favor_precision=True
+    )
 
 
 def read_warc(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
@@ -26,7 +28,10 @@ def read_warc(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
             ctype = (rec.http_headers.get_header("Content-Type") or "") if rec.http_headers else ""
             if "html" not in ctype.lower():
                 continue
-            id_ = rec.rec_headers.get_header("WARC-Record-ID") or f"{name}:{rec.rec_headers.get_header('WARC-Target-URI')}"
+            id_ = (
+                rec.rec_headers.get_header("WARC-Record-ID")
+                or f"{name}:{rec.rec_headers.get_header('WARC-Target-URI')}"
+            )
             payload = rec.content_stream().read()
             charset = "utf-8"
             if "charset=" in ctype.lower():
