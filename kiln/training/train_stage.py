@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -28,28 +31,40 @@ class TrainStage(Stage):
     output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
+        from kiln.training.checkpoint import latest_checkpoint
         from kiln.training.ray_train import train_on_ray
 
         cfg = self.config.train_config()
         if "tokens" in ctx.inputs:
-            data = cfg.data.model_copy(
-                update={"paths": [ctx.inputs["tokens"].path], "synthetic": False}
+            paths = [ctx.inputs["tokens"].path]
+            cfg = cfg.model_copy(
+                update={"data": cfg.data.model_copy(update={"paths": paths, "synthetic": False})}
             )
-            cfg = cfg.model_copy(update={"data": data})
         out = ctx.outputs["checkpoint"]
+        # The pipeline clears a failed stage's outputs, so checkpoints go to a work folder keyed
+        # by this stage's fingerprint: a re-run after a crash (same fingerprint) resumes there,
+        # under the same Ray run. On success they move into the output artifact (renames).
+        fingerprint = self.fingerprint({slot: a.fingerprint for slot, a in ctx.inputs.items()})
+        work = Path(ctx.run_dir).parent / ".train-work" / f"{self.name}-{fingerprint}"
+        ckpt_root = str(work / "checkpoints")
         cfg = cfg.model_copy(
-            update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": out.path})}
+            update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": ckpt_root})}
         )
-        summary = train_on_ray(
-            cfg, run_dir=str(ctx.stage_dir), options=self.config.ray, runtime=ctx.ray()
-        )
+        options = self.config.ray
+        if options.storage_path is None:
+            options = options.model_copy(update={"storage_path": str(work / "ray")})
+        summary = train_on_ray(cfg, run_dir=str(ctx.stage_dir), options=options, runtime=ctx.ray())
+        for entry in sorted(Path(ckpt_root).iterdir()):
+            os.replace(entry, Path(out.path) / entry.name)
+        shutil.rmtree(work, ignore_errors=True)
+
         final = summary["final"] or {}
         out.counts = {
             "steps": final.get("step", cfg.steps),
             "tokens_seen": final.get("tokens_seen", 0),
         }
         out.meta = {
-            "latest": summary["checkpoint"],
+            "latest": latest_checkpoint(out.path),
             "model": cfg.model.model_dump(mode="json"),
             "parallel": cfg.parallel.model_dump(mode="json"),
             "metrics_file": summary["metrics_file"],
