@@ -182,7 +182,8 @@ class Trainer:
             if cfg.model.n_experts:
                 from kiln.training.model.moe import moe_aux_loss
 
-                total = loss + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
+                # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
+                total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
             (total * (self.scaler.scale / self.grad_accum)).backward()
             return to_local_loss(loss).detach()
 

@@ -67,7 +67,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
                 use_local_input=True,
                 output_layouts=(Replicate(),),
                 desired_output_layouts=(Shard(1),),
-                use_local_output=False,
+                use_local_output=True,
             )
         else:
             plan.update(
