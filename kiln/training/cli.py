@@ -66,11 +66,18 @@ def load_config(path: str, overrides: list[str]):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from kiln.platform.runtime import Runtime
     from kiln.training.ray_train import train_on_ray
 
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or str(Path("runs") / "train" / cfg.ray.name)
-    summary = train_on_ray(cfg.train_config(), run_dir=run_dir, options=cfg.ray)
+    runtime = Runtime()
+    try:
+        summary = train_on_ray(
+            cfg.train_config(), run_dir=run_dir, options=cfg.ray, runtime=runtime
+        )
+    finally:
+        runtime.shutdown()  # only a Ray started here
     print(
         json.dumps(
             {k: summary[k] for k in ("final", "checkpoint", "metrics_file", "loss_curve")},
