@@ -268,7 +268,10 @@ class Checkpointer:
         t = self.trainer
         model_sd, model_keys = S.model_state(t.model_parts)
         state: dict[str, Any] = {"model": model_sd}
-        full = self.cfg.load_optimizer
+        has_training_state = any(k.startswith("optimizer.") for k in available)
+        full = self.cfg.load_optimizer and has_training_state
+        if self.cfg.load_optimizer and not has_training_state:
+            log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
         if full:
             optim_sd, optim_keys = S.optimizer_state(t.model_parts, t.optimizers)
             state["optimizer"] = optim_sd

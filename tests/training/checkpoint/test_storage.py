@@ -58,3 +58,23 @@ def test_unfinished_folder_is_never_latest(tmp_path):
     (tmp_path / "step-00000004" / "__0_0.distcp").write_bytes(b"partial")
     assert latest_checkpoint(root).endswith("step-00000002")
     assert load_model_state(root)[1]
+
+
+def test_weights_only_checkpoint_starts_a_fresh_run(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from kiln.training.checkpoint.checkpointer import make_writer
+
+    source = ToyTrainer(CheckpointConfig(), steps=1, seed=3)
+    ckpt = tmp_path / "step-00000000"
+    ckpt.mkdir()
+    dcp.save(
+        {"model": source.model_parts[0].state_dict()},
+        storage_writer=make_writer(str(ckpt)),
+        no_dist=True,
+    )
+    storage.write_json(str(ckpt / "kiln.json"), {"step": 0, "model": {}})
+    fresh = ToyTrainer(CheckpointConfig(load_from=str(ckpt)), steps=1, seed=5)
+    assert fresh.checkpointer.load() and fresh.step == 0
+    for name, p in fresh.model_parts[0].state_dict().items():
+        np.testing.assert_array_equal(p.numpy(), source.model_parts[0].state_dict()[name].numpy())
