@@ -1,7 +1,7 @@
 """Every layout's loss after 3 optimizer steps equals the single-process run (fp32, within 1e-5).
 
 Spawning ranks is the expensive part, so one 2-rank process group trains all 2-rank layouts in
-turn, and one 8-rank group trains tp2 x pp2 x dp_shard2.
+turn, and one 8-rank group trains tp2 x pp2 x dp_shard2 and HSDP (dp_replicate2 x dp_shard2) x tp2.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ TWO_RANKS = {
     "optimizer_offload": {"parallel": {"dp_shard": 2}, "optimizer_offload": True},
     "bf16_dp_shard2": {"parallel": {"dp_shard": 2}, "precision": "bf16"},
 }
-EIGHT_RANKS = {"tp2_pp2_dp_shard2": {"parallel": {"tp": 2, "pp": 2, "dp_shard": 2}}}
+EIGHT_RANKS = {
+    "tp2_pp2_dp_shard2": {"parallel": {"tp": 2, "pp": 2, "dp_shard": 2}},
+    "hsdp_dp_replicate2_dp_shard2_tp2": {"parallel": {"dp_replicate": 2, "dp_shard": 2, "tp": 2}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,8 @@ def test_bf16_distributed_stays_near_fp32(reference, two_rank_losses):
 
 
 @pytest.mark.slow
-def test_tp2_pp2_dp_shard2_on_eight_ranks(reference):
+def test_eight_rank_layouts(reference):
     per_rank = run_distributed(run_layouts, 8, list(EIGHT_RANKS.values()), timeout=600)
-    assert per_rank[0][0] == pytest.approx(reference, abs=1e-5)
     assert all(r == per_rank[0] for r in per_rank)
+    for name, losses in zip(EIGHT_RANKS, per_rank[0]):
+        assert losses == pytest.approx(reference, abs=1e-5), name
