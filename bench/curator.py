@@ -11,7 +11,7 @@ against brute-force character 24-gram Jaccard (>= 0.8) on a sample of lineage gr
 peak memory (RSS summed over the process tree) of each run. datatrove and datasketch live in a
 separate environment (they need numpy 2): KILN_BENCHVENV (default /tmp/benchvenv), made with
   python -m venv /tmp/benchvenv && /tmp/benchvenv/bin/pip install 'datatrove>=0.10,<0.11' \
-      'datasketch>=2.0,<3' regex 'spacy>=3.7,<4'
+      'datasketch>=2.0,<3' regex 'spacy>=3.7,<4' tokenizers 'xxhash<4' psutil
 """
 
 from __future__ import annotations
@@ -238,18 +238,21 @@ from datatrove.pipeline.dedup import MinhashDedupSignature, MinhashDedupBuckets,
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
-inp, work = sys.argv[1], sys.argv[2]
-cfg = MinhashConfig()  # datatrove defaults: word 5-grams, 14 buckets x 8 hashes
-run = lambda steps, tasks, name: LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=2,
-                                                       logging_dir=f"{work}/logs/{name}").run()
-t0 = time.perf_counter()
-run([JsonlReader(inp), MinhashDedupSignature(output_folder=f"{work}/sigs", config=cfg)], 8, "sig")
-run([MinhashDedupBuckets(input_folder=f"{work}/sigs", output_folder=f"{work}/buckets", config=cfg)],
-    cfg.num_buckets, "buckets")
-run([MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=cfg)], 1, "cluster")
-run([JsonlReader(inp), MinhashDedupFilter(input_folder=f"{work}/remove_ids",
-     exclusion_writer=JsonlWriter(f"{work}/removed", compression=None)), JsonlWriter(f"{work}/kept")], 8, "filter")
-print("SECONDS", time.perf_counter() - t0)
+def run(steps, tasks, name, work):
+    LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=2, logging_dir=f"{work}/logs/{name}").run()
+if __name__ == "__main__":  # datatrove's worker pool spawns: it re-imports this file
+    inp, work = sys.argv[1], sys.argv[2]
+    cfg = MinhashConfig()  # datatrove defaults: word 5-grams, 14 buckets x 8 hashes
+    t0 = time.perf_counter()
+    run([JsonlReader(inp), MinhashDedupSignature(output_folder=f"{work}/sigs", config=cfg)], 8, "sig", work)
+    run([MinhashDedupBuckets(input_folder=f"{work}/sigs", output_folder=f"{work}/buckets", config=cfg)],
+        cfg.num_buckets, "buckets", work)
+    run([MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=cfg)],
+        1, "cluster", work)
+    run([JsonlReader(inp), MinhashDedupFilter(input_folder=f"{work}/remove_ids",
+         exclusion_writer=JsonlWriter(f"{work}/removed", compression=None)), JsonlWriter(f"{work}/kept")],
+        8, "filter", work)
+    print("SECONDS", time.perf_counter() - t0)
 """
 
 DATASKETCH = """
