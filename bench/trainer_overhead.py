@@ -4,7 +4,7 @@ Both sides do the same work per step (forward, cross entropy, backward, grad-nor
 lr schedule, loss to Python for logging); the difference is the trainer's bookkeeping. Runs
 alternate A/B/A/B and report medians, so load from other processes hits both sides alike.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--dim 256 --layers 4 --seq 256 --batch 8] [--threads 1]
+    .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--dim 128 --layers 2 --seq 128 --batch 4] [--threads 1]
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
