@@ -13,6 +13,7 @@ from kiln.platform.errors import InputError, KilnError
 
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.egg-info", ".pytest_cache", "bench/out"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+AGENT_WAIT_S = 60.0
 
 
 def _client(address: str):
@@ -53,13 +54,22 @@ def submit(
         cmd += ["--set", o]
     if runs_dir:
         cmd += ["--runs-dir", runs_dir]
+    client = _client(address)
+    deadline = time.monotonic() + AGENT_WAIT_S
     try:
-        return _client(address).submit_job(
-            entrypoint=shlex.join(cmd),
-            runtime_env={"working_dir": str(wd), "excludes": EXCLUDES},
-            submission_id=job_id,
-            metadata={"kiln_spec": str(rel)},
-        )
+        while True:
+            try:
+                return client.submit_job(
+                    entrypoint=shlex.join(cmd),
+                    runtime_env={"working_dir": str(wd), "excludes": EXCLUDES},
+                    submission_id=job_id,
+                    metadata={"kiln_spec": str(rel)},
+                )
+            except RuntimeError as e:
+                # A head node that just started answers before its job agent is up.
+                if "No available agent" not in str(e) or time.monotonic() > deadline:
+                    raise KilnError(f"--address {address}: job not accepted ({str(e).splitlines()[0]})") from None
+                time.sleep(1.0)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
