@@ -167,14 +167,19 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_kiln(inputs: str, out: str, dedup_only: bool) -> dict:
+def run_kiln(inputs: str, out: str, dedup_only: bool, rows: int = 13) -> dict:
     import glob
 
     import pyarrow.parquet as pq
 
     from kiln.curator import CurateConfig, curate
 
-    body = {"input": [inputs], "actors": 2, "output": {"shard_docs": 100_000}}
+    body = {
+        "input": [inputs],
+        "actors": 2,
+        "output": {"shard_docs": 100_000},
+        "dedup": {"fuzzy": {"rows": rows}},
+    }
     if dedup_only:  # the same work datatrove's MinHash pipeline does
         none = {
             k: None
@@ -308,6 +313,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None)
     ap.add_argument(
+        "--kiln-rows", type=int, default=0, help="also run kiln with 20 bands of this many rows"
+    )
+    ap.add_argument(
         "--skip", nargs="*", default=[], choices=["datatrove", "datasketch", "kiln-full"]
     )
     args = ap.parse_args()
@@ -339,8 +347,24 @@ def main() -> None:
         p, r = precision_recall(removed, sample_ids, true)
         rows.append((name, n / seconds, p, r, peak, seconds, n))
 
+    from kiln.platform.runtime import Runtime
+
+    t = time.perf_counter()
+    runtime = Runtime().ensure()  # one Ray for all kiln runs (its start is reported, not counted)
+    print(f"Ray started in {time.perf_counter() - t:.1f}s")
     kd = run_kiln(inputs, os.path.join(work, "kiln-dedup"), dedup_only=True)
     row("kiln exact+fuzzy", kd["seconds"], kd["docs"], kd["removed"], kd["peak_rss"])
+    if args.kiln_rows:
+        kr = run_kiln(
+            inputs, os.path.join(work, "kiln-dedup-rows"), dedup_only=True, rows=args.kiln_rows
+        )
+        row(
+            f"kiln exact+fuzzy 20x{args.kiln_rows}",
+            kr["seconds"],
+            kr["docs"],
+            kr["removed"],
+            kr["peak_rss"],
+        )
     if "kiln-full" not in args.skip:
         kf = run_kiln(inputs, os.path.join(work, "kiln-full"), dedup_only=False)
         rows.append(
@@ -355,6 +379,7 @@ def main() -> None:
             )
         )
         print("kiln full funnel:", json.dumps(kf["report"]["removed_by_reason"]))
+    runtime.shutdown()
     if "datatrove" not in args.skip:
         out, peak = run_venv(DATATROVE, inputs, os.path.join(work, "datatrove"))
         seconds = float(re.search(r"SECONDS (\S+)", out).group(1))
