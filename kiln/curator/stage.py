@@ -1,4 +1,5 @@
-"""The `curate` pipeline stage: input paths come from the config, the output is a Corpus."""
+"""The `curate` pipeline stage: input paths come from the config and, optionally, from an earlier
+stage's Corpus (its Parquet shards); the output is a Corpus."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from kiln.platform.stage import Stage, StageContext
 class CurateStage(Stage):
     type_name = "curate"
     Config = CurateConfig
-    input_kinds: ClassVar[dict[str, str]] = {}
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    optional_inputs: ClassVar[frozenset[str]] = frozenset({"corpus"})
     output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
 
     def extra_fingerprint(self) -> str:
@@ -21,6 +23,8 @@ class CurateStage(Stage):
         from kiln.curator.readers import expand_inputs
 
         h = hashlib.sha256()
+        if not self.config.input:  # only an upstream Corpus: its fingerprint covers it
+            return ""
         for path in expand_inputs(self.config.input):
             st = os.stat(path)
             h.update(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -28,10 +32,17 @@ class CurateStage(Stage):
 
     def run(self, ctx: StageContext) -> dict:
         from kiln.curator.pipeline import curate
+        from kiln.platform.artifact import parquet_files
+        from kiln.platform.errors import ConfigError
 
+        cfg: CurateConfig = self.config  # type: ignore[assignment]
         out = ctx.outputs["corpus"]
-        runtime = ctx.ray() if self.config.stream == "ray" or self.config.cluster == "ray" else None
-        report = curate(self.config, out.path, runtime=runtime)
+        if "corpus" in ctx.inputs:  # an upstream Corpus joins the configured paths
+            cfg = cfg.model_copy(update={"input": [*cfg.input, *parquet_files(ctx.inputs["corpus"].path)]})
+        if not cfg.input:
+            raise ConfigError(f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)")
+        runtime = ctx.ray() if cfg.stream == "ray" or cfg.cluster == "ray" else None
+        report = curate(cfg, out.path, runtime=runtime)
         out.counts = {
             "documents": report["kept"],
             "rejected": report["rejected"],

@@ -18,12 +18,17 @@ from kiln.training.config import OptimizerConfig, ScheduleConfig
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not norms), fused or foreach kernels when asked."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    # foreach/fused kernels cannot mix DTensor (FSDP/TP) and plain tensors (EP's local experts)
+    # in one group, so each kind gets its own groups.
+    groups = []
+    for is_dtensor in (True, False):
+        kind = [p for p in params if isinstance(p, DTensor) == is_dtensor]
+        decay = [p for p in kind if p.ndim >= 2]
+        no_decay = [p for p in kind if p.ndim < 2]
+        groups += [g for g in (
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ) if g["params"]]
     impl = cfg.implementation
     if impl == "auto":
         impl = "fused" if params and params[0].is_cuda else "foreach"

@@ -9,11 +9,9 @@ from tests.training.parallel._trainer_cases import train_losses
 
 MOE = {"n_experts": 4, "top_k": 2, "moe_aux_loss_coef": 0.01}
 WINDOW = {"n_kv_heads": 1, "sliding_window": 12}  # MQA + a window shorter than the sequence
-# foreach AdamW cannot mix FSDP's DTensor weights and the plain expert weights in one param group.
-PER_TENSOR_ADAM = {"implementation": "for_loop"}
 # world size -> (name, parallel, model, optimizer) layouts run in one process group
 LAYOUTS = {
-    2: [("cp2", {"cp": 2}, {}, {}), ("ep2-moe", {"dp_shard": 2, "ep": 2}, MOE, PER_TENSOR_ADAM)],
+    2: [("cp2", {"cp": 2}, {}, {}), ("ep2-moe", {"dp_shard": 2, "ep": 2}, MOE, {})],
     4: [("cp4-mqa-window", {"cp": 4}, WINDOW, {}), ("tp2-cp2", {"tp": 2, "cp": 2}, {}, {})],
 }
 _single: dict[str, list[float]] = {}
