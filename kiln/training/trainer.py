@@ -98,7 +98,7 @@ class Trainer:
             )
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
-        if cfg.checkpoint.dir or cfg.checkpoint.load_from:
+        if cfg.checkpoint.dir or cfg.checkpoint.load_from or cfg.checkpoint.init_from:
             from kiln.training.checkpoint import Checkpointer
 
             self.checkpointer = Checkpointer(cfg.checkpoint, trainer=self)

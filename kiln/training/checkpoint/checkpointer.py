@@ -248,9 +248,15 @@ class Checkpointer:
     # -- loading ----------------------------------------------------------------------------
 
     def checkpoint_to_load(self) -> str | None:
+        self._weights_only = False
         if self.cfg.load_from:
             return self.cfg.load_from.rstrip("/")
-        return storage.latest_checkpoint(self.root) if self.root else None
+        latest = storage.latest_checkpoint(self.root) if self.root else None
+        if latest is None and self.cfg.init_from:
+            self._weights_only = True  # new run: weights from elsewhere, fresh optimizer and data
+            root = self.cfg.init_from.rstrip("/")
+            return storage.latest_checkpoint(root) or root
+        return latest
 
     def load(self) -> bool:
         """Restore from `load_from` or the latest complete checkpoint in `dir`; False if none."""
@@ -269,7 +275,7 @@ class Checkpointer:
         model_sd, model_keys = S.model_state(t.model_parts)
         state: dict[str, Any] = {"model": model_sd}
         has_training_state = any(k.startswith("optimizer.") for k in available)
-        full = self.cfg.load_optimizer and has_training_state
+        full = self.cfg.load_optimizer and has_training_state and not self._weights_only
         if self.cfg.load_optimizer and not has_training_state:
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
         if full:

@@ -22,6 +22,11 @@ class CheckpointConfig(BaseModel):
     load_from: str | None = Field(
         None, description="Start from this checkpoint instead of the latest in dir."
     )
+    init_from: str | None = Field(
+        None,
+        description="Continue pretraining from these weights (a checkpoint root or step folder, e.g. "
+        "`kiln import-hf` output): a fresh run starts from them; once `dir` holds a checkpoint, resuming wins.",
+    )
     save_final: bool = Field(True, description="Always save after the last training step.")
     load_optimizer: bool = Field(
         True,
