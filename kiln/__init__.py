@@ -8,13 +8,13 @@ The SDK: compose stages into a pipeline and run it.
 
 __version__ = "0.1.0"
 
-from kiln.platform.artifact import Artifact  # noqa: E402
-from kiln.platform.errors import KilnError  # noqa: E402
-from kiln.platform.pipeline import Pipeline, RunResult  # noqa: E402
-from kiln.platform.registry import register_stage, stage_class  # noqa: E402
-from kiln.platform.runtime import Runtime  # noqa: E402
-from kiln.platform.spec import load_pipeline  # noqa: E402
-from kiln.platform.stage import Stage, StageConfig, StageContext  # noqa: E402
+from kiln.platform.artifact import Artifact
+from kiln.platform.errors import KilnError
+from kiln.platform.pipeline import Pipeline, RunResult
+from kiln.platform.registry import register_stage, stage_class
+from kiln.platform.runtime import Runtime
+from kiln.platform.spec import load_pipeline
+from kiln.platform.stage import Stage, StageConfig, StageContext
 
 __all__ = [
     "Artifact",
@@ -22,11 +22,11 @@ __all__ = [
     "Pipeline",
     "RunResult",
     "Runtime",
-    "load_pipeline",
     "Stage",
     "StageConfig",
     "StageContext",
+    "__version__",
+    "load_pipeline",
     "register_stage",
     "stage_class",
-    "__version__",
 ]

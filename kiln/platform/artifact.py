@@ -59,7 +59,7 @@ class Artifact:
         """Write the manifest: from now on the artifact counts as complete."""
         fs, root = _fs(self.uri)
         fs.makedirs(root, exist_ok=True)
-        self.created = self.created or _dt.datetime.now(_dt.timezone.utc).isoformat()
+        self.created = self.created or _dt.datetime.now(_dt.UTC).isoformat()
         body = {
             "kind": self.kind,
             "fingerprint": self.fingerprint,

@@ -28,7 +28,7 @@ log = logging.getLogger("kiln")
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _default_runs_dir() -> str:

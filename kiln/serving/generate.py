@@ -89,14 +89,7 @@ class Generator:
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
-        if os.path.isdir(os.path.join(path, "hf")):
-            path = os.path.join(path, "hf")
-        if os.path.exists(os.path.join(path, "config.json")):
-            from kiln.serving.export.hf_format import read_hf_dir
-
-            _, cfg, state = read_hf_dir(path)
-        else:
-            cfg, state = load_checkpoint_state(path)
+        path, cfg, state = load_model_weights(path)
         tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
         name = (
@@ -350,6 +343,19 @@ def load_tokenizer(tokenizer, search: list[str]):
         if os.path.isfile(f):
             return Tokenizer.from_file(f), os.path.dirname(f)
     raise InputError(f"no tokenizer.json found in {', '.join(candidates)} (pass a tokenizer)")
+
+
+def load_model_weights(path: str) -> tuple[str, dict, dict[str, torch.Tensor]]:
+    """(resolved path, kiln model config, kiln state dict) from an exported HF dir, an
+    ExportedModel dir (with `hf/`) or a kiln checkpoint dir."""
+    if os.path.isdir(os.path.join(path, "hf")):
+        path = os.path.join(path, "hf")
+    if os.path.exists(os.path.join(path, "config.json")):
+        from kiln.serving.export.hf_format import read_hf_dir
+
+        _, cfg, state = read_hf_dir(path)
+        return path, cfg, state
+    return (path, *load_checkpoint_state(path))
 
 
 def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:

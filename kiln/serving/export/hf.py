@@ -20,7 +20,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor], object | None]:
     """(kiln model config, kiln state dict, tokenizers.Tokenizer or None) from a Generator or a path."""
-    from kiln.serving.generate import Generator, load_checkpoint_state, load_tokenizer
+    from kiln.serving.generate import Generator, load_model_weights, load_tokenizer
 
     if isinstance(source, Generator):
         cfg = source.model_config
@@ -31,15 +31,7 @@ def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor
             source.model.state_dict(),
             source.tokenizer if tokenizer is None else load_tokenizer(tokenizer, [])[0],
         )
-    path = os.fspath(source)
-    if os.path.isdir(os.path.join(path, "hf")):
-        path = os.path.join(path, "hf")
-    if os.path.exists(os.path.join(path, "config.json")):
-        from kiln.serving.export.hf_format import read_hf_dir
-
-        _, cfg, state = read_hf_dir(path)
-    else:
-        cfg, state = load_checkpoint_state(path)
+    path, cfg, state = load_model_weights(os.fspath(source))
     search = [
         path,
         os.path.dirname(os.path.normpath(path)),

@@ -4,27 +4,7 @@ from __future__ import annotations
 
 import os
 
-TEXT = [
-    "the quick brown fox jumps over the lazy dog",
-    "a kiln fires clay into something that lasts",
-    "serving a model means answering requests quickly and correctly",
-    "ray serve batches requests; triton batches them too",
-] * 8
-
-
-def train_tokenizer(vocab_size: int = 300):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(TEXT, trainer)
-    return tok
+from tests.serving.generate.tiny import train_tokenizer
 
 
 def make_tiny_model(out_dir: str, *, seed: int = 0, max_seq_len: int = 512, **overrides) -> str:
