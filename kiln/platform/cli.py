@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
+        force=True,  # log to the current stderr even if a library configured logging first
     )
     if not getattr(args, "func", None):
         parser.print_help()
