@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 import os
 import uuid
 from pathlib import Path
@@ -215,7 +216,9 @@ class GPTDataset:
     # consecutive sample ids — what the loader asks for — is one slice of a table.
     _BLOCK = 4096
 
-    def _block(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _block(self, b: int) -> tuple[list[int], list[int], list[int]]:
+        """Block b's pieces as Python lists: byte start and end in the .bin, and where each
+        sample's pieces begin (so a batch needs no numpy call to find its pieces)."""
         cache = self.__dict__.setdefault("_blocks", {})
         if b not in cache:
             rows = np.asarray(
@@ -223,18 +226,28 @@ class GPTDataset:
             )
             if len(cache) >= 2:
                 cache.pop(next(iter(cache)))
-            cache[b] = self._pieces(rows)
+            src, lengths, bounds = self._pieces(rows)
+            cache[b] = (*self._byte_ranges(src, lengths), bounds.tolist())
         return cache[b]
 
-    def _copy(self, src: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> None:
-        """out[:] = the tokens of the pieces, concatenated and widened to int64 in one C call."""
-        tokens = self._tokens
-        views = [tokens[s : s + n] for s, n in zip(src.tolist(), lengths.tolist())]
-        np.concatenate(views, out=out, casting="unsafe")
+    def _byte_ranges(self, src: np.ndarray, lengths: np.ndarray) -> tuple[list[int], list[int]]:
+        size = self.dataset.dtype.itemsize
+        return (src * size).tolist(), ((src + lengths) * size).tolist()
+
+    def _copy(self, starts: list[int], ends: list[int], out: np.ndarray) -> None:
+        """out[:] = the tokens of the pieces (byte ranges of the .bin), concatenated, widened.
+
+        Slicing a memoryview (one `itemgetter` call for all pieces) and joining the slices into
+        one bytes object costs far less per piece than numpy views and `np.concatenate`
+        (~0.15 µs against ~0.5 µs); the widening to int64 is then one numpy copy."""
+        pieces = operator.itemgetter(*map(slice, starts, ends))(self._bytes)
+        data = b"".join(pieces) if len(starts) > 1 else bytes(pieces)
+        np.copyto(out, np.frombuffer(data, self.dataset.dtype).reshape(out.shape), casting="unsafe")
 
     @functools.cached_property
-    def _tokens(self) -> np.ndarray:
-        return np.asarray(self.dataset.tokens)  # a plain ndarray view: np.memmap indexing is slow
+    def _bytes(self) -> memoryview:
+        # a plain ndarray view first: np.memmap indexing is slow
+        return memoryview(np.ascontiguousarray(self.dataset.tokens)).cast("B")
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """Samples `ids` as an int64 array [len(ids), seq_len + 1]."""
@@ -247,10 +260,10 @@ class GPTDataset:
         if last - first == n - 1:  # consecutive ids, as the loader asks: slices of a block table
             block = first // self._BLOCK
             if block == last // self._BLOCK:
-                src, lengths, bounds = self._block(block)
+                starts, ends, bounds = self._block(block)
                 k = first - block * self._BLOCK
-                lo, hi = int(bounds[k]), int(bounds[k + n])
-                self._copy(src[lo:hi], lengths[lo:hi], out.reshape(-1))
+                lo, hi = bounds[k], bounds[k + n]
+                self._copy(starts[lo:hi], ends[lo:hi], out)
                 return out
             cut = (block + 1) * self._BLOCK - first  # crossing a block boundary
             out[:cut] = self.gather(ids[:cut])
@@ -258,5 +271,5 @@ class GPTDataset:
             return out
         rows = np.take(self.shuffle_index, ids).astype(np.int64)
         src, lengths, _ = self._pieces(rows)
-        self._copy(src, lengths, out.reshape(-1))
+        self._copy(*self._byte_ranges(src, lengths), out)
         return out
