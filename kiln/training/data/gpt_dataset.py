@@ -123,7 +123,8 @@ class GPTDataset:
     """Fixed-length samples of `seq_len + 1` tokens packed from the documents of one indexed dataset.
 
     `num_samples=None` means one epoch (as in Megatron). `gather(ids)` assembles many samples at
-    once with vectorised numpy (one fancy-index read of the memory map per batch).
+    once: their document pieces are byte ranges of the memory map, joined in one C call and
+    widened to int64 in one numpy copy.
     """
 
     def __init__(
@@ -246,7 +247,6 @@ class GPTDataset:
 
     @functools.cached_property
     def _bytes(self) -> memoryview:
-        # a plain ndarray view first: np.memmap indexing is slow
         return memoryview(np.ascontiguousarray(self.dataset.tokens)).cast("B")
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
