@@ -17,7 +17,7 @@ def _has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:
+    except ImportError:
         return False
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -46,7 +46,7 @@ class PythonDocsSample(Stage):
 
     type_name = "sample.python_docs"
     Config = PythonDocsConfig
-    output_kinds = {"corpus": "Corpus"}
+    output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import pyarrow as pa

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -47,7 +47,7 @@ class TextRead(Stage):
 
     type_name = "text.read"
     Config = TextReadConfig
-    output_kinds = {"corpus": "Corpus"}
+    output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
 
     def extra_fingerprint(self) -> str:
         files = _expand(self.config.paths, self.config.pattern)
@@ -87,8 +87,8 @@ class TextStats(Stage):
 
     type_name = "text.stats"
     Config = TextStatsConfig
-    input_kinds = {"corpus": "Corpus"}
-    output_kinds = {"stats": "Stats"}
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    output_kinds: ClassVar[dict[str, str]] = {"stats": "Stats"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from collections import Counter
@@ -127,7 +127,7 @@ class Noop(Stage):
 
     type_name = "noop"
     Config = NoopConfig
-    output_kinds = {"out": "Stats"}
+    output_kinds: ClassVar[dict[str, str]] = {"out": "Stats"}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import ray

@@ -21,7 +21,7 @@ def _client(address: str):
 
     try:
         return JobSubmissionClient(address)
-    except Exception as e:  # connection refused, bad URL
+    except (ConnectionError, RuntimeError, ValueError) as e:  # refused, not a Ray dashboard, bad URL
         raise KilnError(f"--address {address}: cannot reach the Ray dashboard ({str(e).splitlines()[0]})") from None
 
 

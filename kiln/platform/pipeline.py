@@ -111,7 +111,7 @@ class Pipeline:
     ) -> RunResult:
         unknown = set(force) - {st.name for st in self.stages}
         if unknown:
-            raise SpecError(f"--force {sorted(unknown)[0]}: no such stage (stages: {', '.join(s.name for s in self.stages)})")
+            raise SpecError(f"--force {min(unknown)}: no such stage (stages: {', '.join(s.name for s in self.stages)})")
         runtime = runtime or Runtime()
         run_id = run_id or _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = self.runs_dir / self.name / run_id

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from kiln.platform.errors import KilnError
 from kiln.platform.registry import available_stages, stage_class
 
 HEADER = """# YAML reference
@@ -106,7 +107,7 @@ def render() -> str:
     for name in available_stages():
         try:
             parts.append(stage_section(name))
-        except Exception as e:  # an area not importable here: say so instead of failing
+        except (KilnError, ImportError) as e:  # an area not importable here: say so instead of failing
             parts.append(f"## `{name}`\n\n(unavailable: {type(e).__name__})\n")
     return "\n".join(parts).rstrip() + "\n"
 

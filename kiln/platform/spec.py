@@ -79,7 +79,7 @@ def _stage_name(entry: dict[str, Any]) -> str:
 def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | None = None) -> Pipeline:
     unknown = set(spec) - TOP_LEVEL
     if unknown:
-        raise SpecError(f"{source}: unknown key {sorted(unknown)[0]!r} (expected: {', '.join(sorted(TOP_LEVEL))})")
+        raise SpecError(f"{source}: unknown key {min(unknown)!r} (expected: {', '.join(sorted(TOP_LEVEL))})")
     name = spec.get("pipeline")
     if not isinstance(name, str):
         raise SpecError(f"{source}: pipeline: expected a name (string)")
@@ -93,7 +93,7 @@ def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | N
             raise SpecError(f"{where}: expected a mapping with `stage: <name>`")
         extra = set(entry) - STAGE_KEYS
         if extra:
-            raise SpecError(f"{where}: unknown key {sorted(extra)[0]!r} (expected: {', '.join(sorted(STAGE_KEYS))})")
+            raise SpecError(f"{where}: unknown key {min(extra)!r} (expected: {', '.join(sorted(STAGE_KEYS))})")
         config = entry.get("config") or {}
         inputs = entry.get("inputs") or {}
         if not isinstance(config, dict):

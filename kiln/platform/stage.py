@@ -73,7 +73,7 @@ class Stage:
         unknown = set(inputs or {}) - set(self.input_kinds)
         if unknown:
             raise ConfigError(
-                f"{self.name}.inputs: unknown slot {sorted(unknown)[0]!r} "
+                f"{self.name}.inputs: unknown slot {min(unknown)!r} "
                 f"(expected one of {sorted(self.input_kinds)})"
             )
         # slot -> reference: "<stage>.<slot>" of an earlier stage, or a path to an existing artifact

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -36,7 +37,7 @@ class HeadNode:
             "RAY_ADDRESS": "",
         }
 
-    def __enter__(self) -> HeadNode:
+    def __enter__(self) -> Self:
         cmd = [
             str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
             f"--port={self.gcs_port}", "--node-ip-address=127.0.0.1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from kiln.platform.stage import Stage, StageConfig, StageContext
 
@@ -18,7 +19,7 @@ class CountRuns(Stage):
 
     type_name = "test.count"
     Config = CountConfig
-    output_kinds = {"out": "Stats"}
+    output_kinds: ClassVar[dict[str, str]] = {"out": "Stats"}
 
     def run(self, ctx: StageContext):
         with open(self.config.log, "a") as f:
@@ -38,8 +39,8 @@ class HangOnce(Stage):
 
     type_name = "test.hang"
     Config = HangConfig
-    input_kinds = {"inp": "Stats"}
-    output_kinds = {"out": "Stats"}
+    input_kinds: ClassVar[dict[str, str]] = {"inp": "Stats"}
+    output_kinds: ClassVar[dict[str, str]] = {"out": "Stats"}
 
     def run(self, ctx: StageContext):
         with open(self.config.log, "a") as f:

@@ -46,6 +46,6 @@ def test_missing_spec_and_bad_set(tmp_path, capsys):
 
 def test_real_process_exit_code_and_single_line(tmp_path):
     (tmp_path / "spec.yaml").write_text("pipeline: p\nstages:\n  - stage: text.stats\n    config: {top_words: -1}\n")
-    out = subprocess.run([sys.executable, "-m", "kiln", "run", "spec.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    out = subprocess.run(check=False, args=[sys.executable, "-m", "kiln", "run", "spec.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "text.stats.top_words" in out.stderr

@@ -97,7 +97,7 @@ def test_triton_deployment_and_service():
 
 def test_dockerfile_installs_the_gpu_extra_and_runs_kiln():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
-    assert text.splitlines()[[i for i, l in enumerate(text.splitlines()) if l.startswith("FROM")][0]].startswith("FROM nvcr.io/nvidia/")
+    assert next(line for line in text.splitlines() if line.startswith("FROM")).startswith("FROM nvcr.io/nvidia/")
     assert "'.[gpu]'" in text
     cmd = [l for l in text.splitlines() if l.startswith("CMD")][-1]
     assert '"kiln"' in cmd

@@ -34,18 +34,18 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(tmp_path):
     (work / "spec.yaml").write_text(SPEC)
     runs = tmp_path / "runs"
     with HeadNode() as head:
-        out = subprocess.run(
+        out = subprocess.run(check=False, args=
             [str(BIN / "kiln"), "submit", "spec.yaml", "--address", head.dashboard_url, "--wait", "--runs-dir", str(runs)],
             cwd=work, env=head.env, capture_output=True, text=True, timeout=300,
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "SUCCEEDED" in out.stdout
         job_id = out.stdout.split("submitted job ")[1].split()[0]
-        status = subprocess.run([str(BIN / "kiln"), "status", job_id, "--address", head.dashboard_url],
+        status = subprocess.run(check=False, args=[str(BIN / "kiln"), "status", job_id, "--address", head.dashboard_url],
                                 env=head.env, capture_output=True, text=True, timeout=60)
         assert status.stdout.strip() == "SUCCEEDED"
 
-        out = subprocess.run(
+        out = subprocess.run(check=False, args=
             [str(BIN / "ray"), "job", "submit", "--address", head.dashboard_url, "--working-dir", str(work),
              "--", "python", "-m", "kiln", "run", "spec.yaml", "--runs-dir", str(runs), "--force", "stats"],
             cwd=work, env=head.env, capture_output=True, text=True, timeout=300,

@@ -112,7 +112,7 @@ stages:
     killed_run = next((tmp_path / "runs" / "resume").iterdir())
     assert _run_json(killed_run)["stages"]["second"]["status"] == "running"
 
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(check=False, args=cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert log.read_text().split() == ["first", "second", "second"]  # the first stage was not re-run
     runs = sorted((tmp_path / "runs" / "resume").iterdir())

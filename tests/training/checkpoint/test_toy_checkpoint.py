@@ -10,7 +10,8 @@ import torch
 
 from kiln.training.checkpoint import CheckpointConfig, latest_checkpoint, load_model_state
 from kiln.training.checkpoint.offline import load_state, read_sidecar
-from tests.training.checkpoint.toy import ToyTrainer, full_state, portable
+from tests.training.checkpoint.gather import full_state
+from tests.training.checkpoint.toy import ToyTrainer, portable
 from tests.training.distributed import run_distributed
 
 

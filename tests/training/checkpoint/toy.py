@@ -123,22 +123,6 @@ class ToyTrainer:
         return losses
 
 
-def full_state(trainer: ToyTrainer) -> dict[str, torch.Tensor]:
-    """Gathered model params and optimizer state as plain tensors, keyed like the checkpoint."""
-    from kiln.training.checkpoint.state import model_state, optimizer_state
-
-    out = {}
-    for prefix, sd in (
-        ("model", model_state(trainer.model_parts)[0]),
-        ("optimizer", optimizer_state(trainer.model_parts, trainer.optimizers)[0]),
-    ):
-        for k, v in sd.items():
-            if isinstance(v, torch.Tensor):
-                v = v.full_tensor() if hasattr(v, "full_tensor") else v
-                out[f"{prefix}.{k}"] = v.detach().clone()
-    return out
-
-
 def portable(state: dict[str, torch.Tensor]) -> dict:
     """Plain pickles: tensors put on a multiprocessing queue need their sender alive to be read."""
     return {k: v.numpy() for k, v in state.items()}
