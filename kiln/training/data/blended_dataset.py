@@ -68,3 +68,6 @@ class BlendedDataset:
             mask = which == d
             out[mask] = self.datasets[d].gather(local[mask])
         return out
+
+    def gather_range(self, first: int, count: int) -> np.ndarray:
+        return self.gather(np.arange(first, first + count))

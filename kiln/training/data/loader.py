@@ -30,6 +30,8 @@ def _torch():
 class SampleSource(Protocol):
     def gather(self, ids: np.ndarray) -> np.ndarray: ...
 
+    def gather_range(self, first: int, count: int) -> np.ndarray: ...
+
 
 class TokenLoader:
     """Iterable of `(tokens [B, S], labels [B, S])` int64 tensors; endless."""
@@ -69,13 +71,17 @@ class TokenLoader:
     def samples_consumed(self) -> int:
         return self._start + self._delivered * self.global_batch_size
 
+    def first_sample(self, batch: int) -> int:
+        """Global number of the first sample of this rank's `batch`-th batch since the (re)start."""
+        return self._start + batch * self.global_batch_size + self.dp_rank * self.micro_batch_size
+
     def sample_ids(self, batch: int) -> np.ndarray:
         """Global sample numbers of this rank's `batch`-th batch since the (re)start."""
-        first = self._start + batch * self.global_batch_size + self.dp_rank * self.micro_batch_size
+        first = self.first_sample(batch)
         return np.arange(first, first + self.micro_batch_size, dtype=np.int64)
 
     def _assemble(self, batch: int):
-        samples = self.source.gather(self.sample_ids(batch))
+        samples = self.source.gather_range(self.first_sample(batch), self.micro_batch_size)
         torch = _torch()
         return torch.from_numpy(samples[:, :-1]), torch.from_numpy(samples[:, 1:])
 

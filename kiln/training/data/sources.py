@@ -107,6 +107,12 @@ class IndexedSource:
             out[mask] = self._pass(int(p)).gather(local[mask])
         return out
 
+    def gather_range(self, first: int, count: int) -> np.ndarray:
+        p, local = divmod(first, self.pass_length)
+        if local + count <= self.pass_length:  # the usual case: the whole batch from one pass
+            return self._pass(p).gather_range(local, count)
+        return self.gather(np.arange(first, first + count))
+
 
 class SyntheticSource:
     """Seeded random tokens: sample j is drawn from a generator keyed by (seed, j)."""
@@ -125,3 +131,6 @@ class SyntheticSource:
                 for j in ids
             ]
         ).astype(np.int64)
+
+    def gather_range(self, first: int, count: int) -> np.ndarray:
+        return self.gather(np.arange(first, first + count))

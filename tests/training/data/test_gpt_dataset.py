@@ -128,9 +128,13 @@ def test_blending_indices_three_way():
 def test_block_path_and_general_path_agree(tmp_path):
     write_unique_dataset(tmp_path / "d", 300, 60, seed=6)
     gpt = GPTDataset(IndexedDataset(tmp_path / "d"), 16, 0, cache_dir=tmp_path / "c")
-    gpt._BLOCK = 7  # consecutive ids cross many small blocks
+    gpt._BLOCK = 7  # ranges cross many small blocks
     ids = np.arange(len(gpt))
-    consecutive = gpt.gather(ids)
+    every = gpt.gather(ids)
+    for first, count in [(0, 1), (0, 7), (3, 9), (5, 20), (len(gpt) - 4, 4), (0, len(gpt))]:
+        np.testing.assert_array_equal(gpt.gather_range(first, count), every[first : first + count])
     shuffled = np.random.default_rng(0).permutation(ids)
-    np.testing.assert_array_equal(gpt.gather(shuffled), consecutive[shuffled])
-    np.testing.assert_array_equal(np.stack([gpt[int(i)] for i in ids[:20]]), consecutive[:20])
+    np.testing.assert_array_equal(gpt.gather(shuffled), every[shuffled])
+    np.testing.assert_array_equal(np.stack([gpt[int(i)] for i in ids[:20]]), every[:20])
+    with pytest.raises(IndexError, match="outside"):
+        gpt.gather_range(len(gpt) - 2, 3)
