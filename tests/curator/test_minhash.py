@@ -54,3 +54,23 @@ def test_components_keep_the_smallest_id():
     removed, clusters = duplicates_from_edges(edges)
     assert clusters == 2
     assert removed.tolist() == [1, 2, 11]  # keeps row 3 ("a") and row 10 ("x")
+
+
+def test_pair_jaccard_in_chunks_equals_each_pairs_own_jaccard(monkeypatch):
+    from kiln.curator.dedup import verify
+
+    rng = random.Random(2)
+    texts = [prose(rng) for _ in range(12)]
+    texts += [mutate_to(rng, texts[i], 0.7, 0.95)[0] for i in range(12)]
+    series = pd.Series(texts, index=np.arange(100, 100 + len(texts)))
+    pairs = pd.DataFrame(
+        [(100 + i, 100 + j) for i in range(len(texts)) for j in range(len(texts)) if i < j],
+        columns=["a_row", "b_row"],
+    ).sample(frac=1.0, random_state=0)  # shuffled: scores must come back in the pairs' order
+    expected = [
+        jaccard(shingle_set(series[a], 24), shingle_set(series[b], 24))
+        for a, b in zip(pairs["a_row"], pairs["b_row"], strict=True)
+    ]
+    monkeypatch.setattr(verify, "PAIRS_PER_CHUNK", 7)  # 276 pairs in 40 chunks
+    np.testing.assert_allclose(verify.pair_jaccard(pairs, series, 24), expected)
+    assert max(expected) > 0.7  # the mutated copies are among the pairs

@@ -38,7 +38,13 @@ def dask_session(
     """Configure Dask for the dedup graph; yields the resolved backend name."""
     import dask
 
-    settings = {"dataframe.shuffle.method": "tasks", "dataframe.convert-string": False}
+    # One machine's threads shuffle through disk (partd), so the LSH buckets of millions of
+    # documents never sit in memory at once; Ray and dask-cuda workers shuffle as tasks.
+    local_pandas = cluster != "ray" and backend != "cudf"
+    settings = {
+        "dataframe.shuffle.method": "disk" if local_pandas else "tasks",
+        "dataframe.convert-string": False,
+    }
     with contextlib.ExitStack() as stack:
         if cluster == "ray":
             from ray.util.dask import ray_dask_get

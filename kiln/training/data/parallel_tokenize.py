@@ -134,7 +134,7 @@ def tokenize_corpus(
         },
         batch_size=batch_size,
         batch_format="numpy",
-        concurrency=num_actors,
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_cpus=cpus_per_actor,
     ).take_all()
     counts = {}
