@@ -83,7 +83,7 @@ def run_stream(
         TaskActor,
         fn_constructor_args=(cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters)),
         batch_size=1,
-        concurrency=actors,
+        compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=cpus_per_actor,
         num_gpus=1.0 / actors if cfg.backend == "cudf" else 0,
     )
