@@ -132,15 +132,23 @@ def precision_recall(
 
 
 class PeakMemory:
-    """Peak RSS summed over a process and all its descendants (Ray workers included)."""
+    """Peak memory summed over a process and all its descendants (Ray workers included),
+    sampled every 0.2 s, and the peak RSS of the process itself.
 
-    def __init__(self, pid: int | None = None):
+    `metric="rss"` counts shared pages (Ray's object store) once per process that maps them;
+    `metric="pss"` splits them between those processes, so the sum counts them once."""
+
+    def __init__(self, pid: int | None = None, metric: str = "rss"):
         import psutil
 
         self.proc = psutil.Process(pid or os.getpid())
-        self.peak = 0
+        self.metric = metric
+        self.peak = self.peak_root = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _size(self, p) -> int:
+        return p.memory_full_info().pss if self.metric == "pss" else p.memory_info().rss
 
     def _run(self):
         import psutil
@@ -148,13 +156,16 @@ class PeakMemory:
         while not self._stop.is_set():
             total = 0
             try:
-                for p in [self.proc, *self.proc.children(recursive=True)]:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
+                procs = [self.proc, *self.proc.children(recursive=True)]
             except psutil.Error:
-                pass
+                procs = []
+            for p in procs:
+                try:
+                    total += self._size(p)
+                    if p.pid == self.proc.pid:
+                        self.peak_root = max(self.peak_root, p.memory_info().rss)
+                except psutil.Error:
+                    pass
             self.peak = max(self.peak, total)
             time.sleep(0.2)
 

@@ -30,52 +30,19 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from curator import PeakMemory
 
 
 def pandas_bytes(docs: list[dict]) -> int:
     """What `pd.DataFrame(docs)[["id", "text"]].memory_usage(deep=True).sum()` reports, without
     building it: an 8-byte pointer per cell plus each string object's `sys.getsizeof`."""
     return sum(16 + sys.getsizeof(d["id"]) + sys.getsizeof(d["text"]) for d in docs)
-
-
-class TreeMemory:
-    """Peak PSS summed over a process tree, and the peak RSS of its root, sampled every 0.2 s."""
-
-    def __init__(self, pid: int):
-        self.root = psutil.Process(pid)
-        self.peak_tree = self.peak_root = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            total = 0
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for p in procs:
-                try:
-                    total += p.memory_full_info().pss
-                    if p.pid == self.root.pid:
-                        self.peak_root = max(self.peak_root, p.memory_info().rss)
-                except psutil.Error:
-                    pass
-            self.peak_tree = max(self.peak_tree, total)
-            time.sleep(0.2)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 class MemoryCap:
@@ -157,7 +124,7 @@ def run_size(n: int, work: str, seed: int, cap_gib: float | None = None) -> dict
     proc = subprocess.Popen(
         cap.wrap(cmd) if cap else cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    with TreeMemory(proc.pid) as mem:
+    with PeakMemory(proc.pid, metric="pss") as mem:
         _, stderr = proc.communicate()
     seconds = time.perf_counter() - t
     capped = {}
@@ -178,7 +145,7 @@ def run_size(n: int, work: str, seed: int, cap_gib: float | None = None) -> dict
         "docs": n,
         "pandas": in_pandas,
         "jsonl": on_disk,
-        "peak_tree": mem.peak_tree,
+        "peak_tree": mem.peak,
         "peak_driver": mem.peak_root,
         "seconds": seconds,
         "kept": report["kept"],
@@ -187,7 +154,7 @@ def run_size(n: int, work: str, seed: int, cap_gib: float | None = None) -> dict
     }
     print(
         f"  kiln curate: {seconds:.0f}s ({n / seconds:.0f} docs/s incl. Ray start), kept "
-        f"{report['kept']:,}; peak PSS of the process tree {mem.peak_tree / 2**30:.2f} GiB, "
+        f"{report['kept']:,}; peak PSS of the process tree {mem.peak / 2**30:.2f} GiB, "
         f"driver peak RSS {mem.peak_root / 2**30:.2f} GiB",
         flush=True,
     )

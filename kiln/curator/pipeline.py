@@ -70,6 +70,11 @@ def curate(
             tasks, cfg, os.path.join(work_dir, "stream"), rejected_dir, extra_filters, cpus
         )
         seconds["stream"] = time.perf_counter() - t0
+        if started is not None and cfg.cluster != "ray":
+            # Dedup on Dask threads needs no Ray: give the memory of Ray's processes
+            # (~0.6 GB on a small machine) to the dedup shuffle.
+            started.shutdown()
+            started = None
         staging = sorted(glob.glob(os.path.join(work_dir, "stream", "*.parquet")))
         t1 = time.perf_counter()
         with dask_session(backend, cfg.cluster, cfg.rmm_async, cfg.rmm_release_threshold):

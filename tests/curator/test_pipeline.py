@@ -161,3 +161,41 @@ def test_same_seed_gives_byte_identical_shards(ray_run, planted, tmp_path):
         _ids(sorted(glob.glob(f"{tmp_path}/seed8/shard-*"))),
     )
     assert sorted(a) == sorted(b) and a != b
+
+
+def test_a_ray_curate_started_itself_is_gone_before_dedup_on_dask_threads(tmp_path):
+    """Its processes' memory goes to the dedup shuffle (a fresh process: no session Ray here)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in.jsonl").write_text(
+        "".join(
+            json.dumps({"id": str(i), "text": f"Document {i} says hello."}) + "\n"
+            for i in range(20)
+        )
+    )
+    script = f"""
+import ray
+from kiln.curator import CurateConfig, pipeline
+seen = []
+real = pipeline.run_dedup
+def spy(*a, **k):
+    seen.append(ray.is_initialized())
+    return real(*a, **k)
+pipeline.run_dedup = spy
+cfg = CurateConfig.model_validate({{"input": [{str(tmp_path / "in.jsonl")!r}], "actors": 1,
+                                   "filters": {{"min_words": 1, "languages": None}}}})
+report = pipeline.curate(cfg, {str(tmp_path / "out")!r})
+assert report["documents_in"] == 20, report
+print("RAY_DURING_DEDUP", seen)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ""},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RAY_DURING_DEDUP [False]" in out.stdout
