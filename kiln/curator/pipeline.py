@@ -77,7 +77,13 @@ def curate(
             started = None
         staging = sorted(glob.glob(os.path.join(work_dir, "stream", "*.parquet")))
         t1 = time.perf_counter()
-        with dask_session(backend, cfg.cluster, cfg.rmm_async, cfg.rmm_release_threshold):
+        with dask_session(
+            backend,
+            cfg.cluster,
+            cfg.rmm_async,
+            cfg.rmm_release_threshold,
+            spill_dir=os.path.join(work_dir, "dask"),
+        ):
             n_candidates = sum(s["in"] - sum(s["reasons"].values()) for s in stats)
             dedup = run_dedup(staging, cfg, backend, n_candidates)
         seconds["dedup"] = time.perf_counter() - t1

@@ -74,3 +74,35 @@ def test_pair_jaccard_in_chunks_equals_each_pairs_own_jaccard(monkeypatch):
     monkeypatch.setattr(verify, "PAIRS_PER_CHUNK", 7)  # 276 pairs in 40 chunks
     np.testing.assert_allclose(verify.pair_jaccard(pairs, series, 24), expected)
     assert max(expected) > 0.7  # the mutated copies are among the pairs
+
+
+def test_local_dedup_shuffles_spill_into_the_given_dir(tmp_path, monkeypatch):
+    import tempfile
+
+    import dask.dataframe as dd
+    import dask.dataframe.shuffle
+
+    from kiln.curator.dedup.engine import dask_session
+
+    made = []
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(
+        dask.dataframe.shuffle.tempfile,
+        "mkdtemp",
+        lambda *a, **k: made.append(k.get("dir")) or real(*a, **k),
+    )
+    frame = pd.DataFrame({"k": np.arange(5000) % 97, "v": np.arange(5000)})
+    with dask_session("pandas", "local", spill_dir=str(tmp_path / "dask")):
+        parts = dd.from_pandas(frame, npartitions=4).shuffle(on="k").map_partitions(len)
+        assert int(parts.compute().sum()) == len(frame)
+    assert made == [str(tmp_path / "dask")]
+
+
+def test_dedup_on_ray_shuffles_as_tasks():
+    import dask
+
+    from kiln.curator.dedup.engine import dask_session
+
+    with dask_session("pandas", "ray", spill_dir="/unused"):
+        assert dask.config.get("dataframe.shuffle.method") == "tasks"
+        assert dask.config.get("temporary_directory", None) is None

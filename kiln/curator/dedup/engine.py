@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 log = logging.getLogger("kiln.curator")
 
@@ -33,18 +34,27 @@ def resolve_backend(backend: str) -> str:
 
 @contextlib.contextmanager
 def dask_session(
-    backend: str, cluster: str, rmm_async: bool = True, rmm_release_threshold: str | None = None
+    backend: str,
+    cluster: str,
+    rmm_async: bool = True,
+    rmm_release_threshold: str | None = None,
+    spill_dir: str | None = None,
 ):
-    """Configure Dask for the dedup graph; yields the resolved backend name."""
+    """Configure Dask for the dedup graph; yields the resolved backend name.
+
+    On one machine's threads the shuffles go through disk (partd), into `spill_dir`, so the LSH
+    buckets of millions of documents never sit in memory at once; the spill lands next to the
+    output rather than in a /tmp that may be RAM. Ray and dask-cuda workers shuffle as tasks."""
     import dask
 
-    # One machine's threads shuffle through disk (partd), so the LSH buckets of millions of
-    # documents never sit in memory at once; Ray and dask-cuda workers shuffle as tasks.
     local_pandas = cluster != "ray" and backend != "cudf"
     settings = {
         "dataframe.shuffle.method": "disk" if local_pandas else "tasks",
         "dataframe.convert-string": False,
     }
+    if local_pandas and spill_dir:
+        os.makedirs(spill_dir, exist_ok=True)
+        settings["temporary_directory"] = spill_dir
     with contextlib.ExitStack() as stack:
         if cluster == "ray":
             from ray.util.dask import ray_dask_get
