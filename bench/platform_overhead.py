@@ -51,7 +51,9 @@ def main() -> None:
     print(f"{'bare ray.init + 1 task + shutdown':<44}{b:>10.2f}")
     print(f"{'kiln pipeline, no-op stage (1 task)':<44}{f:>10.2f}")
     print(f"{'platform overhead (kiln - bare)':<44}{f - b:>10.2f}   ratio kiln/bare = {f / b:.2f}x")
-    print(f"{'kiln cached re-run (no Ray started)':<44}{c:>10.2f}   ratio cached/first = {c / f:.2f}x ({f / c:.1f}x faster)")
+    print(
+        f"{'kiln cached re-run (no Ray started)':<44}{c:>10.2f}   ratio cached/first = {c / f:.2f}x ({f / c:.1f}x faster)"
+    )
 
 
 if __name__ == "__main__":

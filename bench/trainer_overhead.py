@@ -91,7 +91,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

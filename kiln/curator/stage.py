@@ -38,9 +38,13 @@ class CurateStage(Stage):
         cfg: CurateConfig = self.config  # type: ignore[assignment]
         out = ctx.outputs["corpus"]
         if "corpus" in ctx.inputs:  # an upstream Corpus joins the configured paths
-            cfg = cfg.model_copy(update={"input": [*cfg.input, *parquet_files(ctx.inputs["corpus"].path)]})
+            cfg = cfg.model_copy(
+                update={"input": [*cfg.input, *parquet_files(ctx.inputs["corpus"].path)]}
+            )
         if not cfg.input:
-            raise ConfigError(f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)")
+            raise ConfigError(
+                f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)"
+            )
         runtime = ctx.ray() if cfg.stream == "ray" or cfg.cluster == "ray" else None
         report = curate(cfg, out.path, runtime=runtime)
         out.counts = {

@@ -12,10 +12,14 @@ from kiln.platform.stage import Stage, StageConfig, StageContext
 
 
 class CompleteConfig(StageConfig):
-    prompts: list[str] = Field(default_factory=lambda: ["The Python language"], description="Prompts to send.")
+    prompts: list[str] = Field(
+        default_factory=lambda: ["The Python language"], description="Prompts to send."
+    )
     max_tokens: int = Field(48, ge=1, description="New tokens per completion.")
     temperature: float = Field(0.0, ge=0, description="0: greedy.")
-    api_key_env: str | None = Field(None, description="Environment variable holding the endpoint's API key.")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the endpoint's API key."
+    )
 
 
 class CompleteStage(Stage):
@@ -37,10 +41,14 @@ class CompleteStage(Stage):
         client = KilnClient(meta["url"], api_key=key)
         results = []
         for prompt in self.config.prompts:
-            text = client.complete(prompt, max_tokens=self.config.max_tokens, temperature=self.config.temperature)
+            text = client.complete(
+                prompt, max_tokens=self.config.max_tokens, temperature=self.config.temperature
+            )
             results.append({"prompt": prompt, "completion": text})
             print(f"\n>>> {prompt}{text}\n", flush=True)
         out = ctx.outputs["completions"]
-        (Path(out.path) / "completions.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+        (Path(out.path) / "completions.json").write_text(
+            json.dumps(results, indent=2, ensure_ascii=False)
+        )
         out.counts = {"completions": len(results)}
         return {"url": meta["url"], "completions": len(results)}

@@ -1,6 +1,6 @@
 """The quickstart written with the SDK: the same stages and settings as quickstart.yaml.
 
-    python -m kiln.pipelines.quickstart [--steps N]
+python -m kiln.pipelines.quickstart [--steps N]
 """
 
 from __future__ import annotations

@@ -15,7 +15,16 @@ import fsspec
 
 from kiln.platform.errors import InputError
 
-KINDS = ("Corpus", "Tokenizer", "TokenDataset", "Checkpoint", "ExportedModel", "Endpoint", "Text", "Stats")
+KINDS = (
+    "Corpus",
+    "Tokenizer",
+    "TokenDataset",
+    "Checkpoint",
+    "ExportedModel",
+    "Endpoint",
+    "Text",
+    "Stats",
+)
 MANIFEST = "artifact.json"
 
 
@@ -80,7 +89,9 @@ class Artifact:
             with fsspec.open(manifest, "r") as f:
                 body = json.load(f)
         except FileNotFoundError:
-            raise InputError(f"{uri}: not an artifact (no {MANIFEST}); was its stage finished?") from None
+            raise InputError(
+                f"{uri}: not an artifact (no {MANIFEST}); was its stage finished?"
+            ) from None
         except json.JSONDecodeError as e:
             raise InputError(f"{manifest}: not valid JSON ({e.msg})") from None
         return cls(

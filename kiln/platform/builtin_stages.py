@@ -60,7 +60,9 @@ class TextRead(Stage):
 
         files = _expand(self.config.paths, self.config.pattern)
         if not files:
-            raise InputError(f"text.read.paths: no files match {self.config.pattern!r} in {self.config.paths}")
+            raise InputError(
+                f"text.read.paths: no files match {self.config.pattern!r} in {self.config.paths}"
+            )
         texts = [f.read_bytes().decode(self.config.encoding, errors="replace") for f in files]
         ids = [hashlib.sha1(str(f).encode()).hexdigest()[:16] for f in files]
         table = pa.table({"id": ids, "text": texts, "source": [str(f) for f in files]})
@@ -79,7 +81,12 @@ def _count(texts: list[str]) -> dict[str, Any]:
     from collections import Counter
 
     words = Counter(w.lower() for t in texts for w in t.split())
-    return {"documents": len(texts), "chars": sum(map(len, texts)), "words": sum(words.values()), "counter": words}
+    return {
+        "documents": len(texts),
+        "chars": sum(map(len, texts)),
+        "words": sum(words.values()),
+        "counter": words,
+    }
 
 
 class TextStats(Stage):
@@ -99,7 +106,11 @@ class TextStats(Stage):
         from kiln.platform.artifact import parquet_files
 
         ctx.ray()
-        texts = [t for f in parquet_files(ctx.inputs["corpus"].path) for t in pq.read_table(f, columns=["text"])["text"].to_pylist()]
+        texts = [
+            t
+            for f in parquet_files(ctx.inputs["corpus"].path)
+            for t in pq.read_table(f, columns=["text"])["text"].to_pylist()
+        ]
         n = self.config.chunk_size
         count = ray.remote(num_cpus=0.25)(_count)
         parts = ray.get([count.remote(texts[i : i + n]) for i in range(0, len(texts), n)])

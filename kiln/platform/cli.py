@@ -24,7 +24,9 @@ COMMAND_MODULES = [
 def build_parser() -> argparse.ArgumentParser:
     from kiln import __version__
 
-    parser = argparse.ArgumentParser(prog="kiln", description="Raw text to a served language model, on Ray.")
+    parser = argparse.ArgumentParser(
+        prog="kiln", description="Raw text to a served language model, on Ray."
+    )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

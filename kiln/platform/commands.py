@@ -10,23 +10,48 @@ import sys
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a pipeline spec (YAML) on an embedded or existing Ray")
     p.add_argument("spec", help="pipeline YAML")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.FIELD=VALUE")
-    p.add_argument("--force", action="append", default=[], metavar="STAGE", help="re-run this stage even if cached")
-    p.add_argument("--runs-dir", help="where runs are kept (default: spec's runs_dir, $KILN_RUNS_DIR or ./runs)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="STAGE.FIELD=VALUE"
+    )
+    p.add_argument(
+        "--force",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="re-run this stage even if cached",
+    )
+    p.add_argument(
+        "--runs-dir",
+        help="where runs are kept (default: spec's runs_dir, $KILN_RUNS_DIR or ./runs)",
+    )
     p.add_argument("--run-id", help="name of this run's folder (default: a timestamp)")
-    p.add_argument("--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded Ray)")
-    p.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the embedded Ray")
+    p.add_argument(
+        "--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded Ray)"
+    )
+    p.add_argument(
+        "--dashboard", action="store_true", help="start the Ray dashboard with the embedded Ray"
+    )
     p.set_defaults(func=_run)
 
     p = sub.add_parser("submit", help="submit a pipeline spec to a Ray cluster as a job")
     p.add_argument("spec")
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"), help="Ray dashboard URL, e.g. http://127.0.0.1:8265")
+    p.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS"),
+        help="Ray dashboard URL, e.g. http://127.0.0.1:8265",
+    )
     p.add_argument("--working-dir", default=".", help="uploaded with the job (default: .)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.FIELD=VALUE")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="STAGE.FIELD=VALUE"
+    )
     p.add_argument("--runs-dir", help="runs folder on the cluster (an absolute path or URI)")
-    p.add_argument("--python", default="python", help="interpreter on the cluster (default: python)")
+    p.add_argument(
+        "--python", default="python", help="interpreter on the cluster (default: python)"
+    )
     p.add_argument("--job-id", help="submission id (default: generated)")
-    p.add_argument("--wait", action="store_true", help="stream logs and exit with the job's outcome")
+    p.add_argument(
+        "--wait", action="store_true", help="stream logs and exit with the job's outcome"
+    )
     p.set_defaults(func=_submit)
 
     for name, helptext in (("status", "a job's status"), ("logs", "a job's logs")):
@@ -44,7 +69,11 @@ def _run(args) -> int:
     from kiln.platform.spec import load_pipeline
 
     pipeline = load_pipeline(args.spec, args.overrides, runs_dir=args.runs_dir)
-    result = pipeline.run(run_id=args.run_id, force=args.force, runtime=Runtime(address=args.address, dashboard=args.dashboard))
+    result = pipeline.run(
+        run_id=args.run_id,
+        force=args.force,
+        runtime=Runtime(address=args.address, dashboard=args.dashboard),
+    )
     for name, entry in result.record["stages"].items():
         print(f"  {name:<16} {entry['status']:<8} {entry.get('duration_s', 0):>8.1f}s")
     print(f"run directory: {result.run_dir.resolve()}")
@@ -55,7 +84,9 @@ def _need_address(args) -> str:
     from kiln.platform.errors import ConfigError
 
     if not args.address:
-        raise ConfigError("--address: expected the Ray dashboard URL (or set RAY_ADDRESS), e.g. http://127.0.0.1:8265")
+        raise ConfigError(
+            "--address: expected the Ray dashboard URL (or set RAY_ADDRESS), e.g. http://127.0.0.1:8265"
+        )
     return args.address
 
 
@@ -64,8 +95,13 @@ def _submit(args) -> int:
 
     address = _need_address(args)
     job_id = jobs.submit(
-        args.spec, address, working_dir=args.working_dir, overrides=args.overrides,
-        runs_dir=args.runs_dir, python=args.python, job_id=args.job_id,
+        args.spec,
+        address,
+        working_dir=args.working_dir,
+        overrides=args.overrides,
+        runs_dir=args.runs_dir,
+        python=args.python,
+        job_id=args.job_id,
     )
     print(f"submitted job {job_id}")
     if not args.wait:

@@ -21,8 +21,14 @@ def _client(address: str):
 
     try:
         return JobSubmissionClient(address)
-    except (ConnectionError, RuntimeError, ValueError) as e:  # refused, not a Ray dashboard, bad URL
-        raise KilnError(f"--address {address}: cannot reach the Ray dashboard ({str(e).splitlines()[0]})") from None
+    except (
+        ConnectionError,
+        RuntimeError,
+        ValueError,
+    ) as e:  # refused, not a Ray dashboard, bad URL
+        raise KilnError(
+            f"--address {address}: cannot reach the Ray dashboard ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def submit(
@@ -68,7 +74,9 @@ def submit(
             except RuntimeError as e:
                 # A head node that just started answers before its job agent is up.
                 if "No available agent" not in str(e) or time.monotonic() > deadline:
-                    raise KilnError(f"--address {address}: job not accepted ({str(e).splitlines()[0]})") from None
+                    raise KilnError(
+                        f"--address {address}: job not accepted ({str(e).splitlines()[0]})"
+                    ) from None
                 time.sleep(1.0)
     finally:
         if staging:

@@ -91,9 +91,13 @@ class Pipeline:
                     match = [k for r, k in produced if r == ref]
                     if not match:
                         known = ", ".join(r for r, _ in produced) or "none"
-                        raise SpecError(f"{st.name}.inputs.{slot}: unknown artifact {ref!r} (earlier outputs: {known})")
+                        raise SpecError(
+                            f"{st.name}.inputs.{slot}: unknown artifact {ref!r} (earlier outputs: {known})"
+                        )
                     if match[0] != kind:
-                        raise SpecError(f"{st.name}.inputs.{slot}: {ref!r} is a {match[0]}, expected a {kind}")
+                        raise SpecError(
+                            f"{st.name}.inputs.{slot}: {ref!r} is a {match[0]}, expected a {kind}"
+                        )
                 slots[slot] = ref
             wiring[st.name] = slots
             produced += [(f"{st.name}.{slot}", kind) for slot, kind in st.output_kinds.items()]
@@ -111,7 +115,9 @@ class Pipeline:
     ) -> RunResult:
         unknown = set(force) - {st.name for st in self.stages}
         if unknown:
-            raise SpecError(f"--force {min(unknown)}: no such stage (stages: {', '.join(s.name for s in self.stages)})")
+            raise SpecError(
+                f"--force {min(unknown)}: no such stage (stages: {', '.join(s.name for s in self.stages)})"
+            )
         runtime = runtime or Runtime()
         run_id = run_id or _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = self.runs_dir / self.name / run_id
@@ -148,22 +154,41 @@ class Pipeline:
             art = result.outputs[ref] if ref in result.outputs else Artifact.load(ref)
             expected = st.input_kinds[slot]
             if art.kind != expected:
-                raise SpecError(f"{st.name}.inputs.{slot}: {ref} is a {art.kind}, expected a {expected}")
+                raise SpecError(
+                    f"{st.name}.inputs.{slot}: {ref} is a {art.kind}, expected a {expected}"
+                )
             inputs[slot] = art
         return inputs
 
-    def _run_stage(self, st: Stage, run_dir: Path, record: dict, result: RunResult, runtime: Runtime, force: bool):
+    def _run_stage(
+        self,
+        st: Stage,
+        run_dir: Path,
+        record: dict,
+        result: RunResult,
+        runtime: Runtime,
+        force: bool,
+    ):
         entry = record["stages"][st.name]
         inputs = self._resolve_inputs(st, result)
         fp = st.fingerprint({slot: a.fingerprint for slot, a in inputs.items()})
-        entry.update(fingerprint=fp, inputs={s: {"uri": a.uri, "fingerprint": a.fingerprint} for s, a in inputs.items()})
+        entry.update(
+            fingerprint=fp,
+            inputs={s: {"uri": a.uri, "fingerprint": a.fingerprint} for s, a in inputs.items()},
+        )
         stage_dir = run_dir / st.name
         stage_dir.mkdir(parents=True, exist_ok=True)
 
         cached = None if (force or not st.cacheable) else self._find_cached(st, fp)
         if cached is not None:
             outputs, source = cached
-            entry.update(status="cached", cached_from=str(source), started=_now(), ended=_now(), duration_s=0.0)
+            entry.update(
+                status="cached",
+                cached_from=str(source),
+                started=_now(),
+                ended=_now(),
+                duration_s=0.0,
+            )
             (stage_dir / "CACHED").write_text(f"{source}\n")
             log.info("stage %s: cached (%s)", st.name, source)
         else:
@@ -177,22 +202,48 @@ class Pipeline:
             entry.update(status="running", started=_now())
             self._write(run_dir, record)
             log.info("stage %s: running", st.name)
-            ctx = StageContext(stage=st, run_dir=run_dir, stage_dir=stage_dir, inputs=inputs, outputs=outputs, runtime=runtime)
+            ctx = StageContext(
+                stage=st,
+                run_dir=run_dir,
+                stage_dir=stage_dir,
+                inputs=inputs,
+                outputs=outputs,
+                runtime=runtime,
+            )
             t0 = time.perf_counter()
             try:
                 metrics = st.run(ctx) or {}
             except KilnError as e:
-                entry.update(status="failed", error=str(e), ended=_now(), duration_s=round(time.perf_counter() - t0, 3))
+                entry.update(
+                    status="failed",
+                    error=str(e),
+                    ended=_now(),
+                    duration_s=round(time.perf_counter() - t0, 3),
+                )
                 raise
             except Exception as e:
-                entry.update(status="failed", error=f"{type(e).__name__}: {e}", ended=_now(), duration_s=round(time.perf_counter() - t0, 3))
+                entry.update(
+                    status="failed",
+                    error=f"{type(e).__name__}: {e}",
+                    ended=_now(),
+                    duration_s=round(time.perf_counter() - t0, 3),
+                )
                 (stage_dir / "error.txt").write_text(traceback.format_exc())
-                raise StageFailed(f"stage {st.name} failed: {type(e).__name__}: {e} (traceback in {stage_dir / 'error.txt'})") from e
+                raise StageFailed(
+                    f"stage {st.name} failed: {type(e).__name__}: {e} (traceback in {stage_dir / 'error.txt'})"
+                ) from e
             for art in outputs.values():
                 art.commit()
-            entry.update(status="done", ended=_now(), duration_s=round(time.perf_counter() - t0, 3), metrics=metrics)
+            entry.update(
+                status="done",
+                ended=_now(),
+                duration_s=round(time.perf_counter() - t0, 3),
+                metrics=metrics,
+            )
             log.info("stage %s: done in %.1fs", st.name, entry["duration_s"])
-        entry["outputs"] = {slot: {"uri": a.uri, "kind": a.kind, "counts": a.counts} for slot, a in outputs.items()}
+        entry["outputs"] = {
+            slot: {"uri": a.uri, "kind": a.kind, "counts": a.counts} for slot, a in outputs.items()
+        }
         for slot, art in outputs.items():
             result.outputs[f"{st.name}.{slot}"] = art
 
@@ -201,7 +252,9 @@ class Pipeline:
         if not st.output_kinds:
             return None
         root = self.runs_dir / self.name
-        candidates = sorted(root.glob(f"*/{st.name}"), key=lambda p: p.stat().st_mtime, reverse=True)
+        candidates = sorted(
+            root.glob(f"*/{st.name}"), key=lambda p: p.stat().st_mtime, reverse=True
+        )
         for stage_dir in candidates:
             outputs = {}
             for slot in st.output_kinds:

@@ -1,7 +1,7 @@
 """The YAML reference, generated from the stages' pydantic configs so it cannot drift.
 
-    kiln reference --write docs/yaml-reference.md     # regenerate
-    kiln reference --check docs/yaml-reference.md     # exit 1 if stale (a test runs this)
+kiln reference --write docs/yaml-reference.md     # regenerate
+kiln reference --check docs/yaml-reference.md     # exit 1 if stale (a test runs this)
 """
 
 from __future__ import annotations
@@ -70,7 +70,11 @@ def _default(field) -> str:
                 value = field.default_factory()
             except TypeError:
                 return "(computed)"
-            return f"`{value.model_dump(mode='json') if isinstance(value, BaseModel) else value!r}`"[:80]
+            return (
+                f"`{value.model_dump(mode='json') if isinstance(value, BaseModel) else value!r}`"[
+                    :80
+                ]
+            )
         return "**required**"
     value = field.default
     if isinstance(value, BaseModel):
@@ -85,7 +89,9 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         key = field.alias or name
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
-        rows.append(f"| `{prefix}{key}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |")
+        rows.append(
+            f"| `{prefix}{key}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |"
+        )
         sub = _submodel(field.annotation)
         if sub is not None and sub is not model:
             rows += _rows(sub, f"{prefix}{key}.")
@@ -98,7 +104,12 @@ def stage_section(name: str) -> str:
     ins = ", ".join(f"`{s}` ({k})" for s, k in cls.input_kinds.items()) or "none"
     outs = ", ".join(f"`{s}` ({k})" for s, k in cls.output_kinds.items()) or "none"
     lines = [f"## `{name}`", "", doc, "", f"Inputs: {ins}. Outputs: {outs}.", ""]
-    lines += ["| field | type | default | description |", "| --- | --- | --- | --- |", *_rows(cls.Config), ""]
+    lines += [
+        "| field | type | default | description |",
+        "| --- | --- | --- | --- |",
+        *_rows(cls.Config),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -107,13 +118,18 @@ def render() -> str:
     for name in available_stages():
         try:
             parts.append(stage_section(name))
-        except (KilnError, ImportError) as e:  # an area not importable here: say so instead of failing
+        except (
+            KilnError,
+            ImportError,
+        ) as e:  # an area not importable here: say so instead of failing
             parts.append(f"## `{name}`\n\n(unavailable: {type(e).__name__})\n")
     return "\n".join(parts).rstrip() + "\n"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("reference", help="print (or --write/--check) the YAML reference generated from the configs")
+    p = sub.add_parser(
+        "reference", help="print (or --write/--check) the YAML reference generated from the configs"
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="FILE")
     g.add_argument("--check", metavar="FILE")

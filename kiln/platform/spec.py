@@ -76,10 +76,14 @@ def _stage_name(entry: dict[str, Any]) -> str:
     return str(entry.get("name") or entry.get("stage"))
 
 
-def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | None = None) -> Pipeline:
+def build_pipeline(
+    spec: dict[str, Any], source: str = "spec", runs_dir: str | None = None
+) -> Pipeline:
     unknown = set(spec) - TOP_LEVEL
     if unknown:
-        raise SpecError(f"{source}: unknown key {min(unknown)!r} (expected: {', '.join(sorted(TOP_LEVEL))})")
+        raise SpecError(
+            f"{source}: unknown key {min(unknown)!r} (expected: {', '.join(sorted(TOP_LEVEL))})"
+        )
     name = spec.get("pipeline")
     if not isinstance(name, str):
         raise SpecError(f"{source}: pipeline: expected a name (string)")
@@ -93,7 +97,9 @@ def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | N
             raise SpecError(f"{where}: expected a mapping with `stage: <name>`")
         extra = set(entry) - STAGE_KEYS
         if extra:
-            raise SpecError(f"{where}: unknown key {min(extra)!r} (expected: {', '.join(sorted(STAGE_KEYS))})")
+            raise SpecError(
+                f"{where}: unknown key {min(extra)!r} (expected: {', '.join(sorted(STAGE_KEYS))})"
+            )
         config = entry.get("config") or {}
         inputs = entry.get("inputs") or {}
         if not isinstance(config, dict):
@@ -105,12 +111,16 @@ def build_pipeline(spec: dict[str, Any], source: str = "spec", runs_dir: str | N
         except KilnError as e:
             raise type(e)(f"{where}: {e}") from None
         try:
-            stages.append(cls(config, name=entry.get("name"), inputs={k: str(v) for k, v in inputs.items()}))
+            stages.append(
+                cls(config, name=entry.get("name"), inputs={k: str(v) for k, v in inputs.items()})
+            )
         except KilnError as e:
             raise type(e)(f"{source}: {e}") from None
     return Pipeline(name, stages, runs_dir=runs_dir or spec.get("runs_dir"))
 
 
-def load_pipeline(path: str | Path, overrides: list[str] = (), runs_dir: str | None = None) -> Pipeline:
+def load_pipeline(
+    path: str | Path, overrides: list[str] = (), runs_dir: str | None = None
+) -> Pipeline:
     spec = apply_overrides(read_spec(path), list(overrides))
     return build_pipeline(spec, source=str(path), runs_dir=runs_dir)

@@ -149,7 +149,7 @@ class Generator:
         plist = _per_prompt(params, len(prompt_ids))
         seqs = [
             _Sequence(list(p), q.model_copy(update={"stop": []}), make_generator(q, self.device))
-            for p, q in zip(prompt_ids, plist)
+            for p, q in zip(prompt_ids, plist, strict=False)
         ]
         for _ in self._decode_cached(seqs) if use_cache else self._decode_uncached(seqs):
             pass
@@ -175,7 +175,7 @@ class Generator:
     def _sequences(self, prompts, params) -> list[_Sequence]:
         plist = _per_prompt(params, len(prompts))
         seqs = []
-        for prompt, p in zip(prompts, plist):
+        for prompt, p in zip(prompts, plist, strict=False):
             ids = self.encode(prompt)
             if len(ids) >= self.max_seq_len:
                 raise InputError(
@@ -248,7 +248,7 @@ class Generator:
             next_tokens = sample_next(
                 logits, [s.params for s in active], [s.rng for s in active]
             ).tolist()
-            for s, t in zip(active, next_tokens):
+            for s, t in zip(active, next_tokens, strict=False):
                 self._push(s, t)
             yield
             keep = [i for i, s in enumerate(active) if not s.done]

@@ -174,7 +174,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
             CompletionChoice(
                 text=(p + r.text) if req.echo else r.text, index=i, finish_reason=r.finish_reason
             )
-            for i, (p, r) in enumerate(zip(prompts, results))
+            for i, (p, r) in enumerate(zip(prompts, results, strict=False))
         ]
         usage = None
         if all(r.prompt_tokens is not None and r.completion_tokens is not None for r in results):
@@ -187,9 +187,10 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
         backend: Backend, prompt: str, params, echo: bool
     ) -> AsyncIterator[str]:
         first = CompletionResponse(model=name, choices=[])
-        chunk = lambda text, reason: first.model_copy(
-            update={"choices": [CompletionChoice(text=text, index=0, finish_reason=reason)]}
-        ).model_dump_json()
+        def chunk(text, reason):
+            return first.model_copy(
+                    update={"choices": [CompletionChoice(text=text, index=0, finish_reason=reason)]}
+                ).model_dump_json()
         if echo:
             yield f"data: {chunk(prompt, None)}\n\n"
         deltas = 0

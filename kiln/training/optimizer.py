@@ -25,10 +25,14 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         kind = [p for p in params if isinstance(p, DTensor) == is_dtensor]
         decay = [p for p in kind if p.ndim >= 2]
         no_decay = [p for p in kind if p.ndim < 2]
-        groups += [g for g in (
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ) if g["params"]]
+        groups += [
+            g
+            for g in (
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            )
+            if g["params"]
+        ]
     impl = cfg.implementation
     if impl == "auto":
         impl = "fused" if params and params[0].is_cuda else "foreach"

@@ -39,17 +39,32 @@ class HeadNode:
 
     def __enter__(self) -> Self:
         cmd = [
-            str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
-            f"--port={self.gcs_port}", "--node-ip-address=127.0.0.1",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash_port}",
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            f"--port={self.gcs_port}",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dash_port}",
             f"--num-cpus={self.num_cpus}",
             # Every fixed-default port on free ports too: the session's own Ray (tests/conftest.py)
             # already holds the defaults, and a job agent that cannot bind never accepts jobs.
-            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
             f"--ray-client-server-port={free_port()}",
         ]
-        self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -14,13 +14,32 @@ from kiln.platform.cli import main
     "spec, expected",
     [
         ("pipeline: p\nstages: [\n", r"spec\.yaml: line \d+, column \d+: invalid YAML"),
-        ("pipeline: p\nstages:\n  - stage: no.such.stage\n", r"stages\[0\]: unknown stage 'no\.such\.stage'"),
-        ("pipeline: p\nstages:\n  - stage: text.stats\n    config: {top_words: lots}\n", r"text\.stats\.top_words: .*integer.*\(got 'lots'\)"),
-        ("pipeline: p\nstages:\n  - stage: text.stats\n    config: {colour: red}\n", r"text\.stats\.colour: unknown field"),
-        ("pipeline: p\nstages:\n  - stage: text.read\n    config: {paths: [/no/such/dir]}\n", r"text\.read\.paths: /no/such/dir: no such file or directory"),
+        (
+            "pipeline: p\nstages:\n  - stage: no.such.stage\n",
+            r"stages\[0\]: unknown stage 'no\.such\.stage'",
+        ),
+        (
+            "pipeline: p\nstages:\n  - stage: text.stats\n    config: {top_words: lots}\n",
+            r"text\.stats\.top_words: .*integer.*\(got 'lots'\)",
+        ),
+        (
+            "pipeline: p\nstages:\n  - stage: text.stats\n    config: {colour: red}\n",
+            r"text\.stats\.colour: unknown field",
+        ),
+        (
+            "pipeline: p\nstages:\n  - stage: text.read\n    config: {paths: [/no/such/dir]}\n",
+            r"text\.read\.paths: /no/such/dir: no such file or directory",
+        ),
         ("pipeline: p\nstagez: []\n", r"unknown key 'stagez'"),
     ],
-    ids=["bad-yaml", "unknown-stage", "wrong-type", "unknown-field", "missing-input-file", "unknown-top-key"],
+    ids=[
+        "bad-yaml",
+        "unknown-stage",
+        "wrong-type",
+        "unknown-field",
+        "missing-input-file",
+        "unknown-top-key",
+    ],
 )
 def test_bad_spec_is_one_line_and_exit_2(tmp_path, capsys, spec, expected, monkeypatch):
     import re
@@ -45,7 +64,15 @@ def test_missing_spec_and_bad_set(tmp_path, capsys):
 
 
 def test_real_process_exit_code_and_single_line(tmp_path):
-    (tmp_path / "spec.yaml").write_text("pipeline: p\nstages:\n  - stage: text.stats\n    config: {top_words: -1}\n")
-    out = subprocess.run(check=False, args=[sys.executable, "-m", "kiln", "run", "spec.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    (tmp_path / "spec.yaml").write_text(
+        "pipeline: p\nstages:\n  - stage: text.stats\n    config: {top_words: -1}\n"
+    )
+    out = subprocess.run(
+        check=False,
+        args=[sys.executable, "-m", "kiln", "run", "spec.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "text.stats.top_words" in out.stderr

@@ -97,13 +97,17 @@ def test_triton_deployment_and_service():
 
 def test_dockerfile_installs_the_gpu_extra_and_runs_kiln():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
-    assert next(line for line in text.splitlines() if line.startswith("FROM")).startswith("FROM nvcr.io/nvidia/")
+    assert next(line for line in text.splitlines() if line.startswith("FROM")).startswith(
+        "FROM nvcr.io/nvidia/"
+    )
     assert "'.[gpu]'" in text
     cmd = [l for l in text.splitlines() if l.startswith("CMD")][-1]
     assert '"kiln"' in cmd
 
 
-@pytest.mark.parametrize("spec", sorted((REPO / "kiln" / "pipelines").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "spec", sorted((REPO / "kiln" / "pipelines").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_shipped_pipelines_load(spec):
     from kiln.platform.spec import load_pipeline
 

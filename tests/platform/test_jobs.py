@@ -34,27 +34,73 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(tmp_path):
     (work / "spec.yaml").write_text(SPEC)
     runs = tmp_path / "runs"
     with HeadNode() as head:
-        out = subprocess.run(check=False, args=
-            [str(BIN / "kiln"), "submit", "spec.yaml", "--address", head.dashboard_url, "--wait", "--runs-dir", str(runs)],
-            cwd=work, env=head.env, capture_output=True, text=True, timeout=300,
+        out = subprocess.run(
+            check=False,
+            args=[
+                str(BIN / "kiln"),
+                "submit",
+                "spec.yaml",
+                "--address",
+                head.dashboard_url,
+                "--wait",
+                "--runs-dir",
+                str(runs),
+            ],
+            cwd=work,
+            env=head.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "SUCCEEDED" in out.stdout
         job_id = out.stdout.split("submitted job ")[1].split()[0]
-        status = subprocess.run(check=False, args=[str(BIN / "kiln"), "status", job_id, "--address", head.dashboard_url],
-                                env=head.env, capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            check=False,
+            args=[str(BIN / "kiln"), "status", job_id, "--address", head.dashboard_url],
+            env=head.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert status.stdout.strip() == "SUCCEEDED"
 
-        out = subprocess.run(check=False, args=
-            [str(BIN / "ray"), "job", "submit", "--address", head.dashboard_url, "--working-dir", str(work),
-             "--", "python", "-m", "kiln", "run", "spec.yaml", "--runs-dir", str(runs), "--force", "stats"],
-            cwd=work, env=head.env, capture_output=True, text=True, timeout=300,
+        out = subprocess.run(
+            check=False,
+            args=[
+                str(BIN / "ray"),
+                "job",
+                "submit",
+                "--address",
+                head.dashboard_url,
+                "--working-dir",
+                str(work),
+                "--",
+                "python",
+                "-m",
+                "kiln",
+                "run",
+                "spec.yaml",
+                "--runs-dir",
+                str(runs),
+                "--force",
+                "stats",
+            ],
+            cwd=work,
+            env=head.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     records = _runs(runs)
     assert len(records) == 2 and all(r["status"] == "succeeded" for r in records)
     assert records[0]["stages"]["stats"]["status"] == "done"
-    assert records[1]["stages"]["read"]["status"] == "cached"  # the second job reused the first's output
+    assert (
+        records[1]["stages"]["read"]["status"] == "cached"
+    )  # the second job reused the first's output
     assert records[1]["stages"]["stats"]["status"] == "done"
-    stats = json.loads(Path(records[1]["stages"]["stats"]["outputs"]["stats"]["uri"], "stats.json").read_text())
+    stats = json.loads(
+        Path(records[1]["stages"]["stats"]["outputs"]["stats"]["uri"], "stats.json").read_text()
+    )
     assert stats["words"] == 3

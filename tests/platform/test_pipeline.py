@@ -31,7 +31,11 @@ def test_sdk_pipeline_runs_and_second_run_hits_cache(tmp_path, ray_session):
     read, stats = stage_class("text.read"), stage_class("text.stats")
 
     def pipeline():
-        return Pipeline("demo", [read(paths=[str(docs)], name="read"), stats(name="stats")], runs_dir=tmp_path / "runs")
+        return Pipeline(
+            "demo",
+            [read(paths=[str(docs)], name="read"), stats(name="stats")],
+            runs_dir=tmp_path / "runs",
+        )
 
     first = pipeline().run()
     rec = _run_json(first.run_dir)
@@ -39,7 +43,10 @@ def test_sdk_pipeline_runs_and_second_run_hits_cache(tmp_path, ray_session):
     assert [rec["stages"][s]["status"] for s in ("read", "stats")] == ["done", "done"]
     stats_json = json.loads((first.run_dir / "stats" / "stats" / "stats.json").read_text())
     assert stats_json["documents"] == 2 and stats_json["words"] == 11
-    assert rec["stages"]["stats"]["inputs"]["corpus"]["fingerprint"] == rec["stages"]["read"]["fingerprint"]
+    assert (
+        rec["stages"]["stats"]["inputs"]["corpus"]["fingerprint"]
+        == rec["stages"]["read"]["fingerprint"]
+    )
 
     second = pipeline().run()
     rec2 = _run_json(second.run_dir)
@@ -51,14 +58,20 @@ def test_sdk_pipeline_runs_and_second_run_hits_cache(tmp_path, ray_session):
     third = pipeline().run()
     rec3 = _run_json(third.run_dir)
     assert [rec3["stages"][s]["status"] for s in ("read", "stats")] == ["done", "done"]
-    assert json.loads((third.run_dir / "stats" / "stats" / "stats.json").read_text())["documents"] == 3
+    assert (
+        json.loads((third.run_dir / "stats" / "stats" / "stats.json").read_text())["documents"] == 3
+    )
 
 
 def test_force_reruns_one_stage_and_config_change_invalidates(tmp_path):
     log = tmp_path / "log.txt"
 
     def pipeline(value=1):
-        return Pipeline("p", [CountRuns(log=str(log), name="a"), CountRuns(log=str(log), value=value, name="b")], runs_dir=tmp_path)
+        return Pipeline(
+            "p",
+            [CountRuns(log=str(log), name="a"), CountRuns(log=str(log), value=value, name="b")],
+            runs_dir=tmp_path,
+        )
 
     pipeline().run()
     assert log.read_text().split() == ["a", "b"]
@@ -75,7 +88,14 @@ def test_wiring_errors_name_the_slot(tmp_path):
     with pytest.raises(SpecError, match=r"h\.inputs\.inp: no earlier stage produces a Stats"):
         Pipeline("p", [HangOnce(marker="m", log="l", name="h")], runs_dir=tmp_path)
     with pytest.raises(SpecError, match=r"h\.inputs\.inp: unknown artifact 'x\.out'"):
-        Pipeline("p", [CountRuns(log="l", name="a"), HangOnce(marker="m", log="l", name="h", inputs={"inp": "x.out"})], runs_dir=tmp_path)
+        Pipeline(
+            "p",
+            [
+                CountRuns(log="l", name="a"),
+                HangOnce(marker="m", log="l", name="h", inputs={"inp": "x.out"}),
+            ],
+            runs_dir=tmp_path,
+        )
     with pytest.raises(ConfigError, match=r"a\.value: .*integer"):
         CountRuns(log="l", value="many", name="a")
     with pytest.raises(ConfigError, match=r"a\.colour: unknown field"):
@@ -88,7 +108,7 @@ def test_sigkill_in_second_stage_then_rerun_resumes_there(tmp_path):
     spec.write_text(
         f"""
 pipeline: resume
-runs_dir: {tmp_path / 'runs'}
+runs_dir: {tmp_path / "runs"}
 stages:
   - stage: tests.platform.stages_for_tests:CountRuns
     name: first
@@ -100,7 +120,9 @@ stages:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "kiln", "run", str(spec)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None, "pipeline exited before reaching the second stage"
@@ -112,9 +134,15 @@ stages:
     killed_run = next((tmp_path / "runs" / "resume").iterdir())
     assert _run_json(killed_run)["stages"]["second"]["status"] == "running"
 
-    out = subprocess.run(check=False, args=cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        check=False, args=cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
-    assert log.read_text().split() == ["first", "second", "second"]  # the first stage was not re-run
+    assert log.read_text().split() == [
+        "first",
+        "second",
+        "second",
+    ]  # the first stage was not re-run
     runs = sorted((tmp_path / "runs" / "resume").iterdir())
     rec = _run_json(runs[-1])
     assert rec["stages"]["first"]["status"] == "cached"

@@ -8,7 +8,9 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "yaml-reference.md"
 
 
 def test_yaml_reference_matches_the_code():
-    assert REFERENCE.read_text() == render(), "docs/yaml-reference.md is stale: run `kiln reference --write docs/yaml-reference.md`"
+    assert REFERENCE.read_text() == render(), (
+        "docs/yaml-reference.md is stale: run `kiln reference --write docs/yaml-reference.md`"
+    )
 
 
 def test_reference_covers_every_stage_field():

@@ -67,12 +67,12 @@ class TritonPythonModel:
             if tensor is None:
                 continue
             values = tensor.as_numpy().reshape(len(prompts), -1)[:, 0]
-            for row, value in zip(fields, values):
+            for row, value in zip(fields, values, strict=False):
                 row[field] = cast(value)
         stop_tensor = pb_utils.get_input_tensor_by_name(request, "stop")
         if stop_tensor is not None:
             stops = stop_tensor.as_numpy().reshape(len(prompts), -1)
-            for row, values in zip(fields, stops):
+            for row, values in zip(fields, stops, strict=False):
                 row["stop"] = [s for s in _strings(values) if s]
         stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
         stream = (

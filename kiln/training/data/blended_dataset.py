@@ -21,7 +21,7 @@ def build_blending_indices(
     weights = np.asarray(weights, dtype=np.float64)
     weights = weights / weights.sum()
     due, which, local = [], [], []
-    for d, (w, limit) in enumerate(zip(weights, limits)):
+    for d, (w, limit) in enumerate(zip(weights, limits, strict=False)):
         k = np.arange(min(limit, int(np.ceil(w * size)) + 1), dtype=np.int64)
         due.append((k + 0.5) / w)
         which.append(np.full(len(k), d, dtype=np.int16))
@@ -51,7 +51,7 @@ class BlendedDataset:
         self.weights = w
         self.seq_len = datasets[0].seq_len
         # By default: as many samples as fit without repeating any dataset within one pass.
-        self.size = size or int(min(len(ds) / wi for ds, wi in zip(datasets, w)))
+        self.size = size or int(min(len(ds) / wi for ds, wi in zip(datasets, w, strict=False)))
         self.dataset_index, self.dataset_sample_index = build_blending_indices(
             w, self.size, [len(ds) for ds in datasets]
         )

@@ -186,7 +186,7 @@ class GPTDataset:
     def _save_cache(self, arrays: tuple[np.ndarray, ...]) -> None:
         try:
             self.cache_path.mkdir(parents=True, exist_ok=True)
-            for name, arr in zip(self._NAMES, arrays):
+            for name, arr in zip(self._NAMES, arrays, strict=False):
                 tmp = self.cache_path / f".{name}.{uuid.uuid4().hex}.npy"
                 np.save(tmp, arr)
                 os.replace(tmp, self.cache_path / f"{name}.npy")

@@ -73,7 +73,7 @@ class ShardTokenizer:
         encodings = self.tok.encode_batch(texts, add_special_tokens=False)
         name = uuid.uuid4().hex
         writers: dict[str, indexed_dataset.IndexedDatasetWriter] = {}
-        for doc_id, enc in zip(ids, encodings):
+        for doc_id, enc in zip(ids, encodings, strict=False):
             split = split_of(doc_id, self.seed, self.valid_fraction, self.test_fraction)
             if split not in writers:
                 writers[split] = indexed_dataset.IndexedDatasetWriter(

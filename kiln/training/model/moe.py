@@ -125,7 +125,7 @@ class MoE(nn.Module):
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Apply expert e to the next counts[e] rows of x (rows grouped by expert id)."""
         chunks = x.split(counts.tolist(), dim=0)
-        return torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)], dim=0)
+        return torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks, strict=False)], dim=0)
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

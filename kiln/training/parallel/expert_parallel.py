@@ -79,7 +79,7 @@ class ExpertParallelMoE(MoE):
         y = torch.cat(
             [
                 expert(c.to(expert.w1.weight.dtype))
-                for expert, c in zip(self.experts.values(), chunks)
+                for expert, c in zip(self.experts.values(), chunks, strict=False)
             ]
         )
         y = y.to(x.dtype)
@@ -125,7 +125,7 @@ def apply_expert_parallel(
     dp_size = dp_mesh.size() if dp_mesh is not None else ep
     replicas = _replica_group(ep_mesh, dp_mesh) if dp_mesh is not None and dp_size > ep else None
 
-    for name, module in model.named_modules():
+    for _name, module in model.named_modules():
         if not isinstance(module, MoE):
             continue
         if module.n_experts % ep:

@@ -52,7 +52,7 @@ def test_greedy_with_cache_equals_without(shape, tokenizer):
     params = SamplingParams(max_new_tokens=24)
     cached = gen.generate(PROMPTS, params)
     uncached = gen.generate(PROMPTS, params, use_cache=False)
-    for c, u in zip(cached, uncached):
+    for c, u in zip(cached, uncached, strict=False):
         assert c.completion_tokens == 24 and c.finish_reason == "length"
         assert c.token_ids == u.token_ids
         assert c.text == u.text

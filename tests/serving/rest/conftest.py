@@ -37,7 +37,9 @@ def endpoint(ray_session, tiny_model_dir):
         "deployment": {"num_cpus": 0.5},
     }
     # under a route prefix of its own: no clash with an app another test left at "/"
-    ep = launch(tiny_model_dir, settings, port=free_port(), app_name="rest-test", route_prefix="/rest")
+    ep = launch(
+        tiny_model_dir, settings, port=free_port(), app_name="rest-test", route_prefix="/rest"
+    )
     yield ep
     ep.close()
     serve.shutdown()

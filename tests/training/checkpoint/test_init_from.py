@@ -16,9 +16,16 @@ def _hf_llama(tmp_path) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     path = str(tmp_path / "hf")
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
@@ -26,8 +33,13 @@ def _hf_llama(tmp_path) -> str:
 
 def _config(model_cfg: dict, ckpt_dir: str, init_from: str, steps: int) -> TrainConfig:
     return TrainConfig(
-        model=model_cfg, steps=steps, seq_len=32, global_batch_size=2, micro_batch_size=2,
-        parallel={"dp_shard": 1}, data={"synthetic": True},
+        model=model_cfg,
+        steps=steps,
+        seq_len=32,
+        global_batch_size=2,
+        micro_batch_size=2,
+        parallel={"dp_shard": 1},
+        data={"synthetic": True},
         checkpoint={"dir": ckpt_dir, "init_from": init_from},
     )
 
@@ -48,4 +60,6 @@ def test_init_from_imported_hf_weights_then_resume_wins(tmp_path):
     assert resumed.step == 2  # the run's own latest checkpoint, not the imported weights
     _, saved = load_model_state(str(tmp_path / "run"))
     for name, tensor in saved.items():
-        torch.testing.assert_close(resumed.model_parts[0].state_dict()[name], tensor, rtol=0, atol=0)
+        torch.testing.assert_close(
+            resumed.model_parts[0].state_dict()[name], tensor, rtol=0, atol=0
+        )

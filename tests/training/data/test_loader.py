@@ -47,9 +47,9 @@ def test_deterministic_and_prefetch_changes_nothing(data):
     a = _take(_loader(data, prefetch=3), 12)
     b = _take(_loader(data, prefetch=0), 12)
     c = _take(_loader(data, seed=2), 12)
-    for (ta, la), (tb, lb) in zip(a, b):
+    for (ta, la), (tb, lb) in zip(a, b, strict=False):
         assert torch.equal(ta, tb) and torch.equal(la, lb)
-    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a, c))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a, c, strict=False))
 
 
 def test_dp_ranks_split_one_pass_and_cover_every_token_once(data):
@@ -60,10 +60,10 @@ def test_dp_ranks_split_one_pass_and_cover_every_token_once(data):
     steps = -(-per_pass // (dp * mbs))
     seen: dict[int, np.ndarray] = {}
     for step in range(steps):
-        for r, loader in enumerate(loaders):
+        for _r, loader in enumerate(loaders):
             ids = loader.sample_ids(step)
             tokens, _ = next(loader)
-            for j, row in zip(ids, tokens.numpy()):
+            for j, row in zip(ids, tokens.numpy(), strict=False):
                 assert j not in seen  # no sample reaches two ranks
                 seen[int(j)] = row
     epoch = np.concatenate([seen[j] for j in range(per_pass)])
@@ -82,7 +82,7 @@ def test_resume_at_step_k_sees_the_uninterrupted_batches(data, dp_size):
             state = first.state_dict()
             resumed = _loader(data, r, dp_size, mbs=4)
             resumed.load_state_dict(state)
-            for (t, lab), (rt, rl) in zip(_take(resumed, 4), reference[r][k : k + 4]):
+            for (t, lab), (rt, rl) in zip(_take(resumed, 4), reference[r][k : k + 4], strict=False):
                 assert torch.equal(t, rt) and torch.equal(lab, rl)
 
 
@@ -132,7 +132,7 @@ def test_synthetic_data_same_api(data):
         cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=1, dp_size=2, seed=3, vocab_size=50
     )
     c.load_state_dict(b.state_dict())
-    assert all(torch.equal(x[0], y[0]) for x, y in zip(_take(c, 2), batches[2:]))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(_take(c, 2), batches[2:], strict=False))
     with pytest.raises(ConfigError, match="vocab_size"):
         build_dataloader(cfg, seq_len=SEQ, micro_batch_size=2, dp_rank=0, dp_size=1, seed=0)
 

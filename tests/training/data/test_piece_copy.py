@@ -10,7 +10,7 @@ def test_pieces_are_concatenated_and_widened(dtype):
     tokens = rng.integers(0, np.iinfo(dtype).max, 10_000, endpoint=True).astype(dtype)
     starts = rng.integers(0, 9_000, 40).astype(np.int64)
     lengths = rng.integers(0, 900, 40).astype(np.int64)
-    expected = np.concatenate([tokens[s : s + n] for s, n in zip(starts, lengths)])
+    expected = np.concatenate([tokens[s : s + n] for s, n in zip(starts, lengths, strict=False)])
     out = np.full(int(lengths.sum()), -1, dtype=np.int64)
     copy_pieces(tokens, starts, lengths, out)
     np.testing.assert_array_equal(out, expected.astype(np.int64))  # no wrap-around when widening

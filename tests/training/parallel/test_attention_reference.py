@@ -37,5 +37,5 @@ def test_attention_core_matches_naive(hq, hkv, window):
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=False):
         torch.testing.assert_close(got.double(), want.double(), atol=1e-5, rtol=0)

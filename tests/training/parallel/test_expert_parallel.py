@@ -15,7 +15,7 @@ from tests.training.parallel._moe_cases import CASES, ep_vs_single, ep_with_repl
 def test_expert_parallel_matches_single_process(tmp_path):
     per_rank = run_distributed(ep_vs_single, 2, str(tmp_path / "ckpt"))
     for rank, errors in enumerate(per_rank):
-        for case, err, names in errors:
+        for case, err, _names in errors:
             assert err < 1e-5, (rank, case, err)
     # Global expert names: rank 0 keeps experts 0..E/2-1, rank 1 the rest.
     names0, names1 = per_rank[0][0][2], per_rank[1][0][2]

@@ -32,5 +32,5 @@ def test_layouts_match_single_process(world):
     expected = [_single_process(model, opt) for _, _, model, opt in layouts]
     per_rank = run_distributed(train_losses, world, [layout[1:] for layout in layouts])
     for rank, results in enumerate(per_rank):
-        for (name, *_), losses, want in zip(layouts, results, expected):
+        for (name, *_), losses, want in zip(layouts, results, expected, strict=False):
             assert losses == pytest.approx(want, abs=1e-5), (name, rank, losses, want)

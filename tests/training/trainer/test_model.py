@@ -36,7 +36,7 @@ def test_attention_core_matches_naive(hq, hkv, window):
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=False):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
 
 

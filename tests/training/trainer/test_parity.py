@@ -55,7 +55,7 @@ def reference() -> list[float]:
 def two_rank_losses() -> dict[str, list[float]]:
     per_rank = run_distributed(run_layouts, 2, list(TWO_RANKS.values()), timeout=600)
     assert per_rank[0] == per_rank[1], "every rank reports the same global loss"
-    return dict(zip(TWO_RANKS, per_rank[0]))
+    return dict(zip(TWO_RANKS, per_rank[0], strict=False))
 
 
 @pytest.mark.slow
@@ -77,5 +77,5 @@ def test_bf16_distributed_stays_near_fp32(reference, two_rank_losses):
 def test_eight_rank_layouts(reference):
     per_rank = run_distributed(run_layouts, 8, list(EIGHT_RANKS.values()), timeout=600)
     assert all(r == per_rank[0] for r in per_rank)
-    for name, losses in zip(EIGHT_RANKS, per_rank[0]):
+    for name, losses in zip(EIGHT_RANKS, per_rank[0], strict=False):
         assert losses == pytest.approx(reference, abs=1e-5), name
