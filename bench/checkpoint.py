@@ -1,4 +1,4 @@
-"""Checkpoint benchmark: a >= 500 MB training state (params + AdamW moments) on 2 gloo ranks (FSDP2).
+"""Checkpoint benchmark: a >= 500 MB training state (params + AdamW moments), 2 gloo ranks, FSDP2.
 
 Prints, from one run:
   - a sync DCP save of the state: seconds and GB/s, against the machine's sequential write
@@ -101,7 +101,7 @@ def _rank_main(rank: int, world: int, port: int, args, root: str, results) -> No
 
         # Async saves of the same state: what training waits for is the call itself (staging to
         # CPU); the write overlaps the following work. The first save also allocates the staging
-        # buffers; later ones reuse them (steady state). Then the wait for the write, for the record.
+        # buffers; later ones reuse them (steady state). Then the wait for the write, for the record
         ckpt.cfg.async_save = True
         blocked = []
         for step in (2, 3):
@@ -179,21 +179,25 @@ def main() -> None:
     dd = r["dd"]
     save_gbs = state_bytes / r["sync_s"] / 1e9
     print(
-        f"state: {r['params'] / 1e6:.1f} M params, {state_bytes / 1e6:.0f} MB on disk (params + AdamW moments), "
+        f"state: {r['params'] / 1e6:.1f} M params, "
+        f"{state_bytes / 1e6:.0f} MB on disk (params + AdamW moments), "
         f"{args.ranks} ranks"
     )
     for dd_i, save_i in r["pairs"]:
         print(f"  pair: dd {dd_i:.2f} GB/s, then DCP save {state_bytes / save_i / 1e9:.2f} GB/s")
     print(f"sequential write (dd, fsync):   {dd:.2f} GB/s  (just before the fastest save)")
     print(
-        f"DCP sync save:                  {r['sync_s']:.2f} s = {save_gbs:.2f} GB/s  ({save_gbs / dd:.0%} of dd)"
+        f"DCP sync save:                  {r['sync_s']:.2f} s = {save_gbs:.2f} GB/s  "
+        f"({save_gbs / dd:.0%} of dd)"
     )
     print(
         f"async save, training blocked:  {r['blocked_s']:.2f} s  vs sync {r['sync_s']:.2f} s  "
-        f"= {r['blocked_s'] / r['sync_s']:.0%} (target <= 15%); background write {r['background_s']:.2f} s"
+        f"= {r['blocked_s'] / r['sync_s']:.0%} (target <= 15%); "
+        f"background write {r['background_s']:.2f} s"
     )
     print(
-        f"  (first async save of a run, allocating the staging buffers: {r['first_blocked_s']:.2f} s "
+        f"  (first async save of a run, allocating the staging buffers: "
+        f"{r['first_blocked_s']:.2f} s "
         f"= {r['first_blocked_s'] / r['sync_s']:.0%})"
     )
     print(

@@ -81,7 +81,8 @@ def bench_assembly(root: Path, n_docs: int, n_batches: int, copies: int) -> None
         f.writelines(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts))
     ds = IndexedDataset(root / "train")
     print(
-        f"dataset: {ds.num_documents} documents, {ds.num_tokens / 1e6:.1f}M tokens ({ds.dtype.name})"
+        f"dataset: {ds.num_documents} documents, "
+        f"{ds.num_tokens / 1e6:.1f}M tokens ({ds.dtype.name})"
     )
 
     # kiln: the training loader itself, assembling in the caller's thread (prefetch off)
@@ -122,14 +123,17 @@ def bench_assembly(root: Path, n_docs: int, n_batches: int, copies: int) -> None
     jsonl = best_rate(lambda b: next(it), max(5, n_batches // 20), repeats=2)
 
     print(
-        f"\nbatch assembly, seq {SEQ} x batch {BATCH}, random access (tokens per CPU-second, best of 3):"
+        f"\nbatch assembly, seq {SEQ} x batch {BATCH}, random access "
+        "(tokens per CPU-second, best of 3):"
     )
     print(f"  kiln loader (mmap indexed dataset) {ours / 1e6:10.1f} M tokens/s")
     print(
-        f"  memcpy limit (in-RAM slices)       {limit / 1e6:10.1f} M tokens/s   kiln/limit = {ours / limit:.2f}"
+        f"  memcpy limit (in-RAM slices)       {limit / 1e6:10.1f} M tokens/s   "
+        f"kiln/limit = {ours / limit:.2f}"
     )
     print(
-        f"  JSONL tokenised on the fly         {jsonl / 1e6:10.1f} M tokens/s   kiln/jsonl = {ours / jsonl:.0f}x"
+        f"  JSONL tokenised on the fly         {jsonl / 1e6:10.1f} M tokens/s   "
+        f"kiln/jsonl = {ours / jsonl:.0f}x"
     )
 
 
@@ -181,11 +185,13 @@ def bench_index(root: Path, n_docs: int) -> None:
     GPTDataset(ds, SEQ, 1234, cache_dir=root / "idx-cache")
     warm = time.process_time() - t0
     print(
-        f"\nindex build, {n_docs / 1e6:.1f}M documents, {sizes.sum() / 1e9:.2f}B tokens, seq {SEQ} (CPU seconds, best of 3):"
+        f"\nindex build, {n_docs / 1e6:.1f}M documents, {sizes.sum() / 1e9:.2f}B tokens, "
+        f"seq {SEQ} (CPU seconds, best of 3):"
     )
     print(f"  kiln (vectorised numpy)            {ours:8.3f} s")
     print(
-        f"  Megatron-Core (C++ build_sample_idx){theirs:7.3f} s   kiln/megatron time = {ours / theirs:.2f}"
+        f"  Megatron-Core (C++ build_sample_idx){theirs:7.3f} s   "
+        f"kiln/megatron time = {ours / theirs:.2f}"
     )
     print(
         f"  kiln GPTDataset incl. cache write  {cold:8.3f} s; from the on-disk cache {warm:.3f} s"

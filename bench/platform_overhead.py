@@ -18,7 +18,9 @@ import time
 
 BARE = """
 import ray
-ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False)
+ray.init(
+    address="local", include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False
+)
 assert ray.get(ray.remote(num_cpus=0.1)(lambda: 1).remote()) == 1
 ray.shutdown()
 """
@@ -52,7 +54,8 @@ def main() -> None:
     print(f"{'kiln pipeline, no-op stage (1 task)':<44}{f:>10.2f}")
     print(f"{'platform overhead (kiln - bare)':<44}{f - b:>10.2f}   ratio kiln/bare = {f / b:.2f}x")
     print(
-        f"{'kiln cached re-run (no Ray started)':<44}{c:>10.2f}   ratio cached/first = {c / f:.2f}x ({f / c:.1f}x faster)"
+        f"{'kiln cached re-run (no Ray started)':<44}{c:>10.2f}   "
+        f"ratio cached/first = {c / f:.2f}x ({f / c:.1f}x faster)"
     )
 
 

@@ -102,7 +102,7 @@ def eod_id(tok, eod_token: str = EOD_TOKEN) -> int:
 
 
 def save_tokenizer(tok, out_dir: str | os.PathLike, eod_token: str = EOD_TOKEN) -> Path:
-    """`tokenizer.json` plus a `tokenizer_config.json` so `transformers.AutoTokenizer` loads the folder."""
+    """`tokenizer.json` plus a `tokenizer_config.json`, so `transformers.AutoTokenizer` loads it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))

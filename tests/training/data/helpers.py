@@ -12,7 +12,7 @@ from kiln.training.data.indexed_dataset import IndexedDatasetWriter
 def write_unique_dataset(
     prefix: Path, n_docs: int, max_len: int, seed: int = 0, base: int = 0
 ) -> list[np.ndarray]:
-    """Documents of random length (some empty) whose tokens are base + their position in the file."""
+    """Documents of random length (some empty); each token is base + its position in the file."""
     rng = np.random.default_rng(seed)
     docs, pos = [], base
     with IndexedDatasetWriter(prefix, np.int32) as w:

@@ -1,4 +1,4 @@
-"""Byte-level BPE: exact round trips in English and Japanese, CJK-aware pre-tokenisation, load/save."""
+"""Byte-level BPE: exact round trips (English, Japanese), CJK-aware pre-tokenisation, load/save."""
 
 from __future__ import annotations
 
