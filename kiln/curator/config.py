@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kiln.platform.errors import ConfigError
 from kiln.platform.stage import StageConfig
 
 C4_POLICY_PHRASES = [
@@ -54,7 +55,7 @@ class CleanConfig(_Section):
 
 
 class FilterConfig(_Section):
-    """Gopher quality + repetition rules, C4 rules, URL ratio, language id. `None` disables a rule."""
+    """Gopher quality + repetition rules, C4 rules, URL ratio, langid. `None` disables a rule."""
 
     min_words: int | None = 50
     max_words: int | None = 100_000
@@ -87,7 +88,7 @@ class FilterConfig(_Section):
     )
     no_space_script_ratio: float = Field(
         0.3,
-        description="docs whose letters are at least this fraction CJK/kana/Thai use character rules",
+        description="docs at least this fraction CJK/kana/Thai letters use character rules",
     )
     no_space_ngram_scale: int = Field(
         4, gt=0, description="n-gram sizes are multiplied by this for character tokens"
@@ -149,4 +150,19 @@ class CurateConfig(StageConfig):
         None, description="dedup partitions (default: one per 250k documents)"
     )
     rmm_async: bool = True
-    rmm_release_threshold: str | None = "10GB"
+    rmm_release_threshold: str | None = Field(
+        "10GB", description="dask-cuda's async-pool release threshold (rmm_async only)"
+    )
+
+    @model_validator(mode="after")
+    def _check_rmm(self) -> CurateConfig:
+        """dask-cuda raises on a release threshold without the async pool: drop the default one,
+        refuse one the user set."""
+        if self.rmm_async or self.rmm_release_threshold is None:
+            return self
+        if "rmm_release_threshold" in self.model_fields_set:
+            raise ConfigError(
+                "curate.rmm_release_threshold needs rmm_async: true (or set it to null)"
+            )
+        self.rmm_release_threshold = None
+        return self

@@ -48,7 +48,7 @@ def curate(
     t0 = time.perf_counter()
     files = expand_inputs(cfg.input)
     tasks = plan_tasks(files, cfg.read.split_bytes, cfg.read.text_files_per_task)
-    backend = resolve_backend(cfg.backend)
+    backend = resolve_backend(cfg.backend, cfg.cluster)
     if backend != cfg.backend:  # actors see the resolved backend (GPU MinHash under cudf)
         cfg = cfg.model_copy(update={"backend": backend})
     os.makedirs(output_dir, exist_ok=True)

@@ -1,1 +1,1 @@
-"""Deduplication: exact (hash of normalised text) and fuzzy (MinHash + LSH + connected components)."""
+"""Deduplication: exact (hash of normalised text), fuzzy (MinHash + LSH + connected components)."""

@@ -1,4 +1,4 @@
-"""Connected components of the duplicate graph (scipy on CPU, cuGraph on GPU); one kept per cluster."""
+"""Connected components of the duplicate graph (scipy on CPU, cuGraph on GPU); one kept each."""
 
 from __future__ import annotations
 

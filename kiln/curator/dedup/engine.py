@@ -10,24 +10,45 @@ import os
 log = logging.getLogger("kiln.curator")
 
 
-def gpu_available() -> bool:
+# What the cuDF backend imports: cuDF for MinHash, dask-cudf registers Dask's "cudf" dataframe
+# backend (without it `dd.read_parquet` fails with "No backend dispatch registered for cudf"),
+# dask-cuda starts the local GPU cluster (Dask-on-Ray needs no dask-cuda).
+_GPU_MODULES = ("cudf", "dask_cudf")
+_LOCAL_GPU_MODULES = ("dask_cuda", "rmm")
+
+
+def missing_gpu_modules(cluster: str = "local") -> list[str]:
+    """The modules the cuDF backend needs on `cluster` that cannot be imported here."""
     import importlib.util
 
-    if not all(importlib.util.find_spec(m) for m in ("cudf", "dask_cuda")):
+    needed = _GPU_MODULES + (_LOCAL_GPU_MODULES if cluster != "ray" else ())
+    return [m for m in needed if importlib.util.find_spec(m) is None]
+
+
+def cugraph_available() -> bool:
+    """cuGraph is optional: without it the components run on scipy (CPU)."""
+    import importlib.util
+
+    return importlib.util.find_spec("cugraph") is not None
+
+
+def gpu_available(cluster: str = "local") -> bool:
+    if missing_gpu_modules(cluster):
         return False
     import torch
 
     return torch.cuda.is_available()
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, cluster: str = "local") -> str:
     if backend == "auto":
-        return "cudf" if gpu_available() else "pandas"
-    if backend == "cudf" and not gpu_available():
+        return "cudf" if gpu_available(cluster) else "pandas"
+    if backend == "cudf" and not gpu_available(cluster):
         from kiln.platform.errors import ConfigError
 
+        missing = ", ".join(missing_gpu_modules(cluster)) or "a visible CUDA device"
         raise ConfigError(
-            "curate.backend: 'cudf' needs CUDA with cudf and dask-cuda installed (pip install kiln[gpu])"
+            f"curate.backend: 'cudf' needs CUDA and {missing} (pip install 'kiln[gpu]')"
         )
     return backend
 

@@ -9,7 +9,7 @@ from kiln.curator.dedup.minhash import MinHasher
 
 
 class CudfMinHasher(MinHasher):
-    """k-permutation MinHash of character n-grams on the GPU (cuDF >= 24.12 API: seed, a, b, width)."""
+    """k-permutation MinHash of character n-grams on the GPU (cuDF >= 24.12: seed, a, b, width)."""
 
     def signatures(self, texts: list[str]) -> np.ndarray:
         import cudf

@@ -8,6 +8,7 @@ import numpy as np
 
 from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.components import duplicates_from_edges
+from kiln.curator.dedup.engine import cugraph_available
 from kiln.curator.dedup.exact import exact_duplicate_rows
 from kiln.curator.dedup.lsh import candidate_pairs
 from kiln.curator.dedup.verify import verify_pairs
@@ -57,7 +58,9 @@ def run_dedup(
         else:
             edges = pairs
         result.counts["duplicate_pairs"] = len(edges)
-        result.fuzzy_rows, clusters = duplicates_from_edges(edges, use_cugraph=backend == "cudf")
+        result.fuzzy_rows, clusters = duplicates_from_edges(
+            edges, use_cugraph=backend == "cudf" and cugraph_available()
+        )
         result.counts["fuzzy_duplicates"] = len(result.fuzzy_rows)
         result.counts["fuzzy_clusters"] = clusters
     return result
