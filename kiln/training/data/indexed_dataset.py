@@ -4,7 +4,8 @@ The `.idx` layout, byte for byte what `megatron.core.datasets.indexed_dataset` w
 
     b"MMIDIDX\\x00\\x00"        9-byte magic
     <Q version = 1
-    <B dtype code             (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16)
+    <B dtype code             (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+                               7 float32, 8 uint16)
     <Q sequence count  N
     <Q document count  D + 1  (length of the document index, which starts with 0)
     int32[N]  sequence lengths (tokens)
@@ -12,8 +13,10 @@ The `.idx` layout, byte for byte what `megatron.core.datasets.indexed_dataset` w
     int64[D+1] document index (sequence index where each document ends; [0, ...])
 
 Kiln writes one sequence per document (as Megatron's preprocess_data does), so sequence i is
-document i. Writers stream tokens to `.bin` and keep only the lengths in memory; shards written
-in parallel are merged by concatenating their `.bin` files and offsetting their indices.
+document i, for pretraining data; chat data groups sequences (conversations) into documents (a
+packed row, or a preference pair) with `add_sequence` + `end_document`. Writers stream tokens to
+`.bin` and keep only the lengths in memory; shards written in parallel are merged by
+concatenating their `.bin` files and offsetting their indices.
 """
 
 from __future__ import annotations
@@ -93,23 +96,38 @@ class IndexedDatasetWriter:
         Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
         self._bin = open(bin_path(self.prefix), "wb")  # noqa: SIM115 - closed in finalize()
         self._lengths: list[int] = []
+        self._document_index: list[int] = [0]  # sequence index where each document ends
         self.num_tokens = 0
 
-    def add_document(self, tokens) -> None:
+    def add_sequence(self, tokens) -> None:
+        """One sequence of the current document (close the document with `end_document`)."""
         arr = np.asarray(tokens, dtype=self.dtype)
         self._bin.write(arr.tobytes(order="C"))
         self._lengths.append(len(arr))
         self.num_tokens += len(arr)
 
+    def end_document(self) -> None:
+        """Close the current document: the sequences added since the last one form it."""
+        self._document_index.append(len(self._lengths))
+
+    def add_document(self, tokens) -> None:
+        """A document of one sequence (what pretraining data holds)."""
+        self.add_sequence(tokens)
+        self.end_document()
+
     @property
     def num_documents(self) -> int:
-        return len(self._lengths)
+        return len(self._document_index) - 1
 
     def finalize(self) -> None:
         self._bin.close()
-        n = len(self._lengths)
+        if self._document_index[-1] != len(self._lengths):
+            self.end_document()  # sequences added after the last end_document()
         write_index(
-            idx_path(self.prefix), self.dtype, np.array(self._lengths, np.int32), np.arange(n + 1)
+            idx_path(self.prefix),
+            self.dtype,
+            np.array(self._lengths, np.int32),
+            np.array(self._document_index, np.int64),
         )
 
     def __enter__(self) -> Self:

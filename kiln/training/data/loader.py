@@ -34,7 +34,10 @@ class SampleSource(Protocol):
 
 
 class TokenLoader:
-    """Iterable of `(tokens [B, S], labels [B, S])` int64 tensors; endless."""
+    """Iterable of `(tokens [B, S], labels [B, S])` int64 tensors; endless.
+
+    A source with `gather_batch(first, count)` (chat data) yields its own tuple instead:
+    `(tokens, labels, positions, document_ids)`, labels -100 where not trained on."""
 
     def __init__(
         self,
@@ -81,8 +84,11 @@ class TokenLoader:
         return np.arange(first, first + self.micro_batch_size, dtype=np.int64)
 
     def _assemble(self, batch: int):
-        samples = self.source.gather_range(self.first_sample(batch), self.micro_batch_size)
         torch = _torch()
+        if hasattr(self.source, "gather_batch"):  # chat data: (tokens, labels, positions, doc ids)
+            arrays = self.source.gather_batch(self.first_sample(batch), self.micro_batch_size)
+            return tuple(torch.from_numpy(a) for a in arrays)
+        samples = self.source.gather_range(self.first_sample(batch), self.micro_batch_size)
         return torch.from_numpy(samples[:, :-1]), torch.from_numpy(samples[:, 1:])
 
     # -- iteration -----------------------------------------------------------------------------
