@@ -47,10 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "RANK" in os.environ:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend)
+            from kiln.training.launch import local_cuda_index, process_group_backend
+
+            cuda = torch.cuda.is_available() and cfg.device != "cpu"
+            if cuda:
+                torch.cuda.set_device(
+                    local_cuda_index(
+                        int(os.environ.get("LOCAL_RANK", "0")),
+                        int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                        torch.cuda.device_count(),
+                    )
+                )
+            dist.init_process_group(process_group_backend(cuda, cfg.optimizer_offload))
         Trainer(cfg).train()
     except KilnError as exc:
         print(f"kiln: error: {exc}", file=sys.stderr)
