@@ -1,0 +1,217 @@
+"""LoRA as a module swap: each targeted `nn.Linear` becomes a `LoRALinear` before parallelize.
+
+`LoRALinear` *is* an `nn.Linear` (same `weight`, same state-dict name) with two more parameters,
+`lora_a` [rank, in] and `lora_b` [out, rank]:
+
+    y = x W^T + (alpha / rank) * dropout(x) A^T B^T
+
+as `peft`'s LoRA layer computes it (A Kaiming-uniform, B zero, so training starts at the base
+model). Keeping the base weight's name means a base checkpoint loads unchanged, and the tensor-
+parallel plan can shard A and B like their base weight (kiln/training/post/lora_parallel.py).
+Only adapter parameters require grad, so only they get optimizer state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+from kiln.platform.errors import ConfigError
+
+LINEAR_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+LORA_PARAMS = ("lora_a", "lora_b")
+
+
+class LoRAConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(8, gt=0, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: updates are scaled alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    targets: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Linear layers to adapt: any of wq, wk, wv, wo, w1, w2, w3, or all-linear.",
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _known(cls, v):
+        if v == "all-linear":
+            return v
+        unknown = sorted(set(v) - set(LINEAR_TARGETS))
+        if unknown or not v:
+            raise ConfigError(
+                f"lora.targets: {unknown or 'empty'} not in {list(LINEAR_TARGETS)} (or all-linear)"
+            )
+        return v
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return LINEAR_TARGETS if self.targets == "all-linear" else tuple(self.targets)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+class LoRALinear(nn.Linear):
+    """A linear layer with a low-rank adapter; `weight` stays the (frozen) base weight."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        alpha: float,
+        dropout: float = 0.0,
+        bias: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.rank, self.scaling = rank, alpha / rank
+        self.lora_a = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
+        self.lora_b = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.merged = False
+        self.adapter_enabled = True
+        self.reset_lora_parameters()
+
+    @torch.no_grad()
+    def reset_lora_parameters(self) -> None:
+        """peft's init: A ~ Kaiming-uniform(a=sqrt(5)), B = 0 (the adapted model starts equal)."""
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_b)
+
+    @classmethod
+    def from_linear(cls, base: nn.Linear, cfg: LoRAConfig) -> LoRALinear:
+        w = base.weight
+        layer = cls(
+            base.in_features,
+            base.out_features,
+            cfg.rank,
+            cfg.alpha,
+            cfg.dropout,
+            bias=base.bias is not None,
+            device=w.device,
+            dtype=w.dtype,
+        )
+        layer.weight = base.weight  # the same Parameter: no copy, tied names stay tied
+        if base.bias is not None:
+            layer.bias = base.bias
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        if self.merged or not self.adapter_enabled:
+            return out
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_a), self.lora_b)
+        return out + update * self.scaling
+
+    def delta_weight(self) -> torch.Tensor:
+        """scaling * B A: what merging adds to the base weight."""
+        return (self.lora_b @ self.lora_a) * self.scaling
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        if not self.merged:
+            self.weight += self.delta_weight().to(self.weight.dtype)
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        if self.merged:
+            self.weight -= self.delta_weight().to(self.weight.dtype)
+            self.merged = False
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.rank}, scaling={self.scaling:g}"
+
+
+def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            yield name, module
+
+
+def apply_lora(model: nn.Module, cfg: LoRAConfig, freeze_base: bool = True) -> list[str]:
+    """Swap every targeted `nn.Linear` for a `LoRALinear` in place; freeze everything else.
+
+    Call it on the whole model before pipeline carving and parallelize (A/B are then sharded with
+    their layer). Returns the adapted module names; raises ConfigError when none matched.
+    """
+    swapped = []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if child_name in cfg.target_names and type(child) is nn.Linear:
+                setattr(parent, child_name, LoRALinear.from_linear(child, cfg))
+                swapped.append(f"{parent_name}.{child_name}" if parent_name else child_name)
+    if not swapped:
+        raise ConfigError(f"lora.targets: no linear layer named {list(cfg.target_names)}")
+    if freeze_base:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.rsplit(".", 1)[-1] in LORA_PARAMS)
+    return swapped
+
+
+def init_lora_weights(model: nn.Module) -> None:
+    """Re-initialise every adapter (after `to_empty()` on a model built on the meta device:
+    the model's own `init_weights` knows nothing of A and B)."""
+    for _, layer in lora_layers(model):
+        layer.reset_lora_parameters()
+
+
+def merge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.merge()
+
+
+def unmerge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.unmerge()
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """The base model's forward (DPO reference log-probs without a second model in memory)."""
+    layers = [layer for _, layer in lora_layers(model)]
+    before = [layer.adapter_enabled for layer in layers]
+    for layer in layers:
+        layer.adapter_enabled = False
+    try:
+        yield model
+    finally:
+        for layer, was in zip(layers, before, strict=True):
+            layer.adapter_enabled = was
+
+
+def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Only the adapter entries of a (LoRA model's) state dict: what an adapter checkpoint holds."""
+    return {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] in LORA_PARAMS}
+
+
+def merged_state_dict(
+    state: dict[str, torch.Tensor], scaling: float | dict[str, float]
+) -> dict[str, torch.Tensor]:
+    """A plain model's state dict: each adapted `weight` plus scaling * B A, adapters dropped.
+
+    `scaling` is one value (alpha / rank) or a per-layer mapping `{layer name: scaling}`.
+    """
+    out = {}
+    for name, tensor in state.items():
+        if name.rsplit(".", 1)[-1] in LORA_PARAMS:
+            continue
+        layer = name.rsplit(".", 1)[0]
+        a, b = state.get(f"{layer}.lora_a"), state.get(f"{layer}.lora_b")
+        if name.endswith(".weight") and a is not None and b is not None:
+            s = scaling[layer] if isinstance(scaling, dict) else scaling
+            tensor = tensor + (b.float() @ a.float() * s).to(tensor.dtype)
+        out[name] = tensor
+    return out
