@@ -44,7 +44,13 @@ def train_configs(path: str) -> list[tuple[str, TrainConfig]]:
 
 
 def cpu_stand_in(cfg: TrainConfig, shrink: bool = True) -> TrainConfig:
-    """The config as this CPU can build it: SDPA attention, bf16 for fp8, no checkpoint I/O."""
+    """The config as this CPU can build it: SDPA attention, bf16 for fp8, no checkpoint I/O.
+
+    Layout rules of the hardware-only choices are still checked (fp8's, here)."""
+    if cfg.precision == "fp8":
+        from kiln.training.precision import check_fp8_layout
+
+        check_fp8_layout(cfg.parallel)
     model = cfg.model.model_copy(update={"attention_backend": "sdpa"})
     if shrink:
         p = cfg.parallel

@@ -39,24 +39,64 @@ def check_fp8_available() -> None:
         )
 
 
+def check_fp8_layout(parallel) -> None:
+    """fp8 runs with data, context and expert parallelism only (docs/gpu.md says why).
+
+    pp: the schedule runs every stage's modules many times inside one step while TE reduces amax
+    over the whole world at the end of each autocast region, which pipeline peers never join.
+    tp: a swapped te.Linear is not a DTensor, so torch's TP plan cannot shard it.
+    """
+    for name in ("pp", "tp"):
+        if getattr(parallel, name) > 1:
+            raise ConfigError(
+                f"precision=fp8 is not supported with parallel.{name} > 1 "
+                "(use bf16, or fp8 with dp/cp/ep only; docs/gpu.md)"
+            )
+
+
+def fp8_linear_names(model: nn.Module) -> list[str]:
+    """The block Linears that run in fp8: attention and dense FFN projections.
+
+    Left out: the output head, the MoE gate and every expert (routed chunks have arbitrary row
+    counts, which TE's fp8 GEMMs refuse unless divisible by 8/16), and any Linear whose sizes are
+    not multiples of 16 (TE's fp8 shape rule).
+    """
+    from kiln.training.model.moe import MoE
+
+    names = []
+    for block_name, block in model.layers.items():
+        moe_prefixes = [n for n, m in block.named_modules() if isinstance(m, MoE)]
+        for name, child in block.named_modules():
+            if type(child) is not nn.Linear:
+                continue
+            if any(name == p or name.startswith(p + ".") for p in moe_prefixes if p):
+                continue
+            if child.in_features % 16 or child.out_features % 16:
+                continue
+            names.append(f"layers.{block_name}.{name}")
+    return names
+
+
 def swap_to_te_linear(model: nn.Module) -> None:
-    """Replace the block Linears with te.Linear (weights copied); the output head stays as is."""
+    """Replace `fp8_linear_names(model)` with te.Linear (weights and biases copied)."""
     import transformer_engine.pytorch as te
 
-    for block in model.layers.values():
-        for parent in block.modules():
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    new = te.Linear(
-                        child.in_features,
-                        child.out_features,
-                        bias=False,
-                        params_dtype=child.weight.dtype,
-                        device=child.weight.device,
-                    )
-                    with torch.no_grad():
-                        new.weight.copy_(child.weight)
-                    setattr(parent, name, new)
+    for name in fp8_linear_names(model):
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        child = getattr(parent, attr)
+        new = te.Linear(
+            child.in_features,
+            child.out_features,
+            bias=child.bias is not None,
+            params_dtype=child.weight.dtype,
+            device=child.weight.device,
+        )
+        with torch.no_grad():
+            new.weight.copy_(child.weight)
+            if child.bias is not None:
+                new.bias.copy_(child.bias)
+        setattr(parent, attr, new)
 
 
 def fp8_context(precision: str, recipe: str):
