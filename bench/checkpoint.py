@@ -118,12 +118,10 @@ def _rank_main(rank: int, world: int, port: int, args, root: str, results) -> No
         ckpt.close()
 
         # Load with resharding: dp_shard=2 -> tp=2.
-        from kiln.training.checkpoint import CheckpointConfig, Checkpointer
+        from kiln.training.checkpoint import CheckpointConfig
 
         fresh = Trainer(_config(args, None, {"tp": world, "dp_shard": 1})).setup()
-        loader = Checkpointer(
-            CheckpointConfig(load_from=f"{root}/sync0/step-00000001"), trainer=fresh
-        )
+        loader = fresh.build_checkpointer(CheckpointConfig(load_from=f"{root}/sync0/step-00000001"))
         dist.barrier()
         t0 = time.perf_counter()
         loader.load()

@@ -13,20 +13,19 @@ if TYPE_CHECKING:
     from kiln.training.config import TrainConfig
 
 
-def _world_size(cfg: TrainConfig) -> int:
-    p = cfg.parallel
-    return p.pp * p.dp_replicate * max(p.dp_shard, 1) * p.cp * p.tp
-
-
 def train(cfg: TrainConfig | dict, nproc: int | None = None) -> list[dict[str, Any]]:
-    """Train and return the per-step metrics (loss, grad_norm, lr, tokens_per_s, mfu, peak_mem_gb, ...)."""
+    """Train; returns the per-step metrics (loss, grad_norm, lr, tokens_per_s, mfu, ...).
+
+    `nproc`: processes to launch (default: the fewest the layout runs on, dp_shard=-1 as 1).
+    """
     import torch.distributed as dist
 
     from kiln.training.config import TrainConfig
+    from kiln.training.parallel.dims import ParallelDims
     from kiln.training.trainer import Trainer
 
     cfg = TrainConfig.model_validate(cfg) if isinstance(cfg, dict) else cfg
-    nproc = nproc or _world_size(cfg)
+    nproc = ParallelDims.from_config(cfg.parallel, nproc).world_size  # validates the layout
     if (dist.is_available() and dist.is_initialized()) or nproc == 1:
         return Trainer(cfg).train()
     return _launch_torchrun(cfg, nproc)

@@ -17,7 +17,10 @@ class _Strict(BaseModel):
 
 
 class ParallelConfig(_Strict):
-    """Mesh sizes (their product is the world size) and pipeline settings."""
+    """Mesh sizes (their product is the world size) and pipeline settings.
+
+    `kiln.training.parallel.dims.ParallelDims` resolves and validates them against a world size.
+    """
 
     pp: int = Field(1, ge=1)
     dp_replicate: int = Field(1, ge=1)
@@ -37,30 +40,6 @@ class ParallelConfig(_Strict):
     )
     loss_parallel: bool = Field(True, description="Cross entropy on the TP-sharded vocabulary.")
     compile: bool = Field(False, description="torch.compile each transformer block.")
-
-    def resolved(self, world_size: int) -> ParallelConfig:
-        """A copy with dp_shard filled in and the product checked against the world size."""
-        others = self.pp * self.dp_replicate * self.cp * self.tp
-        dp_shard = self.dp_shard
-        if dp_shard == -1:
-            if world_size % others:
-                raise ConfigError(
-                    f"parallel: world size {world_size} is not divisible by pp*dp_replicate*cp*tp = {others}"
-                )
-            dp_shard = world_size // others
-        if others * dp_shard != world_size:
-            raise ConfigError(
-                f"parallel: pp*dp_replicate*dp_shard*cp*tp = {others * dp_shard} but the world size is {world_size}"
-            )
-        if self.ep > 1 and (dp_shard * self.cp) % self.ep:
-            raise ConfigError(
-                f"parallel.ep={self.ep} must divide dp_shard*cp = {dp_shard * self.cp}"
-            )
-        return self.model_copy(update={"dp_shard": dp_shard})
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_replicate * max(self.dp_shard, 1)
 
 
 class OptimizerConfig(_Strict):
@@ -132,7 +111,8 @@ class TrainConfig(_Strict):
             )
         if self.parallel.pp > 1 and self.model.tie_embeddings:
             raise ConfigError(
-                "model.tie_embeddings is not supported with parallel.pp > 1 (first and last stage differ)"
+                "model.tie_embeddings is not supported with parallel.pp > 1 "
+                "(first and last stage differ)"
             )
         return self
 

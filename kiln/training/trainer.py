@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,14 +28,20 @@ from kiln.training.optimizer import (
     clip_grads_,
     global_grad_norm,
 )
+from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
 from kiln.training.precision import (
     LossScaler,
     autocast_context,
     check_fp8_available,
+    check_fp8_layout,
     fp8_context,
     swap_to_te_linear,
 )
+from kiln.training.train_state import TrainState
+
+if TYPE_CHECKING:
+    from kiln.training.checkpoint import CheckpointConfig, Checkpointer
 
 log = logging.getLogger("kiln.training")
 
@@ -49,35 +55,25 @@ class Trainer:
         self.cfg = cfg
         self.on_step = on_step
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
-        self.step = 0
-        self.tokens_seen = 0
-        self.checkpointer = None
-        self.mesh = None
+        self.train_state = TrainState()
+        self.checkpointer: Checkpointer | None = None
+        self.model_parts: list[nn.Module] = []
         self.history: list[dict[str, Any]] = []
+
+    @property
+    def step(self) -> int:
+        return self.train_state.step
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.train_state.tokens_seen
 
     # -- setup ------------------------------------------------------------------------------
 
     def setup(self) -> Trainer:
         cfg = self.cfg
-        self.distributed = dist.is_available() and dist.is_initialized()
-        world = dist.get_world_size() if self.distributed else 1
-        self.rank = dist.get_rank() if self.distributed else 0
-        self.parallel = cfg.parallel.resolved(world)
-        self.device = self._pick_device()
-        if cfg.precision == "fp8":
-            check_fp8_available()
-            if self.parallel.tp > 1:
-                raise ConfigError(
-                    "precision=fp8 (te.Linear) is not combined with parallel.tp > 1 here"
-                )
-        if cfg.model.n_experts and self.parallel.pp > 1:
-            log.warning("MoE load-balancing loss is not added under pipeline parallelism")
-
-        from kiln.training.parallel.mesh import build_mesh, dp_coords
-
-        self.mesh = build_mesh(self.parallel, self.device.type) if self.distributed else None
-        self.dp_rank, self.dp_size = dp_coords(self.mesh)
-        self.grad_accum = cfg.grad_accum_steps(self.dp_size)
+        self._resolve_layout()
+        self.grad_accum = cfg.grad_accum_steps(self.dims.dp_size)
         self._build_model()
         self.optimizers = [build_optimizer(part, cfg.optimizer) for part in self.model_parts]
         self.lr_schedulers = [
@@ -85,33 +81,43 @@ class Trainer:
         ]
         self.scaler = LossScaler(enabled=cfg.precision == "fp16")
         if self.dataloader is None:
-            from kiln.training.data import build_dataloader
-
-            self.dataloader = build_dataloader(
-                cfg.data,
-                seq_len=cfg.seq_len,
-                micro_batch_size=cfg.micro_batch_size,
-                dp_rank=self.dp_rank,
-                dp_size=self.dp_size,
-                seed=cfg.seed,
-                vocab_size=cfg.model.vocab_size,
-            )
+            self.dataloader = self._build_dataloader()
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
         if cfg.checkpoint.dir or cfg.checkpoint.load_from or cfg.checkpoint.init_from:
-            from kiln.training.checkpoint import Checkpointer
-
-            self.checkpointer = Checkpointer(cfg.checkpoint, trainer=self)
+            self.checkpointer = self.build_checkpointer()
             self.checkpointer.load()
         self._batches = iter(self.dataloader)
         return self
+
+    def _resolve_layout(self) -> None:
+        """The layout (validated once), this rank's device and, when distributed, the mesh."""
+        cfg = self.cfg
+        self.distributed = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size() if self.distributed else 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.dims = ParallelDims.from_config(cfg.parallel, world)
+        self.device = self._pick_device()
+        if cfg.precision == "fp8":
+            check_fp8_layout(cfg.parallel)
+            check_fp8_available()
+        if cfg.model.n_experts and self.dims.pp_enabled:
+            log.warning("MoE load-balancing loss is not added under pipeline parallelism")
+        if self.distributed:
+            self.dims.build_mesh(self.device.type)
 
     def _pick_device(self) -> torch.device:
         want = self.cfg.device
         if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
             if not torch.cuda.is_available():
                 raise ConfigError("device=cuda but no CUDA device is visible")
-            index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+            from kiln.training.launch import local_cuda_index
+
+            index = local_cuda_index(
+                int(os.environ.get("LOCAL_RANK", "0")),
+                int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                torch.cuda.device_count(),
+            )
             torch.cuda.set_device(index)
             return torch.device("cuda", index)
         return torch.device("cpu")
@@ -120,33 +126,60 @@ class Trainer:
         """Same seed on every rank: each builds the full model, then keeps and shards its part."""
         from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
-        cfg = self.cfg
+        cfg, dims = self.cfg, self.dims
         torch.manual_seed(cfg.seed)
         with torch.device(self.device):  # no CPU detour for big models on a GPU
             model = Transformer(cfg.model)
         if cfg.precision == "fp8":
             swap_to_te_linear(model)
-        self.model_config = cfg.model
-        self.loss_parallel = self.mesh is not None and use_loss_parallel(cfg)
-        self.pp = self.mesh is not None and self.parallel.pp > 1
-        if self.pp:
+        self.loss_parallel = self.distributed and use_loss_parallel(cfg)
+        if dims.pp_enabled:
             from kiln.training.parallel.pipeline_parallel import build_pipeline
 
             self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
                 model,
-                self.mesh["pp"],
+                dims.mesh("pp"),
                 cfg,
                 self.device,
                 self._pp_loss,
-                parallelize_fn=lambda part: parallelize(part, self.mesh, cfg),
+                parallelize_fn=lambda part: parallelize(part, dims, cfg),
             )
         else:
             model = model.to(self.device)
-            self.model_parts = [parallelize(model, self.mesh, cfg)]
+            self.model_parts = [parallelize(model, dims, cfg)]
             self.has_first = self.has_last = True
-        if self.mesh is not None and self.parallel.ep > 1:
-            for part in self.model_parts:
-                expert_flag(part)
+
+    def _build_dataloader(self):
+        from kiln.training.data import build_dataloader
+
+        cfg = self.cfg
+        return build_dataloader(
+            cfg.data,
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=self.dims.dp_rank,
+            dp_size=self.dims.dp_size,
+            seed=cfg.seed,
+            vocab_size=cfg.model.vocab_size,
+        )
+
+    def build_checkpointer(self, ckpt_cfg: CheckpointConfig | None = None) -> Checkpointer:
+        """A Checkpointer over this trainer's components (default settings: cfg.checkpoint)."""
+        from kiln.training.checkpoint import Checkpointer
+
+        cfg = self.cfg
+        return Checkpointer(
+            ckpt_cfg or cfg.checkpoint,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            dataloader=self.dataloader,
+            train_state=self.train_state,
+            dims=self.dims,
+            total_steps=cfg.steps,
+            model_config=cfg.model.model_dump(mode="json"),
+            train_config=cfg.model_dump(mode="json", by_alias=True),
+        )
 
     # -- one optimizer step -----------------------------------------------------------------
 
@@ -161,21 +194,13 @@ class Trainer:
     def _forward_backward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One micro-batch; returns its (unscaled) mean token loss, or 0 off the last pp stage."""
         cfg = self.cfg
-        device_type = self.device.type
         with (
-            autocast_context(cfg.precision, device_type, self.distributed),
+            autocast_context(cfg.precision, self.device.type, self.distributed),
             fp8_context(cfg.precision, cfg.fp8_recipe),
             loss_parallel_context(self.loss_parallel),
         ):
-            if self.pp:
-                losses: list[torch.Tensor] = []
-                inputs = (tokens,) if self.has_first else ()
-                target = labels if self.has_last else None
-                self.schedule.step(*inputs, target=target, losses=losses if self.has_last else None)
-                if not self.has_last:
-                    return torch.zeros((), device=self.device)
-                losses = [to_local_loss(x).detach() for x in losses]
-                return torch.stack(losses).mean() / self._pp_loss_scale()
+            if self.dims.pp_enabled:
+                return self._pipeline_forward_backward(tokens, labels)
             model = self.model_parts[0]
             loss = cross_entropy_loss(model(tokens), labels)
             total = loss
@@ -187,6 +212,19 @@ class Trainer:
             (total * (self.scaler.scale / self.grad_accum)).backward()
             return to_local_loss(loss).detach()
 
+    def _pipeline_forward_backward(
+        self, tokens: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """One schedule step; the first stage feeds tokens, the last computes the loss."""
+        losses: list[torch.Tensor] = []
+        inputs = (tokens,) if self.has_first else ()
+        target = labels if self.has_last else None
+        self.schedule.step(*inputs, target=target, losses=losses if self.has_last else None)
+        if not self.has_last:
+            return torch.zeros((), device=self.device)
+        losses = [to_local_loss(x).detach() for x in losses]
+        return torch.stack(losses).mean() / self._pp_loss_scale()
+
     def _set_grad_sync(self, enabled: bool) -> None:
         """Skip FSDP's gradient reduction on all but the last micro-batch of an accumulation."""
         for part in self.model_parts:
@@ -194,52 +232,66 @@ class Trainer:
                 part.set_requires_gradient_sync(enabled)
 
     def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
         start = time.perf_counter()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        local_loss = self._accumulate_gradients()
+        grad_norm = self._clip_and_step()
+        loss = self._global_mean_loss(local_loss)
+        elapsed = time.perf_counter() - start
+        tokens = self.cfg.global_batch_size * self.cfg.seq_len
+        self.train_state.step += 1
+        self.train_state.tokens_seen += tokens
+        return self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
+
+    def _accumulate_gradients(self) -> torch.Tensor:
+        """Forward and backward over grad_accum micro-batches; returns their mean local loss."""
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.grad_accum):
             tokens, labels = next(self._batches)
             tokens, labels = tokens.to(self.device), labels.to(self.device)
-            if self.mesh is not None and self.parallel.cp > 1:
+            if self.dims.cp_enabled:
                 from kiln.training.parallel.context_parallel import shard_for_context_parallel
 
-                tokens, labels = shard_for_context_parallel(tokens, labels, self.mesh["cp"])
+                tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
             self._set_grad_sync(micro == self.grad_accum - 1)
             loss_sum += self._forward_backward(tokens, labels).float()
+        return loss_sum / self.grad_accum
 
+    def _clip_and_step(self) -> torch.Tensor:
+        """Unscale, clip by the global norm, step the optimizers (unless fp16 overflowed) and
+        the schedules; returns the global grad norm."""
+        from kiln.training.parallel.expert_parallel import split_for_grad_norm
+
+        self._lr = self.lr_schedulers[0].get_last_lr()[0]  # the lr this step uses
         params = [p for part in self.model_parts for p in part.parameters()]
         self.scaler.unscale_(params)
+        dense, expert_sq = split_for_grad_norm(self.model_parts)
         grad_norm = global_grad_norm(
-            [p for p in params if not getattr(p, "_kiln_expert", False)],
-            pp_mesh=self.mesh["pp"] if self.pp else None,
-            extra_sq=self._expert_grad_norm_sq(),
+            dense,
+            pp_mesh=self.dims.mesh("pp") if self.dims.pp_enabled else None,
+            extra_sq=expert_sq,
         )
-        if cfg.optimizer.grad_clip is not None:
-            clip_grads_(params, cfg.optimizer.grad_clip, grad_norm)
-        lr = self.lr_schedulers[0].get_last_lr()[0]
+        if self.cfg.optimizer.grad_clip is not None:
+            clip_grads_(params, self.cfg.optimizer.grad_clip, grad_norm)
         if self.scaler.update(grad_norm):
             for opt in self.optimizers:
                 opt.step()
         for sched in self.lr_schedulers:
             sched.step()
+        return grad_norm
 
-        loss = self._global_mean_loss(loss_sum / self.grad_accum)
-        elapsed = time.perf_counter() - start
-        tokens = cfg.global_batch_size * cfg.seq_len
-        self.step += 1
-        self.tokens_seen += tokens
-        tokens_per_s = tokens / elapsed
-        world = dist.get_world_size() if self.distributed else 1
+    def _metrics(
+        self, loss: float, grad_norm: torch.Tensor, tokens_per_s: float, elapsed: float
+    ) -> dict[str, Any]:
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_token * tokens_per_s / (self.peak_flops * world)
+            mfu = self.flops_per_token * tokens_per_s / (self.peak_flops * self.dims.world_size)
         return {
             "step": self.step,
             "loss": loss,
             "grad_norm": float(grad_norm),
-            "lr": lr,
+            "lr": self._lr,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu,
             "peak_mem_gb": peak_memory_gb(),
@@ -247,25 +299,18 @@ class Trainer:
             "step_time_s": elapsed,
         }
 
-    def _expert_grad_norm_sq(self) -> torch.Tensor | None:
-        if not (self.cfg.model.n_experts and self.mesh is not None and self.parallel.ep > 1):
-            return None
-        from kiln.training.parallel.expert_parallel import expert_grad_norm_sq
-
-        return sum(expert_grad_norm_sq(part) for part in self.model_parts)
-
     def _global_mean_loss(self, local: torch.Tensor) -> float:
         """Average over data and context ranks; pipeline ranks off the last stage contribute 0."""
         if not self.distributed:
             return float(local)
         total = local.detach().clone()
         dist.all_reduce(total)
-        return float(total) / (dist.get_world_size() // self.parallel.pp)
+        return float(total) / self.dims.loss_ranks
 
     # -- the loop ---------------------------------------------------------------------------
 
     def train(self) -> list[dict[str, Any]]:
-        if not hasattr(self, "model_parts"):
+        if not self.model_parts:
             self.setup()
         try:
             while self.step < self.cfg.steps:
@@ -299,11 +344,3 @@ class Trainer:
         if self.cfg.metrics_file:
             with open(self.cfg.metrics_file, "a") as f:
                 f.write(json.dumps(m) + "\n")
-
-
-def expert_flag(model: nn.Module) -> None:
-    """Mark expert-parallel weights so the dense grad norm skips them (counted via the ep group)."""
-    from kiln.training.parallel.expert_parallel import expert_parameters
-
-    for p in expert_parameters(model):
-        p._kiln_expert = True

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -23,6 +23,13 @@ from kiln.platform.errors import InputError
 from kiln.training.checkpoint import state as S
 from kiln.training.checkpoint import storage
 from kiln.training.checkpoint.config import CheckpointConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from kiln.training.parallel.dims import ParallelDims
+    from kiln.training.train_state import TrainState
 
 log = logging.getLogger("kiln.checkpoint")
 
@@ -45,32 +52,45 @@ def make_reader(uri: str):
     return FsspecReader(uri)
 
 
-def _model_config(trainer) -> dict[str, Any]:
-    cfg = getattr(trainer, "model_config", None) or getattr(
-        getattr(trainer, "cfg", None), "model", None
-    )
-    if isinstance(cfg, str):
-        from kiln.training.model.config import ModelConfig
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
 
-        cfg = ModelConfig.preset(cfg)
-    if hasattr(cfg, "model_dump"):
-        return cfg.model_dump(mode="json")
-    return dict(cfg) if isinstance(cfg, dict) else {}
-
-
-def _dump(obj) -> dict[str, Any] | None:
-    return obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else None
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class Checkpointer:
-    """Saves and restores a trainer: model parts, optimizers, schedulers, data position, RNG."""
+    """Saves and restores a run's stateful components (torchtitan's CheckpointManager).
 
-    def __init__(self, cfg: CheckpointConfig, trainer) -> None:
+    It is given the model parts, their optimizers, the lr schedulers, the data loader and the
+    `TrainState`; `dims` gives the data-parallel coordinates (whose loader position is whose)
+    and the world size (RNG states are restored only into the same layout). `model_config` and
+    `train_config` (JSON-ready dicts) go into the `kiln.json` sidecar for export and inspection.
+    """
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        model_parts: Sequence[nn.Module],
+        optimizers: Sequence[Optimizer],
+        train_state: TrainState,
+        lr_schedulers: Sequence[Stateful] = (),
+        dataloader: Stateful | None = None,
+        dims: ParallelDims | None = None,
+        total_steps: int | None = None,
+        model_config: dict[str, Any] | None = None,
+        train_config: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.trainer = trainer
+        self.model_parts, self.optimizers = list(model_parts), list(optimizers)
+        self.lr_schedulers, self.dataloader = list(lr_schedulers), dataloader
+        self.train_state, self.total_steps = train_state, total_steps
+        self.model_config, self.train_config = model_config or {}, train_config
         self.root = cfg.dir.rstrip("/") if cfg.dir else None
-        self.rank = S.world_rank()
-        self.world_size = S.world_size()
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dims.world_size if dims is not None else 1
+        self.dp_rank = dims.dp_rank if dims is not None else 0
+        self.dp_size = dims.dp_size if dims is not None else 1
         # DCP's plan/commit collectives run on their own gloo groups: an async save's background
         # thread must not interleave with training collectives (or with our control messages).
         self._save_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -79,14 +99,12 @@ class Checkpointer:
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
         self.committed: tuple[int, str] | None = None  # (step, dir) of the newest complete one
-        self.on_commit: list[Callable[[int, str], None]] = []  # rank 0: called after `latest` moved
-        self.loaded_from: str | None = None
         self._staging = None
 
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int, force: bool = False) -> bool:
-        """Save if the interval (steps or minutes) or the last step says so. Returns whether it did."""
+        """Save if the interval (steps or minutes) or the last step says so; True if it did."""
         self.poll()
         if self.root is None or not self._due(step, force):
             return False
@@ -101,29 +119,30 @@ class Checkpointer:
             time.perf_counter() - t_wait,
         )
         sidecar = self._sidecar(step) if self.rank == 0 else {}
-        writer = make_writer(path, self.cfg.thread_count)
-        t0 = time.perf_counter()
-        if self.cfg.async_save:
-            response = dcp.async_save(
-                state,
-                storage_writer=writer,
-                process_group=self._save_pg,
-                async_stager=self._stager(),
-            )
-            future = getattr(response, "upload_completion", response)
-            self._inflight = (future, step, path, sidecar)
-            log.info(
-                "checkpoint step %d: staged in %.2fs, writing in the background",
-                step,
-                time.perf_counter() - t0,
-            )
-        else:
-            dcp.save(state, storage_writer=writer, process_group=self._save_pg)
-            log.info("checkpoint step %d: written in %.2fs", step, time.perf_counter() - t0)
-            self._commit(step, path, sidecar)
+        self._write(state, step, path, sidecar)
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
         return True
+
+    def _write(self, state: dict[str, Any], step: int, path: str, sidecar: dict) -> None:
+        """Sync: write and commit. Async: stage to CPU now, write and commit in the background."""
+        writer = make_writer(path, self.cfg.thread_count)
+        t0 = time.perf_counter()
+        if not self.cfg.async_save:
+            dcp.save(state, storage_writer=writer, process_group=self._save_pg)
+            log.info("checkpoint step %d: written in %.2fs", step, time.perf_counter() - t0)
+            self._commit(step, path, sidecar)
+            return
+        response = dcp.async_save(
+            state, storage_writer=writer, process_group=self._save_pg, async_stager=self._stager()
+        )
+        future = getattr(response, "upload_completion", response)
+        self._inflight = (future, step, path, sidecar)
+        log.info(
+            "checkpoint step %d: staged in %.2fs, writing in the background",
+            step,
+            time.perf_counter() - t0,
+        )
 
     def poll(self) -> None:
         """Commit a finished background save (non-blocking)."""
@@ -168,8 +187,7 @@ class Checkpointer:
             return True
         if step == self._last_saved_step:
             return False
-        total = getattr(getattr(self.trainer, "cfg", None), "steps", None)
-        if self.cfg.save_final and total is not None and step >= total:
+        if self.cfg.save_final and self.total_steps is not None and step >= self.total_steps:
             return True
         if self.cfg.interval_steps and step % self.cfg.interval_steps == 0:
             return True
@@ -204,111 +222,68 @@ class Checkpointer:
             path,
             f" (pruned {len(removed)})" if removed else "",
         )
-        for callback in self.on_commit:
-            callback(step, path)
 
     def _state_for_save(self, step: int) -> dict[str, Any]:
-        t = self.trainer
         state: dict[str, Any] = {
-            "model": S.model_state(t.model_parts)[0],
-            "optimizer": S.optimizer_state(t.model_parts, t.optimizers)[0],
-            "train": {"step": int(step), "tokens_seen": int(getattr(t, "tokens_seen", 0))},
-            "rng": {f"rank{self.rank}": S.rng_state()},
+            "model": S.model_state(self.model_parts)[0],
+            "train": {**self.train_state.state_dict(), "step": int(step)},
+            "rng": {f"rank{self.rank}": self.train_state.rng_state_dict()},
         }
-        schedulers = list(getattr(t, "lr_schedulers", None) or [])
-        if schedulers:
-            state["lr_scheduler"] = schedulers[0].state_dict()
-        blob = S.dataloader_state(t)
-        if blob is not None:
-            state["dataloader"] = {f"dp{S.data_parallel_coords(t)[0]}": blob}
+        if self.optimizers:  # none: a weights-only checkpoint (`kiln import-hf`)
+            state["optimizer"] = S.optimizer_state(self.model_parts, self.optimizers)[0]
+        if self.lr_schedulers:
+            state["lr_scheduler"] = self.lr_schedulers[0].state_dict()
+        if self.dataloader is not None:
+            state["dataloader"] = {f"dp{self.dp_rank}": pickle.dumps(self.dataloader.state_dict())}
         return state
 
     def _sidecar(self, step: int) -> dict[str, Any]:
-        t = self.trainer
-        cfg = getattr(t, "cfg", None)
-        loader = getattr(t, "dataloader", None)
-        dp_size = S.data_parallel_coords(t)[1]
         return {
             "format": "kiln-dcp-v1",
             "step": int(step),
-            "tokens_seen": int(getattr(t, "tokens_seen", 0)),
-            "model": _model_config(t),
+            "tokens_seen": int(self.train_state.tokens_seen),
+            "model": self.model_config,
             "layout": {
                 "world_size": self.world_size,
-                "dp_size": dp_size,
-                "parallel": _dump(getattr(cfg, "parallel", None)),
+                "dp_size": self.dp_size,
+                "parallel": (self.train_config or {}).get("parallel"),
             },
-            "dataloader": loader.state_dict()
-            if loader is not None and hasattr(loader, "state_dict")
-            else None,
-            "train_config": _dump(cfg),
+            "dataloader": self.dataloader.state_dict() if self.dataloader is not None else None,
+            "train_config": self.train_config,
             "saved_at": time.time(),
         }
 
     # -- loading ----------------------------------------------------------------------------
 
-    def checkpoint_to_load(self) -> str | None:
-        self._weights_only = False
-        if self.cfg.load_from:
-            return self.cfg.load_from.rstrip("/")
-        latest = storage.latest_checkpoint(self.root) if self.root else None
-        if latest is None and self.cfg.init_from:
-            self._weights_only = True  # new run: weights from elsewhere, fresh optimizer and data
-            root = self.cfg.init_from.rstrip("/")
-            return storage.latest_checkpoint(root) or root
-        return latest
-
     def load(self) -> bool:
-        """Restore from `load_from` or the latest complete checkpoint in `dir`; False if none."""
-        path = self.checkpoint_to_load()
-        if path is None:
+        """Restore from `load_from`, the latest complete checkpoint in `dir`, or (a fresh run)
+        the weights of `init_from`. False if there is none."""
+        source = self._source()
+        if source is None:
             return False
+        path, weights_only = source
         if not storage.is_complete(path):
             raise InputError(
-                f"checkpoint.load_from: {path} is not a complete checkpoint (no .metadata or kiln.json)"
+                f"checkpoint.load_from: {path} is not a complete checkpoint "
+                "(no .metadata or kiln.json)"
             )
         t0 = time.perf_counter()
         sidecar = storage.read_json(storage.join(path, storage.SIDECAR))
         reader = make_reader(path)
         available = set(reader.read_metadata().state_dict_metadata)
-        t = self.trainer
-        model_sd, model_keys = S.model_state(t.model_parts)
+        model_sd, model_keys = S.model_state(self.model_parts)
         state: dict[str, Any] = {"model": model_sd}
         has_training_state = any(k.startswith("optimizer.") for k in available)
-        full = self.cfg.load_optimizer and has_training_state and not self._weights_only
+        full = self.cfg.load_optimizer and has_training_state and not weights_only
         if self.cfg.load_optimizer and not has_training_state:
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
-        if full:
-            optim_sd, optim_keys = S.optimizer_state(t.model_parts, t.optimizers)
-            state["optimizer"] = optim_sd
-            state["train"] = {"step": 0, "tokens_seen": 0}
-            schedulers = list(getattr(t, "lr_schedulers", None) or [])
-            if schedulers and any(k.startswith("lr_scheduler.") for k in available):
-                state["lr_scheduler"] = schedulers[0].state_dict()
-            same_layout = sidecar.get("layout", {}).get("world_size") == self.world_size
-            dp_rank, dp_size = S.data_parallel_coords(t)
-            # A changed dp size has no rank-to-rank mapping; loaders keep a global position, so dp0's serves all.
-            src = dp_rank if sidecar.get("layout", {}).get("dp_size") == dp_size else 0
-            if f"dataloader.dp{src}" in available and getattr(t, "dataloader", None) is not None:
-                state["dataloader"] = {f"dp{src}": b""}
-            if same_layout and f"rng.rank{self.rank}" in available:
-                state["rng"] = {f"rank{self.rank}": b""}
+        optim_keys = self._request_training_state(state, available, sidecar) if full else None
         dcp.load(state, storage_reader=reader, process_group=self._save_pg)
-        S.apply_model_state(t.model_parts, state["model"], model_keys)
-        if full:
-            S.apply_optimizer_state(t.model_parts, t.optimizers, state["optimizer"], optim_keys)
-            for scheduler in getattr(t, "lr_schedulers", None) or []:
-                if "lr_scheduler" in state:
-                    scheduler.load_state_dict(dict(state["lr_scheduler"]))
-            t.step = int(state["train"]["step"])
-            t.tokens_seen = int(state["train"]["tokens_seen"])
-            if "dataloader" in state:
-                t.dataloader.load_state_dict(pickle.loads(next(iter(state["dataloader"].values()))))
-            if "rng" in state:
-                S.set_rng_state(state["rng"][f"rank{self.rank}"])
+        S.apply_model_state(self.model_parts, state["model"], model_keys)
+        if optim_keys is not None:
+            self._apply_training_state(state, optim_keys)
         self._last_saved_step = int(sidecar.get("step", -1))
         self.committed = (self._last_saved_step, path)
-        self.loaded_from = path
         log.info(
             "loaded checkpoint %s (step %s) in %.2fs",
             path,
@@ -316,3 +291,47 @@ class Checkpointer:
             time.perf_counter() - t0,
         )
         return True
+
+    def _source(self) -> tuple[str, bool] | None:
+        """(checkpoint folder, weights only?): load_from, else dir's latest, else init_from."""
+        if self.cfg.load_from:
+            return self.cfg.load_from.rstrip("/"), False
+        latest = storage.latest_checkpoint(self.root) if self.root else None
+        if latest is not None:
+            return latest, False
+        if self.cfg.init_from:  # a new run: weights from elsewhere, fresh optimizer and data
+            root = self.cfg.init_from.rstrip("/")
+            return storage.latest_checkpoint(root) or root, True
+        return None
+
+    def _request_training_state(
+        self, state: dict[str, Any], available: set[str], sidecar: dict[str, Any]
+    ) -> list[list[str]]:
+        """Add placeholders for the optimizer, schedule, train state, data position and RNG that
+        DCP fills in; returns each part's optimizer keys."""
+        optim_sd, optim_keys = S.optimizer_state(self.model_parts, self.optimizers)
+        state["optimizer"] = optim_sd
+        state["train"] = self.train_state.state_dict()
+        if self.lr_schedulers and any(k.startswith("lr_scheduler.") for k in available):
+            state["lr_scheduler"] = self.lr_schedulers[0].state_dict()
+        layout = sidecar.get("layout", {})
+        # A changed dp size has no rank-to-rank mapping; loaders keep a global position, so
+        # dp0's serves all.
+        src = self.dp_rank if layout.get("dp_size") == self.dp_size else 0
+        if f"dataloader.dp{src}" in available and self.dataloader is not None:
+            state["dataloader"] = {f"dp{src}": b""}
+        if layout.get("world_size") == self.world_size and f"rng.rank{self.rank}" in available:
+            state["rng"] = {f"rank{self.rank}": b""}
+        return optim_keys
+
+    def _apply_training_state(self, state: dict[str, Any], optim_keys: list[list[str]]) -> None:
+        S.apply_optimizer_state(self.model_parts, self.optimizers, state["optimizer"], optim_keys)
+        if "lr_scheduler" in state:
+            for scheduler in self.lr_schedulers:
+                scheduler.load_state_dict(dict(state["lr_scheduler"]))
+        self.train_state.load_state_dict(state["train"])
+        if "dataloader" in state:
+            blob = next(iter(state["dataloader"].values()))
+            self.dataloader.load_state_dict(pickle.loads(blob))
+        if "rng" in state:
+            self.train_state.load_rng_state_dict(state["rng"][f"rank{self.rank}"])

@@ -24,12 +24,14 @@ class CheckpointConfig(BaseModel):
     )
     init_from: str | None = Field(
         None,
-        description="Continue pretraining from these weights (a checkpoint root or step folder, e.g. "
-        "`kiln import-hf` output): a fresh run starts from them; once `dir` holds a checkpoint, resuming wins.",
+        description="Continue pretraining from these weights (a checkpoint root or step folder, "
+        "e.g. `kiln import-hf` output): a fresh run starts from them; once `dir` holds a "
+        "checkpoint, resuming wins.",
     )
     save_final: bool = Field(True, description="Always save after the last training step.")
     load_optimizer: bool = Field(
         True,
-        description="Restore optimizer, schedulers, data position and step (False: weights only, a fresh run).",
+        description="Restore optimizer, schedulers, data position and step "
+        "(False: weights only, a fresh run).",
     )
     thread_count: int = Field(1, ge=1, description="Writer threads per rank.")

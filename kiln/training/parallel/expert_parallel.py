@@ -173,6 +173,33 @@ def expert_grad_norm_sq(model: nn.Module) -> torch.Tensor:
     return total
 
 
+def sharded_expert_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """Expert weights of expert-parallel layers: they differ across the ep group."""
+    return {
+        p
+        for m in model.modules()
+        if isinstance(m, ExpertParallelMoE)
+        for p in m.experts.parameters()
+    }
+
+
+def split_for_grad_norm(
+    model_parts: list[nn.Module],
+) -> tuple[list[nn.Parameter], torch.Tensor | None]:
+    """(the parameters a global grad norm reduces as usual, the squared norm of the EP-sharded
+    expert gradients summed over the ep group, or None when no layer is expert-parallel).
+
+    Collective over the ep group when experts are sharded: every rank must call it.
+    """
+    experts: set[nn.Parameter] = set()
+    for part in model_parts:
+        experts |= sharded_expert_parameters(part)
+    params = [p for part in model_parts for p in part.parameters() if p not in experts]
+    if not experts:
+        return params, None
+    return params, sum(expert_grad_norm_sq(part) for part in model_parts)
+
+
 def local_expert_ids(module: MoE) -> list[int]:
     """Global ids of the experts this rank holds in one MoE layer."""
     experts = module.experts
@@ -189,4 +216,6 @@ __all__ = [
     "expert_grad_norm_sq",
     "expert_parameters",
     "local_expert_ids",
+    "sharded_expert_parameters",
+    "split_for_grad_norm",
 ]

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.parallel.activation_checkpoint import apply_activation_offload, apply_recompute
 from kiln.training.parallel.data_parallel import apply_fsdp, apply_replicate
-from kiln.training.parallel.mesh import submesh
+from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
 
 _PARAM_DTYPE = {
@@ -26,26 +24,28 @@ _PARAM_DTYPE = {
 }
 
 
-def parallelize(model: nn.Module, world_mesh: DeviceMesh | None, cfg: TrainConfig) -> nn.Module:
-    """Turn a plain Transformer (or stage) into its distributed form for `world_mesh` (None: 1 process)."""
-    p = cfg.parallel
-    if world_mesh is not None:
-        p = p.resolved(world_mesh.size())
-        if p.tp > 1:
-            apply_tensor_parallel(model, world_mesh["tp"], loss_parallel=use_loss_parallel(cfg))
-        if p.ep > 1:
-            _apply_ep(model, world_mesh, p)
-        if p.cp > 1:
+def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Module:
+    """Turn a plain Transformer (or stage) into its distributed form on `dims`' mesh.
+
+    Without a mesh (one process, no torch.distributed) only recompute, offload and compile apply.
+    """
+    distributed = dims.world_mesh is not None
+    if distributed:
+        if dims.tp_enabled:
+            apply_tensor_parallel(model, dims.mesh("tp"), loss_parallel=use_loss_parallel(cfg))
+        if dims.ep_enabled:
+            _apply_ep(model, dims)
+        if dims.cp_enabled:
             from kiln.training.parallel.context_parallel import apply_context_parallel
 
-            apply_context_parallel(model, world_mesh["cp"], seq_len=cfg.seq_len)
+            apply_context_parallel(model, dims.mesh("cp"), seq_len=cfg.seq_len)
     apply_recompute(model, cfg.recompute, cfg.selective_recompute)
     if cfg.activation_offload:
         apply_activation_offload(model)
-    if p.compile:
+    if cfg.parallel.compile:
         _apply_compile(model)
-    if world_mesh is not None:
-        _apply_data_parallel(model, world_mesh, cfg, p)
+    if distributed:
+        _apply_data_parallel(model, dims, cfg)
     return model
 
 
@@ -54,22 +54,13 @@ def use_loss_parallel(cfg: TrainConfig) -> bool:
     return cfg.parallel.tp > 1 and cfg.parallel.loss_parallel and cfg.parallel.pp == 1
 
 
-def _ep_mesh(world_mesh: DeviceMesh, p) -> DeviceMesh:
-    """EP borrows the dp_shard ranks (or dp_shard x cp when ep spans both)."""
-    if p.ep == p.dp_shard:
-        return world_mesh["dp_shard"]
-    if p.ep == p.dp_shard * p.cp:
-        return submesh(world_mesh, "dp_shard_cp")
-    raise ConfigError(
-        f"parallel.ep={p.ep} must equal dp_shard ({p.dp_shard}) or dp_shard*cp ({p.dp_shard * p.cp})"
-    )
-
-
-def _apply_ep(model: nn.Module, world_mesh: DeviceMesh, p) -> None:
-    """Shard experts over the ep ranks; their gradients are averaged over all data ranks (dp x cp)."""
+def _apply_ep(model: nn.Module, dims: ParallelDims) -> None:
+    """Shard experts over the ep ranks (the dp_shard ranks, or dp_shard x cp when ep spans both);
+    their gradients are averaged over all data ranks (dp x cp)."""
     from kiln.training.parallel.expert_parallel import apply_expert_parallel
 
-    apply_expert_parallel(model, _ep_mesh(world_mesh, p), dp_mesh=submesh(world_mesh, "dp_cp"))
+    ep_mesh = dims.mesh("dp_shard") if dims.ep == dims.dp_shard else dims.mesh("dp_shard_cp")
+    apply_expert_parallel(model, ep_mesh, dp_mesh=dims.mesh("dp_cp"))
 
 
 def _apply_compile(model: nn.Module) -> None:
@@ -78,28 +69,28 @@ def _apply_compile(model: nn.Module) -> None:
         block.compile()
 
 
-def _apply_data_parallel(model: nn.Module, world_mesh: DeviceMesh, cfg: TrainConfig, p) -> None:
+def _apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> None:
     """FSDP over dp_shard x cp (with dp_replicate: HSDP), or replicate when nothing is sharded."""
     dtype = _PARAM_DTYPE[cfg.precision]
     mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     ignored = None
-    if p.ep > 1:
+    if dims.ep_enabled:
         from kiln.training.parallel.expert_parallel import expert_parameters
 
         ignored = expert_parameters(model)
-    if p.dp_shard * p.cp == 1 and not cfg.optimizer_offload:
-        apply_replicate(model, world_mesh["dp_replicate"], mp_policy, ignored_params=ignored)
+    if not dims.fsdp_enabled and not cfg.optimizer_offload:
+        apply_replicate(model, dims.mesh("dp_replicate"), mp_policy, ignored_params=ignored)
         return
-    if p.dp_replicate > 1:
-        shard_dim = "dp_shard" if p.cp == 1 else "dp_shard_cp"
-        dp_mesh = world_mesh["dp_replicate", shard_dim]  # HSDP: replicate x shard
+    if dims.dp_replicate_enabled:
+        shard_dim = "dp_shard" if not dims.cp_enabled else "dp_shard_cp"
+        dp_mesh = dims.mesh(("dp_replicate", shard_dim))  # HSDP: replicate x shard
     else:
-        dp_mesh = submesh(world_mesh, "dp_shard_cp")
+        dp_mesh = dims.mesh("dp_shard_cp")
     apply_fsdp(
         model,
         dp_mesh,
         mp_policy,
-        reshard_after_forward=p.reshard_after_forward,
+        reshard_after_forward=cfg.parallel.reshard_after_forward,
         cpu_offload=cfg.optimizer_offload,
         ignored_params=ignored,
     )

@@ -1,22 +1,21 @@
-"""A small trainer with the attributes the Checkpointer reads (model_parts, optimizers,
-lr_schedulers, dataloader, step, tokens_seen, cfg, mesh), parallelised with DTensor TP and FSDP2.
+"""A small trainer that hands the Checkpointer its components (model parts, optimizers, lr
+schedulers, data loader, TrainState, ParallelDims), parallelised with DTensor TP and FSDP2.
 It keeps the checkpoint tests independent of the full Trainer; the Trainer tests cover that path."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from kiln.training.checkpoint import CheckpointConfig, Checkpointer
 from kiln.training.data import build_dataloader
 from kiln.training.data.config import DataConfig
+from kiln.training.parallel.dims import ParallelDims
+from kiln.training.train_state import TrainState
 
 VOCAB, DIM, HIDDEN, LAYERS, SEQ, MICRO = 64, 32, 64, 2, 16, 2
 
@@ -50,26 +49,23 @@ class ToyTrainer:
     def __init__(
         self, ckpt: CheckpointConfig, tp: int = 1, dp_shard: int = 1, steps: int = 10, seed: int = 0
     ):
-        self.cfg = SimpleNamespace(
-            steps=steps, model={"dim": DIM, "vocab_size": VOCAB}, parallel=None
-        )
-        self.mesh = None
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dims = ParallelDims(dp_shard=dp_shard, tp=tp, world_size=world)
         torch.manual_seed(seed)
         model = ToyModel()
-        dp_rank, dp_size = 0, 1
         if dist.is_initialized():
-            self.mesh = init_device_mesh("cpu", (dp_shard, tp), mesh_dim_names=("dp_shard", "tp"))
+            self.dims.build_mesh("cpu")
             if tp > 1:
                 for block in model.layers.values():
                     parallelize_module(
                         block,
-                        self.mesh["tp"],
+                        self.dims.mesh("tp"),
                         {"w1": ColwiseParallel(), "w3": ColwiseParallel(), "w2": RowwiseParallel()},
                     )
             for block in model.layers.values():
-                fully_shard(block, mesh=self.mesh["dp_shard"])
-            fully_shard(model, mesh=self.mesh["dp_shard"])
-            dp_rank, dp_size = self.mesh["dp_shard"].get_local_rank(), dp_shard
+                fully_shard(block, mesh=self.dims.mesh("dp_shard"))
+            fully_shard(model, mesh=self.dims.mesh("dp_shard"))
+        dp_rank, dp_size = self.dims.dp_rank, self.dims.dp_size
         self.model_parts = [model]
         self.optimizers = [
             torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
@@ -88,8 +84,24 @@ class ToyTrainer:
             seed=0,
             vocab_size=VOCAB,  # model seed varies, data stays
         )
-        self.step, self.tokens_seen = 0, 0
-        self.checkpointer = Checkpointer(ckpt, trainer=self) if ckpt.dir or ckpt.load_from else None
+        self.train_state = TrainState()
+        self.checkpointer = None
+        if ckpt.dir or ckpt.load_from:
+            self.checkpointer = Checkpointer(
+                ckpt,
+                model_parts=self.model_parts,
+                optimizers=self.optimizers,
+                lr_schedulers=self.lr_schedulers,
+                dataloader=self.dataloader,
+                train_state=self.train_state,
+                dims=self.dims,
+                total_steps=steps,
+                model_config={"dim": DIM, "vocab_size": VOCAB},
+            )
+
+    @property
+    def step(self) -> int:
+        return self.train_state.step
 
     def train_step(self) -> float:
         model, opt = self.model_parts[0], self.optimizers[0]
@@ -108,8 +120,8 @@ class ToyTrainer:
                 loss
             )  # every tp peer holds the same value: the mean over ranks is the global loss
             loss = loss / dist.get_world_size()
-        self.step += 1
-        self.tokens_seen += self.global_batch * SEQ
+        self.train_state.step += 1
+        self.train_state.tokens_seen += self.global_batch * SEQ
         return float(loss.detach())
 
     def train(self, until: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""Single-process pieces of the trainer: schedules, stage splitting, clipping, precision, entry points."""
+"""Single-process trainer pieces: schedules, stage splits, clipping, precision, entry points."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from kiln.training.config import ScheduleConfig, TrainConfig
 from kiln.training.metrics import flops_per_token
 from kiln.training.model import ModelConfig, Transformer
 from kiln.training.optimizer import clip_grads_, global_grad_norm, lr_factor
+from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.pipeline_parallel import split_layers, stage_ids
 from kiln.training.precision import LossScaler
 from tests.training.trainer.layouts import tiny_config, train_losses
@@ -101,7 +102,7 @@ def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="global_batch_size"):
         tiny_config(global_batch_size=6).grad_accum_steps(dp_size=2)
     with pytest.raises(ConfigError, match="world size"):
-        tiny_config(parallel={"tp": 2, "dp_shard": 2}).parallel.resolved(8)
+        ParallelDims.from_config(tiny_config(parallel={"tp": 2, "dp_shard": 2}).parallel, 8)
     with pytest.raises(ConfigError, match="tie_embeddings"):
         TrainConfig(model={"preset": "tiny", "tie_embeddings": True}, parallel={"pp": 2})
     assert TrainConfig(model={"preset": "tiny", "n_layers": 2}).model.n_layers == 2
