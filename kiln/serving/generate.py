@@ -1,4 +1,9 @@
-"""Text generation for kiln models: batched, left-padded, KV-cached decoding with stop strings.
+"""Text generation for kiln models: batched, KV-cached decoding with stop strings.
+
+Decoding runs the model's own forward with a `KVCache` (kiln.training.model.kv_cache): prompts
+are right-padded into one prefill, then every row decodes one token per [B, 1] step at its own
+length.
+
 
 gen = Generator.load("runs/.../export/hf")          # or a kiln checkpoint dir (+ tokenizer=)
 [c] = gen.generate(["Once upon a time"], SamplingParams(max_new_tokens=32))
@@ -9,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -19,10 +23,13 @@ from pydantic import BaseModel
 from torch import nn
 
 from kiln.platform.errors import InputError
-from kiln.serving.kv_cache import KVCache, forward_with_cache, model_shape
 from kiln.serving.sampling import SamplingParams, make_generator, sample_next
+from kiln.serving.tokenizer_files import load_tokenizer
+from kiln.training.model.config import ModelConfig
+from kiln.training.model.kv_cache import KVCache
+from kiln.training.model.weights import build_model, read_weights
 
-__all__ = ["Completion", "Generator", "SamplingParams"]
+__all__ = ["Completion", "Generator", "SamplingParams", "load_tokenizer"]
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>")
 
@@ -69,9 +76,12 @@ class Generator:
         self.eos_token_ids = set(
             eos_token_ids if eos_token_ids is not None else _find_eos(tokenizer)
         )
-        self.max_seq_len = max_seq_len or model.rope_cos.shape[0]
-        self.model_config: dict | None = None  # set by load(); export needs it
+        self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.tokenizer_dir: str | None = None
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model.cfg
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -89,7 +99,7 @@ class Generator:
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
-        path, cfg, state = load_model_weights(path)
+        path, cfg, state = read_weights(path)
         tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
         name = (
@@ -100,7 +110,6 @@ class Generator:
         if name in ("hf", "latest", "model") or name.startswith("step-"):
             name = "kiln"
         gen = cls(model, tok, model_name=name, eos_token_ids=_find_eos(tok, tok_dir))
-        gen.model_config = cfg
         gen.tokenizer_dir = tok_dir
         return gen
 
@@ -216,51 +225,46 @@ class Generator:
 
     @torch.inference_mode()
     def _decode_cached(self, seqs: list[_Sequence]) -> Iterator[None]:
-        """Prefill the left-padded prompts once, then one [B, 1] step per token; yields per step."""
+        """Prefill the right-padded prompts once, then one [B, 1] step per token (yields each)."""
         for s in seqs:
             if s.params.max_new_tokens == 0:
                 s.finish_reason = "length"
         active = [s for s in seqs if not s.done]
         if not active:
             return
-        lengths = [len(s.prompt_ids) for s in active]
-        width = max(lengths)
+        lengths = torch.tensor([len(s.prompt_ids) for s in active], device=self.device)
+        width = int(lengths.max())
         budget = max(s.params.max_new_tokens for s in active)
-        capacity = width + budget  # a row stops when its own prompt + completion fill the context
-        pad = torch.tensor([width - n for n in lengths], device=self.device)
         tokens = torch.zeros(len(active), width, dtype=torch.long, device=self.device)
         for row, s in enumerate(active):
-            tokens[row, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
-        n_layers, _, n_kv_heads, head_dim = model_shape(self.model)
-        cache = KVCache(
-            n_layers,
+            tokens[row, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
+        cache = KVCache.for_model(
+            self.model.cfg,
             len(active),
-            n_kv_heads,
-            head_dim,
-            capacity,
-            pad,
-            self._sliding_window(),
-            self.model.tok_embeddings.weight.dtype,
-            self.device,
+            # a row stops when its own prompt + completion fill the context
+            min(width + budget, self.max_seq_len),
+            dtype=self.model.tok_embeddings.weight.dtype,
+            device=self.device,
         )
-        logits = forward_with_cache(self.model, tokens, cache)
+        logits = self.model(tokens, kv_cache=cache)
+        cache.truncate(lengths)  # forget the pads
+        logits = logits[torch.arange(len(active), device=self.device), lengths - 1]
         while True:
             next_tokens = sample_next(
                 logits, [s.params for s in active], [s.rng for s in active]
             ).tolist()
-            for s, t in zip(active, next_tokens, strict=False):
+            for s, t in zip(active, next_tokens, strict=True):
                 self._push(s, t)
             yield
             keep = [i for i, s in enumerate(active) if not s.done]
             if not keep:
                 return
             if len(keep) < len(active):  # finished rows leave the batch
-                rows = torch.tensor(keep, device=self.device)
-                cache.keep_rows(rows)
+                cache.keep_rows(torch.tensor(keep, device=self.device))
                 active = [active[i] for i in keep]
                 next_tokens = [next_tokens[i] for i in keep]
             step = torch.tensor(next_tokens, device=self.device)[:, None]
-            logits = forward_with_cache(self.model, step, cache)
+            logits = self.model(step, kv_cache=cache)[:, -1]
 
     @torch.inference_mode()
     def _decode_uncached(self, seqs: list[_Sequence]) -> Iterator[None]:
@@ -273,12 +277,6 @@ class Generator:
                 logits = self.model(ids)[:, -1]
                 self._push(s, sample_next(logits, [s.params], [s.rng]).item())
                 yield
-
-    def _sliding_window(self) -> int | None:
-        if self.model_config is not None:
-            return self.model_config.get("sliding_window")
-        cfg = getattr(self.model, "cfg", None) or getattr(self.model, "config", None)
-        return getattr(cfg, "sliding_window", None)
 
 
 def _export_info(path: str) -> dict:
@@ -329,63 +327,3 @@ def _find_eos(tokenizer, tok_dir: str | None = None) -> list[int]:
         if token_id is not None:
             return [token_id]
     return []
-
-
-def load_tokenizer(tokenizer, search: list[str]):
-    """A `tokenizers.Tokenizer` (returned as is), a tokenizer.json path, a dir, or None: search."""
-    from tokenizers import Tokenizer
-
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer, None
-    candidates = [os.fspath(tokenizer)] if tokenizer is not None else search
-    for c in candidates:
-        f = c if c.endswith(".json") else os.path.join(c, "tokenizer.json")
-        if os.path.isfile(f):
-            return Tokenizer.from_file(f), os.path.dirname(f)
-    raise InputError(f"no tokenizer.json found in {', '.join(candidates)} (pass a tokenizer)")
-
-
-def load_model_weights(path: str) -> tuple[str, dict, dict[str, torch.Tensor]]:
-    """(resolved path, kiln model config, kiln state dict) from an exported HF dir, an
-    ExportedModel dir (with `hf/`) or a kiln checkpoint dir."""
-    if os.path.isdir(os.path.join(path, "hf")):
-        path = os.path.join(path, "hf")
-    if os.path.exists(os.path.join(path, "config.json")):
-        from kiln.serving.export.hf_format import read_hf_dir
-
-        _, cfg, state = read_hf_dir(path)
-        return path, cfg, state
-    return (path, *load_checkpoint_state(path))
-
-
-def load_checkpoint_state(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Model config and state dict from a kiln checkpoint (a step dir, or a root with `latest`)."""
-    from kiln.training.checkpoint import load_model_state
-
-    with warnings.catch_warnings():  # one process, no process group: that is the intent
-        warnings.filterwarnings("ignore", message="torch.distributed is")
-        cfg, state = load_model_state(path)
-    if not cfg:
-        raise InputError(f"{path}: the checkpoint's kiln.json has no model config")
-    return dict(cfg), state
-
-
-def build_model(
-    cfg: dict, state: dict[str, torch.Tensor], *, device=None, dtype=torch.float32
-) -> nn.Module:
-    """A kiln `Transformer` with these weights, in eval mode."""
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
-
-    model_cfg = ModelConfig(**{**cfg, "attention_backend": "sdpa"})
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = Transformer(model_cfg)  # real init keeps the (non-persistent) RoPE tables right
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (model_cfg.tie_embeddings and m == "output.weight")]
-    if missing or unexpected:
-        raise InputError(
-            f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    if model_cfg.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    return model.to(device=device, dtype=dtype).eval()

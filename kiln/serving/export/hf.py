@@ -13,25 +13,26 @@ import os
 import torch
 
 from kiln.platform.errors import InputError
-from kiln.serving.export.hf_format import hf_config, kiln_to_hf_state
+from kiln.serving.tokenizer_files import load_tokenizer
+from kiln.training.model.config import ModelConfig
+from kiln.training.model.hf_names import to_hf_config, to_hf_state
+from kiln.training.model.weights import read_weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_source(source, tokenizer=None) -> tuple[dict, dict[str, torch.Tensor], object | None]:
-    """(kiln model config, kiln state dict, tokenizers.Tokenizer or None) from a Generator or a path."""
-    from kiln.serving.generate import Generator, load_model_weights, load_tokenizer
-
-    if isinstance(source, Generator):
-        cfg = source.model_config
-        if cfg is None:
-            raise InputError("this Generator has no model_config; build it with Generator.load")
-        return (
-            cfg,
-            source.model.state_dict(),
-            source.tokenizer if tokenizer is None else load_tokenizer(tokenizer, [])[0],
-        )
-    path, cfg, state = load_model_weights(os.fspath(source))
+def resolve_source(
+    source, tokenizer=None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], object | None]:
+    """(model config, kiln state dict, tokenizers.Tokenizer or None) from a path (checkpoint or
+    HF folder), a kiln `Transformer`, or anything with `.model` and `.tokenizer` (a Generator)."""
+    if isinstance(source, torch.nn.Module) or hasattr(source, "model"):
+        model = source if isinstance(source, torch.nn.Module) else source.model
+        tok = getattr(source, "tokenizer", None)
+        if tokenizer is not None:
+            tok = load_tokenizer(tokenizer, [])[0]
+        return model.cfg, model.state_dict(), tok
+    path, cfg, state = read_weights(os.fspath(source))
     search = [
         path,
         os.path.dirname(os.path.normpath(path)),
@@ -94,9 +95,9 @@ def export_hf(
     os.makedirs(out_dir, exist_ok=True)
     specials = save_tokenizer(tok, out_dir) if tok is not None else {}
     ids = {k: tok.token_to_id(v) for k, v in specials.items()} if tok is not None else {}
-    config = hf_config(cfg, bos_token_id=ids.get("bos_token"), eos_token_id=ids.get("eos_token"))
+    config = to_hf_config(cfg, bos_token_id=ids.get("bos_token"), eos_token_id=ids.get("eos_token"))
     config["torch_dtype"] = dtype
-    hf_state = kiln_to_hf_state(state, tie_embeddings=bool(cfg.get("tie_embeddings")))
+    hf_state = to_hf_state(state, cfg)
     hf_state = {k: v.to("cpu", _DTYPES[dtype]).contiguous() for k, v in hf_state.items()}
     save_file(hf_state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -104,7 +105,10 @@ def export_hf(
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
-    info = {"model_name": model_name or getattr(source, "model_name", None), "model": cfg}
+    info = {
+        "model_name": model_name or getattr(source, "model_name", None),
+        "model": cfg.model_dump(mode="json"),
+    }
     with open(os.path.join(out_dir, "kiln_export.json"), "w") as f:
         json.dump(info, f, indent=2)  # the served name and the exact kiln shape
     return {

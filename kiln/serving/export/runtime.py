@@ -13,13 +13,7 @@ import importlib.util
 import os
 import shutil
 
-# moe is imported lazily by the transformer (only MoE models need it): name it explicitly
-ROOTS = (
-    "kiln.serving.generate",
-    "kiln.serving.export.hf_format",
-    "kiln.training.model.transformer",
-    "kiln.training.model.moe",
-)
+ROOTS = ("kiln.serving.generate",)  # it imports the model, its weight I/O and sampling
 
 
 def _module_file(name: str) -> str | None:

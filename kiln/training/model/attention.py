@@ -36,7 +36,7 @@ def sliding_window_mask(seq_len: int, window: int | None, device=None) -> torch.
 
 
 class AttentionCore(nn.Module):
-    """Causal attention over q [B, Hq, S, Dh] and k/v [B, Hkv, S, Dh] -> [B, Hq, S, Dh]."""
+    """Causal attention over q [B, Hq, Sq, Dh] and k/v [B, Hkv, Sk, Dh] -> [B, Hq, Sq, Dh]."""
 
     def __init__(self, head_dim: int, sliding_window: int | None = None, backend: str = "auto"):
         super().__init__()
@@ -55,7 +55,17 @@ class AttentionCore(nn.Module):
         self.backend = backend
         self._te_attention = None  # built on first use: TE wants the (TP-local) head counts
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`mask` (bool, True = attend, broadcast to [B, Hq, Sq, Sk]) replaces the causal and
+        window masks: decoding from a KV cache, where queries and keys are not the same slots."""
+        if mask is not None:
+            return self._sdpa(q, k, v, mask)
         backend = self.backend
         if backend == "auto":
             # SDPA reaches FlashAttention-2/cuDNN for plain causal masks; with a window it needs
@@ -73,12 +83,14 @@ class AttentionCore(nn.Module):
             return self._te(q, k, v)
         return self._sdpa(q, k, v)
 
-    def _sdpa(self, q, k, v):
+    def _sdpa(self, q, k, v, mask=None):
         gqa = q.shape[1] != k.shape[1]
-        if self.sliding_window is None or self.sliding_window >= q.shape[2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        mask = sliding_window_mask(q.shape[2], self.sliding_window, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        plain_causal = self.sliding_window is None or self.sliding_window >= q.shape[2]
+        if mask is None and not plain_causal:
+            mask = sliding_window_mask(q.shape[2], self.sliding_window, q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
+        )
 
     def _flash(self, q, k, v):
         from flash_attn import flash_attn_func

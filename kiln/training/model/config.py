@@ -9,6 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kiln.platform.errors import ConfigError
 
 
+class RopeScaling(BaseModel):
+    """Llama-3.1 RoPE frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = Field(8.0, gt=0)
+    low_freq_factor: float = Field(1.0, gt=0)
+    high_freq_factor: float = Field(4.0, gt=0)
+    original_max_seq_len: int = Field(8192, gt=0)
+
+
 class ModelConfig(BaseModel):
     """A Llama-style decoder. Field names follow torchtitan; `to_hf` in serving maps them to HF."""
 
@@ -22,6 +34,7 @@ class ModelConfig(BaseModel):
     ffn_hidden_dim: int = Field(128, gt=0, description="SwiGLU hidden size.")
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     max_seq_len: int = Field(256, gt=0)
     sliding_window: int | None = Field(
         None, gt=0, description="Each token sees itself and the previous window-1 tokens (Mistral)."
@@ -31,6 +44,7 @@ class ModelConfig(BaseModel):
     capacity_factor: float | None = Field(None, gt=0, description="None: no token dropping.")
     moe_aux_loss_coef: float = Field(0.01, ge=0)
     tie_embeddings: bool = False
+    qkv_bias: bool = Field(False, description="Biases on the q/k/v projections (Qwen2).")
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = "auto"
 
     @model_validator(mode="after")
@@ -43,7 +57,8 @@ class ModelConfig(BaseModel):
             )
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
-                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
+                f"model.n_heads ({self.n_heads}) must be divisible by "
+                f"model.n_kv_heads ({self.n_kv_heads})"
             )
         if (self.dim // self.n_heads) % 2:
             raise ConfigError("model.dim / model.n_heads (head dim) must be even for RoPE")
@@ -70,7 +85,7 @@ class ModelConfig(BaseModel):
         """Parameter count computed from the shape (no model needed: FLOP and memory planning)."""
         d, h = self.dim, self.ffn_hidden_dim
         kv = self.n_kv_heads * self.head_dim
-        attn = d * d * 2 + d * kv * 2
+        attn = d * d * 2 + d * kv * 2 + ((d + 2 * kv) if self.qkv_bias else 0)
         ffn = 3 * d * h * max(1, self.n_experts) + (d * self.n_experts if self.n_experts else 0)
         per_layer = attn + ffn + 2 * d
         emb = self.vocab_size * d

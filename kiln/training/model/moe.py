@@ -27,6 +27,12 @@ class Expert(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
+    def init_weights(self, init_std: float) -> None:
+        """w1, w3 from N(0, 0.02); w2 (it writes into the residual stream) from N(0, init_std)."""
+        nn.init.normal_(self.w1.weight, mean=0.0, std=0.02)
+        nn.init.normal_(self.w2.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.w3.weight, mean=0.0, std=0.02)
+
 
 class MoE(nn.Module):
     """Top-k routed experts. forward(x [B, S, D]) -> [B, S, D]; sets `self.aux_loss`.
@@ -72,6 +78,13 @@ class MoE(nn.Module):
         y = self.run_experts(x[token_idx], counts)  # rows grouped by expert id
         out = torch.zeros_like(x).index_add_(0, token_idx, y * weight.unsqueeze(-1))
         return out.reshape(shape)
+
+    def init_weights(self, init_std: float) -> None:
+        nn.init.normal_(self.gate.weight, mean=0.0, std=0.02)
+        # a ModuleList, or a ModuleDict of this rank's experts under expert parallelism
+        experts = self.experts.values() if isinstance(self.experts, nn.ModuleDict) else self.experts
+        for expert in experts:
+            expert.init_weights(init_std)
 
     def __getstate__(self):
         # aux_loss is a graph tensor after a forward; copies and pickles keep its value only.
@@ -125,7 +138,8 @@ class MoE(nn.Module):
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Apply expert e to the next counts[e] rows of x (rows grouped by expert id)."""
         chunks = x.split(counts.tolist(), dim=0)
-        return torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks, strict=False)], dim=0)
+        pairs = zip(self.experts, chunks, strict=False)
+        return torch.cat([expert(chunk) for expert, chunk in pairs], dim=0)
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

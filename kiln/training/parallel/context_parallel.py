@@ -3,7 +3,7 @@
 Rank r of the cp group holds zig-zag chunks r and 2*cp-1-r of every sequence (tokens, labels,
 activations). Everything except attention is per-token, so only three things change:
   * each `attention.core` becomes a `RingAttentionCore` (same causal / sliding-window settings),
-  * the model's `rope_cos` / `rope_sin` buffers hold the rows of the rank's global positions,
+  * the model's forward gets `positions=` the rank's global positions (RoPE rows),
   * MoE load-balancing statistics are summed over the cp group (they describe whole sequences).
 
 Loss and gradients (the trainer's part): each cp rank computes the mean cross entropy over its
@@ -54,7 +54,7 @@ def _sum_over(group: dist.ProcessGroup):
 def apply_context_parallel(
     model: nn.Module, cp_mesh: DeviceMesh, seq_len: int | None = None
 ) -> nn.Module:
-    """Swap attention cores for ring attention and RoPE tables for this rank's rows (in place).
+    """Swap attention cores for ring attention and feed RoPE this rank's positions (in place).
 
     `seq_len` is the global training sequence length (default: the rope table's length, i.e.
     max_seq_len); batches must then be `seq_len` tokens long, sharded by
@@ -64,8 +64,7 @@ def apply_context_parallel(
 
     group = cp_mesh.get_group()
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
-    full_len = model.rope_cos.shape[0] if getattr(model, "rope_cos", None) is not None else None
-    seq_len = seq_len or full_len
+    seq_len = seq_len or model.cfg.max_seq_len
     if seq_len is None or seq_len % (2 * cp):
         raise ConfigError(
             f"seq_len={seq_len} must be a multiple of 2*cp = {2 * cp} for context parallelism"
@@ -81,23 +80,23 @@ def apply_context_parallel(
         if isinstance(module, MoE):
             module.reduce_stats = _sum_over(group)
 
-    if full_len is not None:
-        _use_local_rope_rows(model, positions)
-    model.cp_positions = positions  # for reference: global position of each local token
+    _pass_positions(model, positions)
     return model
 
 
-def _use_local_rope_rows(model: nn.Module, positions: torch.Tensor) -> None:
-    """Keep only the RoPE rows of the local positions, also after `init_weights` rebuilds them."""
+def _pass_positions(model: nn.Module, positions: torch.Tensor) -> None:
+    """Every forward of this model (part) gets `positions=` the local tokens' global positions."""
+    on_device: dict[torch.device, torch.Tensor] = {}
 
-    def select(module: nn.Module, *_):
-        if module.rope_cos.shape[0] != positions.numel():
-            index = positions.to(module.rope_cos.device)
-            module.rope_cos = module.rope_cos[index].contiguous()
-            module.rope_sin = module.rope_sin[index].contiguous()
+    def hook(module: nn.Module, args: tuple, kwargs: dict):
+        if kwargs.get("positions") is None:
+            device = module.rope_cos.device
+            if device not in on_device:
+                on_device[device] = positions.to(device)
+            kwargs["positions"] = on_device[device]
+        return args, kwargs
 
-    select(model)
-    model.register_forward_pre_hook(select)
+    model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def shard_for_context_parallel(
@@ -107,6 +106,7 @@ def shard_for_context_parallel(
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     if tokens.shape[1] % (2 * cp):
         raise ConfigError(
-            f"seq_len={tokens.shape[1]} must be a multiple of 2*cp = {2 * cp} for context parallelism"
+            f"seq_len={tokens.shape[1]} must be a multiple of 2*cp = {2 * cp} "
+            "for context parallelism"
         )
     return zigzag_shard(tokens, 1, rank, cp), zigzag_shard(labels, 1, rank, cp)

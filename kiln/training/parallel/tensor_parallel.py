@@ -59,7 +59,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
         }
-        if hasattr(block, "moe"):
+        if block.moe_enabled:
             # Experts stay whole on every TP rank (expert parallelism splits them instead).
             plan["moe"] = PrepareModuleInputOutput(
                 input_layouts=(Shard(1),),

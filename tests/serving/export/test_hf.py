@@ -1,4 +1,4 @@
-"""Hugging Face export (transformers loads it, same logits) and import (same logits as the original)."""
+"""Hugging Face export (transformers loads it, same logits) and import (the original's logits)."""
 
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def _hf_model(shape: str, vocab_size: int):
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_imported_hf_model_has_the_original_logits(shape, tmp_path):
     from kiln.platform.cli import main
-    from kiln.serving.generate import build_model
-    from kiln.training.checkpoint import load_model_state
+    from kiln.training.model.weights import build_model, read_checkpoint
 
     hf = _hf_model(shape, vocab_size=300)
     hf_dir = str(tmp_path / "hf")
@@ -117,9 +116,9 @@ def test_imported_hf_model_has_the_original_logits(shape, tmp_path):
         assert main(["import-hf", hf_dir, "--out", ckpt_root]) == 0
     else:
         import_hf(hf_dir, ckpt_root)
-    cfg, state = load_model_state(ckpt_root)  # the checkpoint engineer's reader
-    assert cfg["sliding_window"] == (5 if shape == "mistral" else None)
-    assert cfg["n_experts"] == (4 if shape == "mixtral" else 0)
+    cfg, state = read_checkpoint(ckpt_root)
+    assert cfg.sliding_window == (5 if shape == "mistral" else None)
+    assert cfg.n_experts == (4 if shape == "mixtral" else 0)
     model = build_model(cfg, state, device="cpu")
     tokens = _tokens(300)
     with torch.no_grad():

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from kiln.serving.generate import Generator, SamplingParams
-from kiln.serving.kv_cache import KVCache, forward_with_cache, model_shape
 from kiln.serving.sampling import filter_logits
+from kiln.training.model.kv_cache import KVCache
 from tests.serving.generate.tiny import SHAPES, tiny_generator, train_tokenizer
 
-# different lengths, so the batch is left-padded; longer than the Mistral window (5)
+# different lengths, so the batch is right-padded; longer than the Mistral window (5)
 PROMPTS = [
     "the quick brown fox jumps over",
     "hello",
@@ -25,25 +25,27 @@ def tokenizer():
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_cached_prefill_logits_equal_model_forward(shape, tokenizer):
+    """A ragged batch through the cache, prefill then decode in chunks, at every position."""
     gen = tiny_generator(shape, tokenizer)
     ids = [gen.encode(p) for p in PROMPTS]
     width = max(map(len, ids))
+    lengths = torch.tensor([len(s) for s in ids])
     tokens = torch.zeros(len(ids), width, dtype=torch.long)
     for row, seq in enumerate(ids):
-        tokens[row, width - len(seq) :] = torch.tensor(seq)
-    n_layers, _, n_kv, head_dim = model_shape(gen.model)
-    pad = torch.tensor([width - len(s) for s in ids])
-    window = gen.model_config.get("sliding_window")
-    cache = KVCache(
-        n_layers, len(ids), n_kv, head_dim, width, pad, window, torch.float32, torch.device("cpu")
-    )
-    cached = forward_with_cache(gen.model, tokens, cache, last_only=False)
+        tokens[row, : len(seq)] = torch.tensor(seq)
+    cache = KVCache.for_model(gen.model.cfg, len(ids), width + 8)
     with torch.no_grad():
+        prefill = gen.model(tokens, kv_cache=cache)
+        cache.truncate(lengths)
+        # rows now stand at different lengths; two shared steps of 3 and 1 tokens follow
+        extra = torch.randint(0, gen.model.cfg.vocab_size, (len(ids), 4))
+        steps = [gen.model(extra[:, :3], kv_cache=cache), gen.model(extra[:, 3:], kv_cache=cache)]
+        assert cache.lengths.tolist() == (lengths + 4).tolist()
         for row, seq in enumerate(ids):
-            reference = gen.model(torch.tensor([seq]))[0]
-            torch.testing.assert_close(
-                cached[row, width - len(seq) :], reference, rtol=1e-5, atol=1e-5
-            )
+            full = torch.cat([torch.tensor(seq), extra[row]])[None]
+            reference = gen.model(full)[0]  # the uncached forward
+            cached = torch.cat([prefill[row, : len(seq)], steps[0][row], steps[1][row]])
+            torch.testing.assert_close(cached, reference, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

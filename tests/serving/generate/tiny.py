@@ -70,6 +70,6 @@ def tiny_generator(shape: str, tokenizer, eos: bool = True, **overrides):
     from kiln.serving.generate import Generator
 
     model = tiny_model(shape, tokenizer.get_vocab_size(), **overrides)
-    gen = Generator(model, tokenizer, model_name=f"tiny-{shape}", eos_token_ids=None if eos else [])
-    gen.model_config = model.cfg.model_dump(mode="json")
-    return gen
+    return Generator(
+        model, tokenizer, model_name=f"tiny-{shape}", eos_token_ids=None if eos else []
+    )
