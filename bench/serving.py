@@ -58,7 +58,6 @@ def make_model(out_dir: str, dim: int, layers: int, vocab: int) -> str:
     gen = Generator(
         Transformer(cfg).eval(), tok, model_name="bench", eos_token_ids=[]
     )  # never stops early
-    gen.model_config = cfg.model_dump(mode="json")
     export_hf(gen, out_dir)
     return out_dir
 

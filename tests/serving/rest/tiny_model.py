@@ -23,7 +23,6 @@ def make_tiny_model(out_dir: str, *, seed: int = 0, max_seq_len: int = 512, **ov
     torch.manual_seed(seed)
     model = Transformer(cfg).eval()
     gen = Generator(model, tok, model_name="tiny")
-    gen.model_config = cfg.model_dump(mode="json")
     os.makedirs(out_dir, exist_ok=True)
     export_hf(gen, out_dir)
     return out_dir
