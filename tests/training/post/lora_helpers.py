@@ -10,7 +10,7 @@ from kiln.training.model.lora import LoRAConfig, LoRALinear
 from kiln.training.post.lora_export import HF_MODULE
 from tests.serving.generate.tiny import tiny_model
 
-VOCAB = 300
+VOCAB = 400  # = the chat test tokenizer's vocabulary
 _PEFT_NAME = re.compile(r"layers\.(\d+)\.\w+\.(\w+_proj)\.lora_([AB])")
 _KILN_OF_HF = {v: k for k, v in HF_MODULE.items()}
 

@@ -1,0 +1,48 @@
+"""SFT and preference objectives on the trainer's batches (labels already shifted, -100 ignored).
+
+`sft_loss` is the trainer's token cross entropy: mean over trained tokens, as `transformers`
+computes it for labels holding -100. `sequence_logps` sums the log-probabilities of each row's
+trained tokens: what DPO compares between policy and reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kiln.training.post.chat_dataset import IGNORE_INDEX
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over the tokens whose label is not -100 (fp32)."""
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=IGNORE_INDEX
+    )
+
+
+def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) at every position [B, S] (0 where the label is -100)."""
+    trained = labels != IGNORE_INDEX
+    safe = torch.where(trained, labels, torch.zeros_like(labels))
+    logps = torch.gather(logits.float().log_softmax(-1), -1, safe.unsqueeze(-1)).squeeze(-1)
+    return logps * trained
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of trained-token log-probs [B], number of trained tokens [B])."""
+    return token_logps(logits, labels).sum(-1), (labels != IGNORE_INDEX).sum(-1)
+
+
+def per_document_losses(
+    logits: torch.Tensor, labels: torch.Tensor, document_ids: torch.Tensor
+) -> dict[tuple[int, int], torch.Tensor]:
+    """Mean loss of each (row, document) of a packed batch: comparable with unpacked rows."""
+    nll = -token_logps(logits, labels)
+    trained = labels != IGNORE_INDEX
+    out = {}
+    for row in range(labels.shape[0]):
+        for doc in document_ids[row].unique().tolist():
+            sel = (document_ids[row] == doc) & trained[row]
+            if doc >= 0 and sel.any():
+                out[(row, doc)] = nll[row][sel].mean()
+    return out
