@@ -4,6 +4,8 @@ batch language identifier equals langid.classify; user filters plug in."""
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -11,8 +13,9 @@ import pytest
 from kiln.curator.config import CurateConfig, FilterConfig
 from kiln.curator.filters import DocBatch, DocumentFilter, build_filters
 from kiln.curator.filters.langid_batch import batch_langid
+from kiln.curator.filters.repetition import ngram_fractions
 from kiln.curator.process import ChunkProcessor
-from tests.curator.corpus import DE_SENTENCES, japanese, junk_docs, prose
+from tests.curator.corpus import DE_SENTENCES, japanese, junk_docs, prose, technical
 
 
 def _reasons(proc: ChunkProcessor, texts: dict[str, str]) -> dict[str, str | None]:
@@ -48,8 +51,35 @@ def test_japanese_uses_character_rules():
     rng = random.Random(4)
     batch = DocBatch([japanese(rng), prose(rng)])
     assert batch.no_space.tolist() == [True, False]
-    ja_chars = len("".join(batch.texts[0].split()))
+    ja_chars = len(re.findall(r"[^\s、。]", batch.texts[0]))
     assert batch.n_words[0] == ja_chars  # characters are the words of unspaced scripts
+
+
+def test_cjk_characters_are_words_and_the_rest_splits_on_whitespace():
+    batch = DocBatch(["「ls -l」を実行する。foo_bar は 2 回。"])
+    words = batch.words
+    assert words.values.to_pylist() == [
+        "「ls", "-l", "」を", "実", "行", "す", "る。", "foo_bar", "は", "2", "回。",
+    ]  # fmt: skip
+    assert words.alpha.tolist() == [True] * 9 + [False, True]
+    assert words.cjk.tolist() == [False, False] + [True] * 5 + [False, True, False, True]
+
+
+def _per_character_alpha_ratio(text: str) -> float:
+    """The old rule for unspaced documents: every non-space character is a word."""
+    chars = [c for c in text if not c.isspace()]
+    return sum(c.isalpha() for c in chars) / len(chars)
+
+
+def test_japanese_technical_prose_is_kept_at_the_english_rate(proc):
+    rng = random.Random(7)
+    docs = {f"{lang}{i}": technical(rng, lang) for lang in ("ja", "en") for i in range(40)}
+    got = _reasons(proc, docs)
+    kept = {lang: sum(got[k] is None for k in docs if k.startswith(lang)) for lang in ("ja", "en")}
+    assert kept == {"ja": 40, "en": 40}
+    # the material exercises the defect: per-character words put many under Gopher's 0.8
+    old = [_per_character_alpha_ratio(t) for k, t in docs.items() if k.startswith("ja")]
+    assert sum(r < 0.8 for r in old) >= 10
 
 
 def test_batch_langid_equals_langid_classify():
@@ -90,3 +120,31 @@ def test_disabled_rules_are_skipped():
     cfg = FilterConfig(min_words=None, max_words=None, languages=None, lorem_ipsum=False)
     names = {f.name for f in build_filters(cfg)}
     assert not names & {"word_count", "language", "lorem_ipsum"}
+
+
+def _brute_ngram_fractions(words: list[str], n: int) -> tuple[float, float]:
+    """Gopher's top and duplicate n-gram character fractions of one document, by definition."""
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    counts = Counter(grams)
+    total = max(sum(map(len, words)), 1)
+    best = max(counts.values(), default=0)
+    top = max((c * sum(map(len, g)) for g, c in counts.items() if c == best > 1), default=0)
+    covered = [False] * len(words)
+    for i, g in enumerate(grams):
+        if counts[g] > 1:
+            covered[i : i + n] = [True] * n
+    return top / total, sum(len(w) for w, c in zip(words, covered, strict=True) if c) / total
+
+
+def test_ngram_fractions_equal_the_definition():
+    rng = random.Random(8)
+    vocab = ["a", "bb", "ccc", "dddd", "ee"]
+    docs = [[rng.choice(vocab) for _ in range(rng.randint(0, 60))] for _ in range(40)]
+    batch = DocBatch([" ".join(d) for d in docs])
+    select = np.ones(len(docs), dtype=bool)
+    ns = [2, 3, 5, 8]
+    top, dup = ngram_fractions(batch.words, select, ns, ns)
+    for n in ns:
+        expected = np.array([_brute_ngram_fractions(d, n) for d in docs])
+        np.testing.assert_allclose(top[n], expected[:, 0])
+        np.testing.assert_allclose(dup[n], expected[:, 1])

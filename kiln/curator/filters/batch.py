@@ -1,8 +1,8 @@
 """`DocBatch`: the texts of one batch plus per-document statistics that filters share.
 
-Statistics are computed lazily, once per batch, over flat Arrow/numpy arrays. Scripts written
-without spaces (CJK, kana, Thai) are tokenised into characters, so word-based rules get
-character-based equivalents.
+Statistics are computed lazily, once per batch, over flat Arrow/numpy arrays. Characters of
+scripts written without spaces (CJK, kana, Thai) are one word each and everything else is split on
+whitespace, so word-based rules treat Japanese technical prose (kana + `ls -l`) like English.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 NO_SPACE_SCRIPTS = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}"
-_ISALPHA: np.ndarray | None = None
-
-
-def _isalpha_table() -> np.ndarray:
-    global _ISALPHA
-    if _ISALPHA is None:
-        _ISALPHA = np.array([chr(i).isalpha() for i in range(0x30000)], dtype=bool)
-    return _ISALPHA
+# One word per CJK/kana/Thai character (plus the prolonged-sound mark ー, script "Common"), with
+# adjacent punctuation attached the way "word," stays one word in English.
+_CHAR_WORD = rf"([^\s\pL\pN]*[{NO_SPACE_SCRIPTS}\x{{30FC}}\x{{FF70}}][^\s\pL\pN]*)"
 
 
 def _np(arr) -> np.ndarray:
@@ -32,22 +27,21 @@ class Segments:
     """A flat array of pieces (words, lines, paragraphs) in document order.
 
     `doc[i]` is the document of piece i, `ids` a batch-wide integer id per distinct piece,
-    `chars` its length, `lengths[d]` the number of pieces of document d."""
+    `chars` its length, `lengths[d]` the number of pieces of document d. Words also carry
+    `alpha` (has a letter) and `cjk` (is a CJK/kana/Thai character word)."""
 
-    def __init__(
-        self, doc: np.ndarray, ids: np.ndarray, chars: np.ndarray, n_docs: int, alpha=None
-    ):
+    alpha: np.ndarray
+    cjk: np.ndarray
+
+    def __init__(self, doc: np.ndarray, ids: np.ndarray, chars: np.ndarray, n_docs: int):
         self.doc, self.ids, self.chars = doc, ids, chars
         self.lengths = np.bincount(doc, minlength=n_docs)
-        self.alpha = alpha
 
     @classmethod
-    def from_lists(cls, lists: pa.Array, n_docs: int, rows: np.ndarray | None = None) -> Segments:
+    def from_lists(cls, lists: pa.Array, n_docs: int) -> Segments:
         """From an Arrow list<string> array (one list per document), dropping blank pieces."""
         values = pc.utf8_trim_whitespace(pc.list_flatten(lists))
-        doc = np.repeat(
-            np.arange(len(lists)) if rows is None else rows, _np(pc.list_value_length(lists))
-        )
+        doc = np.repeat(np.arange(len(lists)), _np(pc.list_value_length(lists)))
         keep = _np(pc.not_equal(values, ""))
         values, doc = values.filter(pa.array(keep)), doc[keep]
         ids = _np(pc.dictionary_encode(values).indices).astype(np.int64)
@@ -57,24 +51,6 @@ class Segments:
 
     def per_doc(self, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(self.doc, weights=weights, minlength=len(self.lengths))
-
-
-def _merge(parts: list[Segments], n_docs: int) -> Segments:
-    """Interleave per-group segments back into document order (a scatter, no sort)."""
-    doc = np.concatenate([p.doc for p in parts])
-    lengths = np.bincount(doc, minlength=n_docs)
-    offset = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    target = np.empty(len(doc), dtype=np.int64)
-    pos = 0
-    for p in parts:  # within a group pieces are in document order
-        first = np.concatenate([[0], np.cumsum(p.lengths)[:-1]])
-        local = np.arange(len(p.doc)) - first[p.doc]
-        target[pos : pos + len(p.doc)] = offset[p.doc] + local
-        pos += len(p.doc)
-    out = [np.empty_like(a) for a in (doc, doc, doc, doc)]
-    for o, name in zip(out, ("doc", "ids", "chars", "alpha"), strict=True):
-        o[target] = np.concatenate([getattr(p, name) for p in parts])
-    return Segments(out[0], out[1], out[2], n_docs, out[3].astype(bool))
 
 
 class DocBatch:
@@ -112,33 +88,16 @@ class DocBatch:
 
     @cached_property
     def words(self) -> Segments:
-        """Whitespace tokens; for unspaced scripts every non-space character is a token."""
-        n = len(self)
-        parts = []
-        spaced = np.nonzero(~self.no_space)[0]
-        if len(spaced):
-            seg = Segments.from_lists(
-                pc.utf8_split_whitespace(self.arr.take(pa.array(spaced))), n, spaced
-            )
-            seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL")).astype(np.int64)
-            parts.append(seg)
-        unspaced = np.nonzero(self.no_space)[0]
-        if len(unspaced):
-            squeezed = pc.replace_substring_regex(self.arr.take(pa.array(unspaced)), r"\s+", "")
-            cps = np.frombuffer("".join(squeezed.to_pylist()).encode("utf-32-le"), dtype=np.uint32)
-            doc = np.repeat(unspaced, _np(pc.utf8_length(squeezed)))
-            ids = cps.astype(np.int64) + (1 << 40)  # disjoint from dictionary ids
-            table = _isalpha_table()
-            alpha = np.where(cps < len(table), table[np.minimum(cps, len(table) - 1)], True).astype(
-                np.int64
-            )
-            parts.append(Segments(doc, ids, np.ones(len(cps), dtype=np.int64), n, alpha))
-        if not parts:
-            z = np.zeros(0, dtype=np.int64)
-            return Segments(z, z, z, n, z)
-        for p in parts:
-            p.alpha = np.asarray(p.alpha, dtype=np.int64)
-        return parts[0] if len(parts) == 1 else _merge(parts, n)
+        """Words: each CJK/kana/Thai character is one word, the rest is split on whitespace.
+
+        Splitting only on whitespace would make a Japanese sentence one "word"; counting every
+        character of an unspaced document as a word (the old rule) made `ls`, `--help` and
+        `foo_bar` many non-alphabetic "words" and rejected Japanese technical prose."""
+        spaced = pc.replace_substring_regex(self.arr, _CHAR_WORD, r" \1 ")
+        seg = Segments.from_lists(pc.utf8_split_whitespace(spaced), len(self))
+        seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL"))
+        seg.cjk = _np(pc.match_substring_regex(seg.values, f"[{NO_SPACE_SCRIPTS}]"))
+        return seg
 
     @cached_property
     def lines(self) -> Segments:

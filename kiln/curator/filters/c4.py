@@ -1,4 +1,4 @@
-"""C4 rules (Raffel et al. 2020): terminal punctuation, "lorem ipsum", "javascript", curly braces."""
+"""C4 rules (Raffel et al. 2020): terminal punctuation, "lorem ipsum", "javascript", braces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Gopher quality and repetition rules (Rae et al. 2021), with character tokens for CJK/Thai."""
+"""Gopher quality and repetition rules (Rae et al. 2021); CJK/kana/Thai characters are one word
+each (see `DocBatch.words`), n-grams of unspaced documents are `no_space_scale` times longer."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ class WordCount(Bounds):
 
 
 class MeanWordLength(Bounds):
-    """Spaced scripts only: characters are the words of CJK/Thai."""
+    """Spaced scripts only, over the words that are not CJK/kana/Thai characters (one-character
+    words by construction, which would drag a mixed English/Japanese page under the minimum)."""
 
     name = "mean_word_length"
 
     def statistic(self, batch):
-        return batch.ratio(batch.words.per_doc(batch.words.chars.astype(np.float64)), batch.n_words)
+        words = batch.words
+        spaced = ~words.cjk
+        return batch.ratio(words.per_doc(words.chars * spaced), words.per_doc(spaced))
 
     def applies(self, batch):
         return ~batch.no_space

@@ -51,86 +51,72 @@ def duplicate_fractions(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     return count_frac, char_frac
 
 
+class _Tokens:
+    """The selected documents' word ids, documents and characters, with prefix sums of chars."""
+
+    def __init__(self, words: Segments, docs: np.ndarray):
+        self.n_docs = len(words.lengths)
+        take = docs[words.doc]
+        self.ids, self.doc, self.chars = words.ids[take], words.doc[take], words.chars[take]
+        self.total = np.maximum(np.bincount(self.doc, weights=self.chars, minlength=self.n_docs), 1)
+        self.cum = np.concatenate([[0], np.cumsum(self.chars)])
+
+
+def _top_fraction(t: _Tokens, pos: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
+    """Characters covered by each document's most frequent repeated n-gram, as a fraction."""
+    sdoc = t.doc[pos]
+    gram_chars = (t.cum[pos + width] - t.cum[pos]).astype(np.float64)
+    best = _segment_max(count, sdoc, t.n_docs)
+    is_top = (count == best[sdoc]) & (count > 1)
+    return _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, t.n_docs) / t.total
+
+
+def _dup_fraction(t: _Tokens, pos: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
+    """Characters of words inside any n-gram that occurs more than once, as a fraction."""
+    dup_starts = pos[count > 1]
+    size = len(t.ids) + width + 1
+    diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
+    covered = np.cumsum(diff[: len(t.ids)]) > 0
+    return np.bincount(t.doc, weights=t.chars * covered, minlength=t.n_docs) / t.total
+
+
+def _grow(t: _Tokens, pos: np.ndarray, h: np.ndarray, width: int):
+    """Extend each n-gram hash by one word, dropping starts that run past their document."""
+    end = pos + width - 1
+    inside = end < len(t.ids)
+    pos, h, end = pos[inside], h[inside], end[inside]
+    inside = t.doc[end] == t.doc[pos]
+    pos, h, end = pos[inside], h[inside], end[inside]
+    return pos, h * _PRIME + (t.ids[end] + 1).astype(np.uint64)
+
+
 def ngram_fractions(
     words: Segments, docs: np.ndarray, top_ns: list[int], dup_ns: list[int], scale: int = 1
 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Top and duplicate n-gram character fractions for the documents selected by `docs` (bool).
 
     For the selected documents, n is multiplied by `scale` (character tokens of CJK/Thai)."""
-    n_docs = len(words.lengths)
-    take = docs[words.doc]
-    ids, doc, chars = words.ids[take], words.doc[take], words.chars[take]
-    total = np.maximum(np.bincount(doc, weights=chars, minlength=n_docs), 1)
-    cum = np.concatenate([[0], np.cumsum(chars)])
-    top_out = {n: np.zeros(n_docs) for n in top_ns}
-    dup_out = {n: np.zeros(n_docs) for n in dup_ns}
+    t = _Tokens(words, docs)
+    top_out = {n: np.zeros(t.n_docs) for n in top_ns}
+    dup_out = {n: np.zeros(t.n_docs) for n in dup_ns}
     wanted = {n * scale: n for n in set(top_ns) | set(dup_ns)}
-    if not wanted:
-        return top_out, dup_out
     # Grow n-grams one word at a time over a shrinking set of start positions: an (n+1)-gram can
     # only repeat where its n-gram prefix repeats, so after n = 2 only repeated starts stay active.
-    pos = np.arange(len(ids))
-    h = (ids + 1).astype(np.uint64) + doc.astype(np.uint64) * _DOC_MIX
-    for width in range(2, max(wanted) + 1):
-        end = pos + width - 1
-        inside = end < len(ids)
-        pos, h, end = pos[inside], h[inside], end[inside]
-        inside = doc[end] == doc[pos]
-        pos, h, end = pos[inside], h[inside], end[inside]
+    pos = np.arange(len(t.ids))
+    h = (t.ids + 1).astype(np.uint64) + t.doc.astype(np.uint64) * _DOC_MIX
+    for width in range(2, max(wanted, default=1) + 1):
+        pos, h = _grow(t, pos, h, width)
         if len(pos) == 0:
             break
-        h = h * _PRIME + (ids[end] + 1).astype(np.uint64)
         count = _occurrences(h)
         n = wanted.get(width)
-        if n is not None:
-            sdoc = doc[pos]
-            if n in top_out:
-                gram_chars = (cum[pos + width] - cum[pos]).astype(np.float64)
-                best = _segment_max(count, sdoc, n_docs)
-                is_top = (count == best[sdoc]) & (count > 1)
-                top_out[n] = (
-                    _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs) / total
-                )
-            if n in dup_out:
-                dup_starts = pos[count > 1]
-                size = len(ids) + width + 1
-                diff = np.bincount(dup_starts, minlength=size) - np.bincount(
-                    dup_starts + width, minlength=size
-                )
-                covered = np.cumsum(diff[: len(ids)]) > 0
-                dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
+        if n in top_out:
+            top_out[n] = _top_fraction(t, pos, count, width)
+        if n in dup_out:
+            dup_out[n] = _dup_fraction(t, pos, count, width)
         repeated = count > 1
         pos, h = pos[repeated], h[repeated]
     for d in (top_out, dup_out):
         for n in d:
             d[n] = np.where(docs, d[n], 0.0)
-    return top_out, dup_out
-    h = (ids + 1).astype(np.uint64) + doc.astype(np.uint64) * _DOC_MIX
-    for width in range(2, max(wanted) + 1):
-        m = len(ids) - width + 1
-        if m <= 0:
-            break
-        h = h[:m] * _PRIME + (ids[width - 1 :] + 1).astype(np.uint64)
-        if width not in wanted:
-            continue
-        n = wanted[width]
-        starts = np.nonzero(doc[:m] == doc[width - 1 :])[0]
-        if len(starts) == 0:
-            continue
-        sdoc = doc[starts]
-        count = _occurrences(h[starts])
-        if n in top_out:
-            gram_chars = (cum[starts + width] - cum[starts]).astype(np.float64)
-            best = _segment_max(count, sdoc, n_docs)
-            is_top = (count == best[sdoc]) & (count > 1)
-            top = _segment_max(np.where(is_top, count * gram_chars, 0.0), sdoc, n_docs)
-            top_out[n] = top / total
-        if n in dup_out:
-            dup_starts = starts[count > 1]
-            size = len(ids) + width + 1
-            diff = np.bincount(dup_starts, minlength=size) - np.bincount(
-                dup_starts + width, minlength=size
-            )
-            covered = np.cumsum(diff[: len(ids)]) > 0
-            dup_out[n] = np.bincount(doc, weights=chars * covered, minlength=n_docs) / total
     return top_out, dup_out
