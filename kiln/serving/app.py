@@ -39,7 +39,8 @@ class DeploymentOptions(BaseModel):
     max_ongoing_requests: int = Field(
         64,
         ge=1,
-        description="requests a replica works on at once; must exceed max_batch_size to fill batches",
+        description="requests a replica works on at once; must exceed max_batch_size to fill "
+        "batches",
     )
 
 
@@ -72,10 +73,12 @@ class AppSettings(BaseModel):
 
 
 def make_backend(settings: AppSettings):
-    from kiln.serving.backends import LocalBackend, TritonBackend
-
     if settings.backend == "local":
+        from kiln.serving.backend_local import LocalBackend
+
         return LocalBackend(settings.model_dir, settings.model_name, settings.batching)  # type: ignore[arg-type]
+    from kiln.serving.backend_triton import TritonBackend
+
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
 
 

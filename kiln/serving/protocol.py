@@ -1,17 +1,30 @@
-"""Wire formats of the REST endpoint: OpenAI completions, KServe v2 (Open Inference Protocol)
-and Triton's generate extension, as pydantic models, plus the server's limits.
+"""What every protocol shares: the client-error type, the deployment's limits, and the typed,
+range-checked sampling fields that a request must pass before it reaches the model.
 
-Request models validate types and ranges; limits that depend on the deployment (the largest
-`max_tokens`, the longest prompt) are checked by `Limits.check` so the message names the limit.
+Ranges are finite on purpose: a temperature of 1e-45 or a seed of 2**64 is valid JSON, but
+would overflow inside sampling (and used to fail every request batched with it). Text must be
+valid Unicode: JSON may carry a lone surrogate ("\\ud800") that no tokenizer can encode.
+The OpenAI wire models are in `protocol_openai`, the KServe v2 ones in `protocol_kserve`.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from typing import Any, Literal
+import math
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
+
+TEMPERATURE_MIN = 1e-5  # below this (but above 0) logits / temperature overflows float32
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+TOP_LOGPROBS_MAX = 20  # as OpenAI
 
 
 class RequestError(Exception):
@@ -33,7 +46,8 @@ class Limits(BaseModel):
     max_prompt_chars: int = Field(16_384, ge=1, description="longest prompt, in characters")
     max_prompts_per_request: int = Field(64, ge=1, description="prompts in one request (batch)")
 
-    def check(self, prompts: list[str], max_new_tokens: int, field: str = "max_tokens") -> None:
+    def check(self, prompts: list, max_new_tokens: int, field: str = "max_tokens") -> None:
+        """Prompts are text or token-id lists; the model's context is the backend's to check."""
         if not prompts:
             raise RequestError("no prompt given", param="prompt")
         if len(prompts) > self.max_prompts_per_request:
@@ -43,8 +57,9 @@ class Limits(BaseModel):
             )
         for p in prompts:
             if len(p) > self.max_prompt_chars:
+                unit = "characters" if isinstance(p, str) else "tokens"
                 raise RequestError(
-                    f"prompt has {len(p)} characters; at most {self.max_prompt_chars}",
+                    f"prompt has {len(p)} {unit}; at most {self.max_prompt_chars}",
                     param="prompt",
                 )
         if max_new_tokens < 1:
@@ -55,140 +70,89 @@ class Limits(BaseModel):
             )
 
 
-# ---------------------------------------------------------------- OpenAI /v1/completions
+# ------------------------------------------------------------------------- checked field types
 
 
-class CompletionRequest(BaseModel):
-    """OpenAI `POST /v1/completions`. Unknown fields are ignored, as OpenAI-compatible servers do;
-    `top_k` and `seed` are accepted extensions (vLLM does the same)."""
+def valid_unicode(text: str) -> str:
+    """Reject what UTF-8 cannot encode (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode (character {e.start} is a lone surrogate)") from None
+    return text
 
-    model_config = ConfigDict(extra="ignore")
 
-    model: StrictStr | None = None
-    prompt: StrictStr | list[StrictStr]
-    max_tokens: StrictInt | None = 16
-    temperature: StrictFloat | StrictInt | None = 1.0
-    top_p: StrictFloat | StrictInt | None = 1.0
-    top_k: StrictInt | None = 0
-    n: StrictInt = 1
-    stream: StrictBool = False
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
-    echo: StrictBool = False
-    user: StrictStr | None = None
+def _temperature(v: float) -> float:
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"must be a finite number >= 0 (got {v})")
+    if 0 < v < TEMPERATURE_MIN:
+        raise ValueError(f"must be 0 (greedy) or at least {TEMPERATURE_MIN} (got {v})")
+    return float(v)
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+def _top_p(v: float) -> float:
+    if not math.isfinite(v) or not 0 < v <= 1:
+        raise ValueError(f"must be in (0, 1] (got {v})")
+    return float(v)
+
+
+def _penalty(v: float) -> float:
+    if not math.isfinite(v) or not -2 <= v <= 2:
+        raise ValueError(f"must be in [-2, 2] (got {v})")
+    return float(v)
+
+
+def _repetition_penalty(v: float) -> float:
+    if not math.isfinite(v) or not 0 < v <= 10:
+        raise ValueError(f"must be in (0, 10] (got {v})")
+    return float(v)
+
+
+Text = Annotated[StrictStr, AfterValidator(valid_unicode)]
+Number = StrictFloat | StrictInt
+Temperature = Annotated[Number, AfterValidator(_temperature)]
+TopP = Annotated[Number, AfterValidator(_top_p)]
+TopK = Annotated[StrictInt, Field(ge=0)]
+Seed = Annotated[StrictInt, Field(ge=0, le=SEED_MAX)]
+MaxTokens = Annotated[StrictInt, Field(ge=1)]
+Penalty = Annotated[Number, AfterValidator(_penalty)]
+RepetitionPenalty = Annotated[Number, AfterValidator(_repetition_penalty)]
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields as every protocol spells them, each type- and range-checked. None means
+    "the route's default". Subclasses add their protocol's own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+    stop: Text | list[Text] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-
-class CompletionChoice(BaseModel):
-    text: str
-    index: int
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class CompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex[:24]}")
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    owned_by: str = "kiln"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
+    def merged(self, other: SamplingFields) -> SamplingFields:
+        """These fields, overridden by the ones `other` sets."""
+        return self.model_copy(update=other.model_dump(exclude_none=True))
 
 
 def openai_error(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     kind = {401: "authentication_error", 404: "not_found_error"}.get(
         status, "invalid_request_error"
     )
+    if status >= 500:
+        kind = "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-# ---------------------------------------------------------------- KServe v2 / Triton
-
-
-class TensorMetadata(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-class ModelMetadata(BaseModel):
-    """`GET /v2/models/{m}`: the tensors `infer` takes and returns."""
-
-    name: str
-    versions: list[str] = ["1"]
-    platform: str = "kiln"
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-class InferInputTensor(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: StrictStr
-    shape: list[StrictInt]
-    datatype: StrictStr
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class InferRequestedOutput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: StrictStr
-    parameters: dict[str, Any] | None = None
-
-
-class InferRequest(BaseModel):
-    """`POST /v2/models/{m}/infer` (JSON part; binary tensor data is attached by `rest_kserve`)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[InferInputTensor]
-    outputs: list[InferRequestedOutput] | None = None
-
-
-class GenerateRequest(BaseModel):
-    """Triton's `POST /v2/models/{m}/generate`: `text_input` plus sampling fields at the top level
-    or under `parameters` (both forms are in use)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    text_input: StrictStr
-    parameters: dict[str, Any] | None = None
-    max_tokens: StrictInt | None = None
-    temperature: StrictFloat | StrictInt | None = None
-    top_k: StrictInt | None = None
-    top_p: StrictFloat | StrictInt | None = None
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stream: StrictBool = False
 
 
 def kserve_error(message: str) -> dict[str, Any]:

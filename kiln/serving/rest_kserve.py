@@ -13,9 +13,14 @@ import struct
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import ValidationError
 
-from kiln.serving.protocol import InferRequest, RequestError, TensorMetadata
+from kiln.serving.protocol import RequestError, SamplingFields, valid_unicode
+from kiln.serving.protocol_kserve import (
+    InferRequest,
+    RequestParameters,
+    TensorMetadata,
+)
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -49,31 +54,21 @@ INPUTS = [TensorMetadata(name=TEXT_INPUT, datatype="BYTES", shape=[-1]), *SAMPLI
 OUTPUTS = [TensorMetadata(name=TEXT_OUTPUT, datatype="BYTES", shape=[-1])]
 
 
-class SamplingFields(BaseModel):
-    """Sampling fields as they arrive in KServe `parameters`, Triton generate or the vLLM JSON.
-    Triton's reserved request parameters (priority, timeout, binary_data_output, ...) are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    max_tokens: StrictInt | None = None
-    max_new_tokens: StrictInt | None = None
-    temperature: StrictFloat | StrictInt | None = None
-    top_k: StrictInt | None = None
-    top_p: StrictFloat | StrictInt | None = None
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-
-    def merged(self, other: SamplingFields) -> SamplingFields:
-        return self.model_copy(update=other.model_dump(exclude_none=True))
-
-
-def parse_sampling(raw: dict[str, Any] | None, where: str) -> SamplingFields:
+def parse_sampling(raw: Any, where: str) -> SamplingFields:
+    """Validate a `parameters` object (or vLLM's JSON) into typed sampling fields (400 if bad)."""
+    if raw is None:
+        return SamplingFields()
+    if not isinstance(raw, dict):
+        raise RequestError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     try:
-        return SamplingFields.model_validate(raw or {})
+        fields = RequestParameters.model_validate(raw).resolved()
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise RequestError(f"{where}.{field}: {err['msg']}", param=field) from None
+    return SamplingFields.model_validate(
+        fields.model_dump(include=set(SamplingFields.model_fields), exclude_none=True)
+    )
 
 
 def _decode_bytes_elements(raw: bytes, name: str) -> list[bytes]:
@@ -91,9 +86,17 @@ def _decode_bytes_elements(raw: bytes, name: str) -> list[bytes]:
 
 
 def _flatten(data: list[Any]) -> list[Any]:
+    """Row-major elements of nested JSON lists (iterative: any depth, no recursion limit)."""
     flat: list[Any] = []
-    for x in data:
-        flat.extend(_flatten(x) if isinstance(x, list) else [x])
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            flat.append(x)
+        else:
+            stack.pop()
     return flat
 
 
@@ -160,7 +163,10 @@ def _as_text(v: Any, name: str) -> str:
         except UnicodeDecodeError:
             raise RequestError(f"input {name!r}: not valid UTF-8", param=name) from None
     if isinstance(v, str):
-        return v
+        try:
+            return valid_unicode(v)
+        except ValueError as e:
+            raise RequestError(f"input {name!r}: {e}", param=name) from None
     raise RequestError(
         f"input {name!r}: expected BYTES (strings), got {type(v).__name__}", param=name
     )
@@ -171,6 +177,7 @@ def infer_to_generation(
 ) -> tuple[list[str], SamplingFields]:
     """Prompts from `text_input`, sampling fields from the optional inputs and `parameters`."""
     known = {t.name: t for t in INPUTS}
+    datatypes = {t.name: t.datatype for t in req.inputs}
     for t in req.inputs:
         if t.name not in known:
             raise RequestError(
@@ -181,34 +188,52 @@ def infer_to_generation(
             raise RequestError(f"input {t.name!r}: datatype must be BYTES, got {t.datatype}")
         if known[t.name].datatype != "BYTES" and t.datatype == "BYTES":
             raise RequestError(f"input {t.name!r}: datatype must be numeric, got BYTES")
+        if t.datatype != "BYTES" and t.datatype not in NUMPY_DTYPES:
+            raise RequestError(f"input {t.name!r}: unknown datatype {t.datatype!r}", param=t.name)
     if TEXT_INPUT not in values:
         raise RequestError(f"missing input {TEXT_INPUT!r}", param=TEXT_INPUT)
     prompts = [_as_text(v, TEXT_INPUT) for v in values[TEXT_INPUT]]
 
     fields = parse_sampling(req.parameters, "parameters")
     if "sampling_parameters" in values:
+        if len(values["sampling_parameters"]) != 1:
+            raise RequestError("input 'sampling_parameters': expected one JSON string")
         text = _as_text(values["sampling_parameters"][0], "sampling_parameters")
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise RequestError("input 'sampling_parameters': not valid JSON") from None
         if not isinstance(raw, dict):
             raise RequestError("input 'sampling_parameters': expected a JSON object")
         fields = fields.merged(parse_sampling(raw, "sampling_parameters"))
     scalars: dict[str, Any] = {}
-    for name in ("max_tokens", "temperature", "top_k", "top_p", "seed"):
+    for name in SCALAR_INPUTS:
         if name in values:
-            if len(values[name]) != 1:
-                raise RequestError(f"input {name!r}: expected one value", param=name)
-            v = values[name][0]
-            if isinstance(v, bool):
-                raise RequestError(f"input {name!r}: expected a number", param=name)
-            scalars[name] = (
-                int(v) if name in ("max_tokens", "top_k", "seed") and float(v).is_integer() else v
-            )
+            scalars[name] = _scalar(name, datatypes[name], values[name])
     if "stop" in values:
         scalars["stop"] = [_as_text(v, "stop") for v in values["stop"]]
     return prompts, fields.merged(parse_sampling(scalars, "inputs"))
+
+
+SCALAR_INPUTS = ("max_tokens", "temperature", "top_k", "top_p", "seed")
+INTEGER_INPUTS = ("max_tokens", "top_k", "seed")
+
+
+def _scalar(name: str, datatype: str, vals: list) -> int | float:
+    """The one value of a numeric input: a JSON number (never a string, null, bool or object)
+    of an integer datatype for integer fields."""
+    if len(vals) != 1:
+        raise RequestError(f"input {name!r}: expected one value, got {len(vals)}", param=name)
+    v = vals[0]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise RequestError(f"input {name!r}: expected a number, got {type(v).__name__}", param=name)
+    if name in INTEGER_INPUTS:
+        if not (datatype.startswith(("INT", "UINT"))) or not isinstance(v, int):
+            raise RequestError(
+                f"input {name!r}: expected an integer ({datatype} {v!r})", param=name
+            )
+        return int(v)
+    return float(v)
 
 
 def encode_bytes_tensor(items: list[str]) -> bytes:

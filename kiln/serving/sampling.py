@@ -1,13 +1,21 @@
-"""Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, seeded."""
+"""Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, penalties,
+seeded. Every row of a batch is sampled with its own parameters, in a numerically safe way: a row
+whose distribution cannot be formed (non-finite logits) falls back to its argmax instead of
+raising inside `torch.multinomial` and failing the whole batch."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+TEMPERATURE_MIN = 1e-5  # 0 < temperature < this would overflow logits / temperature
+SEED_MAX = 2**63 - 1
+
 
 class SamplingParams(BaseModel):
-    """How to pick tokens. temperature 0 is greedy; top_k 0 and top_p 1.0 switch those filters off."""
+    """How to pick tokens. temperature 0 is greedy; top_k 0 and top_p 1.0 turn those filters off."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -18,11 +26,24 @@ class SamplingParams(BaseModel):
         1.0, gt=0.0, le=1.0, description="Keep the smallest set with this much mass."
     )
     stop: list[str] = Field(default_factory=list, description="Stop before any of these strings.")
-    seed: int | None = Field(None, description="Seed for sampling (same seed, same text).")
+    seed: int | None = Field(
+        None, ge=0, le=SEED_MAX, description="Seed for sampling (same seed, same text)."
+    )
+    presence_penalty: float = Field(0.0, description="OpenAI's: minus this once per seen token.")
+    frequency_penalty: float = Field(0.0, description="OpenAI's: minus this per occurrence.")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, description="CTRL's (as transformers): >1 discourages seen tokens."
+    )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -32,11 +53,35 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the mass before it already reaches top_p (the first token always stays)
-        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def apply_penalties(
+    logits: torch.Tensor, params: SamplingParams, history: Sequence[int]
+) -> torch.Tensor:
+    """Presence / frequency (OpenAI: over the generated tokens) and repetition (transformers:
+    over prompt and generated tokens, `history`) penalties on one row [V]."""
+    if not params.penalized or not history:
+        return logits
+    ids = torch.tensor(list(history), dtype=torch.long, device=logits.device)
+    if params.repetition_penalty != 1.0:
+        seen = logits[ids]
+        penalized = torch.where(
+            seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty
+        )
+        logits = logits.scatter(0, ids, penalized)
+    if params.presence_penalty or params.frequency_penalty:
+        counts = torch.zeros_like(logits).scatter_add(
+            0, ids, torch.ones_like(ids, dtype=logits.dtype)
+        )
+        logits = logits - params.frequency_penalty * counts
+        logits = logits - params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
 
 
@@ -52,18 +97,38 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
     return gen
 
 
+def sample_row(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """One token from one row [V] of float logits; argmax whenever sampling is ill-defined."""
+    logits = torch.nan_to_num(logits.double(), nan=float("-inf"))
+    fallback = int(logits.argmax())
+    if params.greedy or not torch.isfinite(logits).any():
+        return fallback
+    # shifting by the max first keeps logits / temperature finite for any temperature >= 1e-5
+    finite_max = logits.masked_fill(~torch.isfinite(logits), float("-inf")).max()
+    row = (logits - finite_max).clamp(min=-1e300) / max(params.temperature, TEMPERATURE_MIN)
+    probs = torch.softmax(filter_logits(row, params.top_k, params.top_p), dim=-1)
+    if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
+        return fallback
+    return int(torch.multinomial(probs, 1, generator=generator)[0])
+
+
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    histories: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of `logits` [B, V] with that row's parameters; returns [B] int64."""
+    """Pick one token per row of `logits` [B, V] with that row's parameters; returns [B] int64.
+    `histories` (one token list per row) feed the penalties of rows that ask for them."""
     logits = logits.float()
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
-        if p.greedy:
+        row = logits[i]
+        if histories is not None and p.penalized:
+            row = apply_penalties(row, p, histories[i])
+        elif p.greedy:
             continue
-        row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p)
-        probs = torch.softmax(row, dim=-1)
-        out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+        out[i] = sample_row(row, p, generators[i])
     return out

@@ -1,0 +1,191 @@
+"""The triton backend: a Triton server with kiln's exported python-backend model, over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Literal
+
+from kiln.serving.backends import Job, Prompt, Result
+from kiln.serving.protocol import RequestError
+
+if TYPE_CHECKING:
+    from kiln.serving.logprobs import TokenScore
+    from kiln.serving.sampling import SamplingParams
+
+LOCAL_ONLY = "needs the local backend (the triton backend sends text and receives text)"
+
+
+class TritonBackend:
+    """A Triton server with kiln's exported python-backend model (vLLM's convention: BYTES
+    `text_input` -> `text_output`, sampling fields as individual inputs or as a JSON
+    `sampling_parameters` input). Concurrent requests are sent as they come: Triton batches them.
+    A decoupled model is driven over a gRPC stream (and streams text deltas)."""
+
+    def __init__(self, url: str, triton_model: str, model_name: str | None = None):
+        self.url = url.removeprefix("grpc://")
+        self.triton_model = triton_model
+        self.model_name = model_name or triton_model
+        self._client = None
+        self._inputs: dict[str, str] | None = None  # input name -> datatype
+        self._outputs: set[str] = set()
+        self._batched = False
+        self._decoupled = False
+        self.context_length: int | None = None  # Triton's model does not say
+        self.chat_template: str | None = None
+        self.special_tokens: dict[str, str] = {}
+
+    async def prepare(
+        self, prompt: Prompt, params: SamplingParams, *, truncate: int | None, fit_context: bool
+    ) -> Job:
+        """Text and sampling fields are all Triton's model takes: refuse the rest (400)."""
+        if not isinstance(prompt, str):
+            raise RequestError(f"token-id prompts {LOCAL_ONLY}", param="prompt")
+        if truncate is not None:
+            raise RequestError(
+                f"truncate_prompt_tokens {LOCAL_ONLY}", param="truncate_prompt_tokens"
+            )
+        if params.penalized:
+            raise RequestError(f"penalties {LOCAL_ONLY}", param="presence_penalty")
+        return Job(prompt, params)
+
+    async def score(self, ids: list[int], top: int) -> list[TokenScore]:
+        raise RequestError(f"logprobs {LOCAL_ONLY}", param="logprobs")
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        raise RequestError(f"logprobs {LOCAL_ONLY}", param="logprobs")
+
+    async def _setup(self):
+        if self._client is None:
+            import tritonclient.grpc.aio as grpcclient
+
+            self._client = grpcclient.InferenceServerClient(self.url)
+        if self._inputs is None:
+            meta = await self._client.get_model_metadata(self.triton_model, as_json=True)
+            config = (await self._client.get_model_config(self.triton_model, as_json=True))[
+                "config"
+            ]
+            self._outputs = {t["name"] for t in meta["outputs"]}
+            self._batched = int(config.get("max_batch_size", 0)) > 0
+            self._decoupled = bool(
+                config.get("model_transaction_policy", {}).get("decoupled", False)
+            )
+            self._inputs = {t["name"]: t["datatype"] for t in meta["inputs"]}
+        return self._client
+
+    def _tensors(self, prompt: str, params: SamplingParams, stream: bool = False):
+        import numpy as np
+        import tritonclient.grpc.aio as grpcclient
+
+        assert self._inputs is not None
+        lead = [1] if self._batched else []
+        tensors = []
+
+        def add(name: str, values: list, dtype) -> None:
+            arr = np.array(values, dtype=dtype).reshape(lead + [len(values)])
+            t = grpcclient.InferInput(name, list(arr.shape), self._inputs[name])
+            t.set_data_from_numpy(arr)
+            tensors.append(t)
+
+        add("text_input", [prompt.encode()], np.object_)
+        fields: dict = {
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+        }
+        if params.seed is not None:
+            fields["seed"] = params.seed
+        if "sampling_parameters" in self._inputs:
+            add(
+                "sampling_parameters",
+                [json.dumps({**fields, "stop": params.stop}).encode()],
+                np.object_,
+            )
+        else:
+            np_types = {
+                "INT32": np.int32,
+                "INT64": np.int64,
+                "FP32": np.float32,
+                "FP64": np.float64,
+            }
+            for name, value in fields.items():
+                if self._inputs.get(name) in np_types:
+                    add(name, [value], np_types[self._inputs[name]])
+            if params.stop and self._inputs.get("stop") == "BYTES":
+                add("stop", [s.encode() for s in params.stop], np.object_)
+        for name, value in (("stream", stream), ("exclude_input_in_output", True)):
+            if self._inputs.get(name) == "BOOL":
+                add(name, [value], np.bool_)
+        return tensors
+
+    def _result(self, res) -> Result:
+        def first(name: str):
+            v = res.as_numpy(name).reshape(-1)[0]
+            return v.decode() if isinstance(v, bytes) else v
+
+        finish: Literal["stop", "length"] = "length"
+        if "finish_reason" in self._outputs and res.as_numpy("finish_reason") is not None:
+            finish = "stop" if first("finish_reason") == "stop" else "length"
+        counts = {}
+        for name in ("prompt_tokens", "completion_tokens"):
+            if name in self._outputs and res.as_numpy(name) is not None:
+                counts[name] = int(first(name))
+        return Result(
+            str(first("text_output")),
+            finish,
+            counts.get("prompt_tokens"),
+            counts.get("completion_tokens"),
+        )
+
+    async def _responses(self, prompt: str, params: SamplingParams, stream: bool):
+        """Responses of a decoupled model for one request, over a gRPC stream."""
+        client = await self._setup()
+
+        async def requests():
+            yield {"model_name": self.triton_model, "inputs": self._tensors(prompt, params, stream)}
+
+        async for res, error in client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(f"triton: {error}")
+            yield res
+
+    async def _one(self, prompt: str, params: SamplingParams) -> Result:
+        client = await self._setup()
+        if self._decoupled:
+            results = [self._result(r) async for r in self._responses(prompt, params, stream=False)]
+            return results[-1]
+        return self._result(await client.infer(self.triton_model, self._tensors(prompt, params)))
+
+    async def complete(self, jobs: list[Job]) -> list[Result]:
+        return list(await asyncio.gather(*(self._one(j.prompt, j.params) for j in jobs)))
+
+    async def stream(self, job: Job) -> AsyncIterator[str]:
+        await self._setup()
+        if not self._decoupled:  # a plain model answers whole completions: one delta
+            (result,) = await self.complete([job])
+            yield result.text
+            return
+        async for res in self._responses(job.prompt, job.params, stream=True):
+            text = res.as_numpy("text_output")
+            if text is not None:
+                v = text.reshape(-1)[0]
+                yield v.decode() if isinstance(v, bytes) else str(v)
+
+    async def ready(self) -> bool:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            client = await self._setup()
+            return bool(await client.is_model_ready(self.triton_model))
+        except (InferenceServerException, OSError):
+            return False
+
+    def stats(self) -> dict[str, int]:
+        return {}  # Triton keeps its own: GET /v2/models/<m>/stats on the Triton server
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

@@ -1,0 +1,70 @@
+"""Checked request fields -> `SamplingParams` and backend jobs, for every protocol's router."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from kiln.serving.backends import Backend, Job, Prompt
+from kiln.serving.protocol import Limits, RequestError, SamplingFields
+from kiln.serving.sampling import SamplingParams
+
+
+def backend_of(request: Request) -> Backend:
+    return request.app.state.backend
+
+
+def limits_of(request: Request) -> Limits:
+    return request.app.state.limits
+
+
+def require_model(request: Request, model: str | None) -> None:
+    name = backend_of(request).model_name
+    if model is not None and model != name:
+        raise RequestError(f"model {model!r} not found; this server serves {name!r}", 404, "model")
+
+
+def sampling_params(
+    limits: Limits,
+    prompts: list,
+    fields: SamplingFields,
+    *,
+    default_max_tokens: int = 16,
+    default_temperature: float = 0.0,
+    field: str = "max_tokens",
+) -> SamplingParams:
+    """Apply the route's defaults and the deployment's limits (fields are already range-checked)."""
+    max_tokens = default_max_tokens if fields.max_tokens is None else fields.max_tokens
+    limits.check(prompts, max_tokens, field)
+    return SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=default_temperature if fields.temperature is None else fields.temperature,
+        top_k=fields.top_k or 0,
+        top_p=1.0 if fields.top_p is None else fields.top_p,
+        stop=[s for s in fields.stops() if s],
+        seed=fields.seed,
+        presence_penalty=fields.presence_penalty or 0.0,
+        frequency_penalty=fields.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
+    )
+
+
+async def prepare_jobs(
+    backend: Backend,
+    prompts: list[Prompt],
+    params: SamplingParams,
+    *,
+    copies: int = 1,
+    truncate: int | None = None,
+    fit_context: bool = False,
+) -> list[Job]:
+    """`copies` jobs per prompt (n / best_of), prompt-major; a seeded request seeds copy j with
+    seed + j so the copies differ yet repeat."""
+    jobs = []
+    for prompt in prompts:
+        first = await backend.prepare(prompt, params, truncate=truncate, fit_context=fit_context)
+        for j in range(copies):
+            p = first.params
+            if j and p.seed is not None:
+                p = p.model_copy(update={"seed": (p.seed + j) % 2**63})
+            jobs.append(Job(first.prompt, p, first.prompt_ids))
+    return jobs

@@ -1,0 +1,58 @@
+"""Triton's generate extension as a router: `POST /v2/models/{m}/generate` and
+`generate_stream` (server-sent events; a failure mid-stream is sent as `{"error": ...}`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from kiln.serving.backends import Backend, Job
+from kiln.serving.protocol import RequestError, kserve_error
+from kiln.serving.protocol_kserve import GenerateRequest
+from kiln.serving.rest_params import (
+    backend_of,
+    limits_of,
+    prepare_jobs,
+    require_model,
+    sampling_params,
+)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+router = APIRouter(prefix="/v2")
+
+
+async def _job(model: str, req: GenerateRequest, request: Request) -> Job:
+    require_model(request, model)
+    params = sampling_params(limits_of(request), [req.text_input], req.fields())
+    (job,) = await prepare_jobs(backend_of(request), [req.text_input], params)
+    return job
+
+
+@router.post("/models/{model}/generate")
+async def generate(model: str, req: GenerateRequest, request: Request):
+    job = await _job(model, req, request)
+    backend = backend_of(request)
+    (result,) = await backend.complete([job])
+    out = {"model_name": backend.model_name, "model_version": "1", "text_output": result.text}
+    return out | ({"id": req.id} if req.id is not None else {})
+
+
+@router.post("/models/{model}/generate_stream")
+async def generate_stream(model: str, req: GenerateRequest, request: Request):
+    job = await _job(model, req, request)
+    events = _events(backend_of(request), job)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _events(backend: Backend, job: Job) -> AsyncIterator[str]:
+    try:
+        async for delta in backend.stream(job):
+            event = {"model_name": backend.model_name, "text_output": delta}
+            yield f"data: {json.dumps(event)}\n\n"
+    except Exception as e:  # noqa: BLE001 - the stream has started: report, don't drop it
+        message = e.message if isinstance(e, RequestError) else f"generation failed: {e}"
+        yield f"data: {json.dumps(kserve_error(message))}\n\n"
