@@ -67,7 +67,9 @@ class TrainConfig(_Strict):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    precision: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(
+        "auto", description="auto: bf16 on CUDA, fp32 on CPU."
+    )
     fp8_recipe: Literal["delayed", "current"] = "delayed"
     recompute: Literal["none", "selective", "full"] = "none"
     selective_recompute: Literal["op", "attention"] = Field(

@@ -28,3 +28,20 @@ def local_cuda_index(local_rank: int, local_world_size: int, device_count: int) 
     if not 0 <= local_rank < device_count:
         raise ConfigError(f"LOCAL_RANK={local_rank} but only {device_count} GPU(s) are visible")
     return local_rank
+
+
+def resolve_auto_precision(cfg, cuda_available: bool):
+    """`precision: auto` is bf16 when the run is on CUDA, fp32 on CPU (a TrainConfig copy)."""
+    if cfg.precision != "auto":
+        return cfg
+    on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and cuda_available)
+    return cfg.model_copy(update={"precision": "bf16" if on_cuda else "fp32"})
+
+
+def enable_tf32() -> None:
+    """fp32 matmuls (and cuDNN convolutions) on TF32 tensor cores: on CUDA only, where the
+    datasheet's fp32 matmul peak is TF32's; on CPU "high" could lower oneDNN's fp32 matmuls."""
+    import torch
+
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True

@@ -1,4 +1,4 @@
-"""Throughput accounting: FLOPs per token (6N + 12·L·H·Q·T), device peaks, MFU, peak memory."""
+"""Throughput accounting: FLOPs per token (6N + attention), datasheet device peaks, peak memory."""
 
 from __future__ import annotations
 
@@ -8,23 +8,54 @@ import torch
 
 from kiln.training.model.config import ModelConfig
 
-# Dense (no sparsity) peak TFLOP/s per GPU by precision, from vendor data sheets.
+# Dense (no 2:4 sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets (which print the sparse
+# figure: half of it). "tf32" is the fp32 matmul peak when TF32 is on (kiln turns it on on CUDA).
+# Ordered most specific first: torch names an SXM H100 "NVIDIA H100 80GB HBM3", an SXM H200
+# "NVIDIA H200", the PCIe and NVL boards "... H100 PCIe", "... H100 NVL", "... H200 NVL".
 _PEAK_TFLOPS = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "fp32": 67.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "fp32": 91.6},
-    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "fp32": 80.0},
+    "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
+    "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
+    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
+    "H100": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},  # SXM
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},  # SXM
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM and PCIe
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 75.0},
 }
 
 
+def attended_keys(seq_len: int, window: int | None = None) -> float:
+    """Mean keys a query attends to under the causal mask (and a sliding window of `window`)."""
+    w = min(window or seq_len, seq_len)
+    # queries 0..w-1 see 1..w keys; the other seq_len-w queries see w each
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+
+
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x (non-embedding, active) params + 12·L·H·Q·T for attention."""
+    """Training FLOPs per token: 6 x (active matmul params) + 12·L·H·Q·(keys attended).
+
+    The LM head is a matmul even when it shares the embedding's weight (tied); the embedding
+    lookup is not. Attention counts the keys a causal (windowed) query actually sees, as the
+    fused kernels compute them: about T/2, not T.
+    """
     n = cfg.num_params(exclude_embedding=True)
+    if cfg.tie_embeddings:
+        n += cfg.vocab_size * cfg.dim
     if cfg.n_experts:
         inactive = 3 * cfg.dim * cfg.ffn_hidden_dim * (cfg.n_experts - cfg.top_k) * cfg.n_layers
         n -= inactive
-    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    keys = attended_keys(seq_len, cfg.sliding_window)
+    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * keys
+
+
+def peak_tflops_for(device_name: str, precision: str, tf32: bool = True) -> float | None:
+    """Datasheet dense peak of the GPU named `device_name` for `precision`; None when unknown."""
+    for key, peaks in _PEAK_TFLOPS.items():
+        if key in device_name:
+            if precision == "fp32":
+                return peaks["tf32"] if tf32 else peaks["fp32"]
+            return peaks.get(precision, peaks["bf16"])
+    return None
 
 
 def device_peak_flops(precision: str, override_tflops: float | None = None) -> float | None:
@@ -33,11 +64,9 @@ def device_peak_flops(precision: str, override_tflops: float | None = None) -> f
         return override_tflops * 1e12
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key, peaks in _PEAK_TFLOPS.items():
-        if key in name:
-            return peaks.get(precision, peaks["bf16"]) * 1e12
-    return None
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    tflops = peak_tflops_for(torch.cuda.get_device_name(), precision, tf32)
+    return tflops * 1e12 if tflops else None
 
 
 def peak_memory_gb() -> float:
