@@ -96,6 +96,15 @@ class FilterConfig(_Section):
     custom: list[str] = Field(
         default_factory=list, description="'module:Class' of extra DocumentFilter classes"
     )
+    decontaminate: list[str] = Field(
+        default_factory=list,
+        description="eval-set files (JSONL: every string field; else one item a line): drop "
+        "documents sharing a decontaminate_ngram-token sequence with them",
+    )
+    decontaminate_ngram: int = Field(13, gt=0)
+    decontaminate_min_ngram: int = Field(
+        8, gt=0, description="shorter eval items of at least this many tokens match whole"
+    )
 
 
 class FuzzyConfig(_Section):

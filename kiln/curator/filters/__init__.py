@@ -1,5 +1,6 @@
-"""Document filters: Gopher quality and repetition rules, C4 rules, URL ratio, language id, plus
-any user `DocumentFilter`. Each filter is counted under its `name` in report.json."""
+"""Document filters: Gopher quality and repetition rules, C4 rules, URL ratio, language id,
+eval-set decontamination, plus any user `DocumentFilter`. Each filter is counted under its `name`
+in report.json."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from kiln.curator.config import FilterConfig
 from kiln.curator.filters import c4, gopher
 from kiln.curator.filters.base import Bounds, DocumentFilter
 from kiln.curator.filters.batch import DocBatch
+from kiln.curator.filters.decontam import Decontaminate
 from kiln.curator.filters.language import Language
 from kiln.platform.errors import ConfigError
 
@@ -83,9 +85,23 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
     add(cfg.max_curly_brace_ratio is not None, c4.CurlyBraces(None, cfg.max_curly_brace_ratio))
     add(cfg.max_url_char_ratio is not None, c4.UrlRatio(None, cfg.max_url_char_ratio))
     add(bool(cfg.languages), Language(cfg.languages or [], cfg.language_bytes))
+    if cfg.decontaminate:
+        out.append(
+            Decontaminate.from_files(
+                cfg.decontaminate, cfg.decontaminate_ngram, cfg.decontaminate_min_ngram
+            )
+        )
     out += [load_custom(s) for s in cfg.custom]
     out += list(extra)
     return out
 
 
-__all__ = ["Bounds", "DocBatch", "DocumentFilter", "Language", "build_filters", "load_custom"]
+__all__ = [
+    "Bounds",
+    "Decontaminate",
+    "DocBatch",
+    "DocumentFilter",
+    "Language",
+    "build_filters",
+    "load_custom",
+]
