@@ -4,7 +4,10 @@ kiln commands, specs and Serve import paths."""
 from __future__ import annotations
 
 import importlib
+import re
 import shlex
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -97,12 +100,36 @@ def test_triton_deployment_and_service():
 
 def test_dockerfile_installs_the_gpu_extra_and_runs_kiln():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
-    assert next(line for line in text.splitlines() if line.startswith("FROM")).startswith(
-        "FROM nvcr.io/nvidia/"
-    )
-    assert "'.[gpu]'" in text
-    cmd = [l for l in text.splitlines() if l.startswith("CMD")][-1]
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    assert base.startswith("nvcr.io/nvidia/pytorch:") and "FROM ${BASE_IMAGE}" in text
+    assert "requirements.py --cuda-major 13" in text and "--no-deps -e ." in text
+    cmd = [line for line in text.splitlines() if line.startswith("CMD")][-1]
     assert '"kiln"' in cmd
+
+
+def test_dockerfile_keeps_the_images_torch_and_it_fits_pyproject():
+    """The base image's torch (a label) is inside pyproject's range; pip never installs torch,
+    numpy, Transformer Engine or flash-attn over the image's builds; the gpu extra comes along."""
+    sys.path.insert(0, str(DEPLOY / "docker"))
+    try:
+        import requirements as image_reqs
+    finally:
+        sys.path.pop(0)
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    torch_label = re.search(r'kiln\.base\.torch="([^"]+)"', text).group(1)
+    owned = set(image_reqs.IMAGE_OWNED)
+    everything = {"torch": torch_label, **{name: "1" for name in owned - {"torch"}}}
+    assert image_reqs.check_image(everything) == []
+    too_old = {**everything, "torch": "2.11.0a0+nv26.01"}  # a base image older than the pin
+    assert image_reqs.check_image(too_old) == [
+        f"torch 2.11.0a0+nv26.01 is outside kiln's range {image_reqs.torch_range()}"
+    ]
+    reqs = image_reqs.image_requirements(cuda_major=13)
+    names = {image_reqs.requirement_name(r) for r in reqs}
+    assert not names & owned
+    assert {"ray", "cudf-cu13", "dask-cudf-cu13", "dask-cuda", "cugraph-cu13"} <= names
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert f"torch{image_reqs.torch_range()}" in pyproject["dependencies"]
 
 
 @pytest.mark.parametrize(
