@@ -129,7 +129,7 @@ class Trainer:
         cfg, dims = self.cfg, self.dims
         torch.manual_seed(cfg.seed)
         with torch.device(self.device):  # no CPU detour for big models on a GPU
-            model = Transformer(cfg.model)
+            model = self.adapt_model(Transformer(cfg.model))
         if cfg.precision == "fp8":
             swap_to_te_linear(model)
         self.loss_parallel = self.distributed and use_loss_parallel(cfg)
@@ -148,6 +148,11 @@ class Trainer:
             model = model.to(self.device)
             self.model_parts = [parallelize(model, dims, cfg)]
             self.has_first = self.has_last = True
+
+    def adapt_model(self, model: Transformer) -> nn.Module:
+        """Hook between building the full model and carving/parallelizing it: post-training
+        loads its base weights and swaps in LoRA here (kiln/training/post/trainer.py)."""
+        return model
 
     def _build_dataloader(self):
         from kiln.training.data import build_dataloader

@@ -149,4 +149,8 @@ class ChatSource:
         return out
 
     def gather_batch(self, first: int, count: int) -> tuple[np.ndarray, ...]:
-        return self.dataset.gather_rows(self._rows(np.arange(first, first + count)))
+        """(tokens, labels, positions, document_ids), plus the pair numbers for preference data
+        (where precomputed reference log-probs are looked up)."""
+        rows = self._rows(np.arange(first, first + count))
+        arrays = self.dataset.gather_rows(rows)
+        return arrays + (rows.astype(np.int64),) if self.dataset.kind == "preference" else arrays

@@ -21,11 +21,17 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(label) at every position [B, S] (0 where the label is -100)."""
-    trained = labels != IGNORE_INDEX
-    safe = torch.where(trained, labels, torch.zeros_like(labels))
-    logps = torch.gather(logits.float().log_softmax(-1), -1, safe.unsqueeze(-1)).squeeze(-1)
-    return logps * trained
+    """log p(label) at every position [B, S] (0 where the label is -100). Written as a
+    per-token cross entropy so it also runs on vocab-sharded logits under loss_parallel."""
+    nll = F.cross_entropy(
+        logits.flatten(0, 1).float(),
+        labels.flatten(0, 1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    if hasattr(nll, "full_tensor"):  # a DTensor under loss_parallel
+        nll = nll.full_tensor()
+    return -nll.view(labels.shape)
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

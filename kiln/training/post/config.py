@@ -1,0 +1,44 @@
+"""Post-training configs: a TrainConfig plus the objective, the base model and LoRA."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kiln.platform.errors import ConfigError
+from kiln.training.config import TrainConfig
+from kiln.training.model.lora import LoRAConfig
+from kiln.training.post.dpo import DPOConfig
+
+
+class PostTrainConfig(TrainConfig):
+    """Every TrainConfig field (layout, optimizer, schedule, checkpoint, ...) plus:"""
+
+    objective: Literal["sft", "dpo"] = Field("sft", description="sft: masked next-token loss; dpo.")
+    base: str | None = Field(
+        None,
+        description="Starting weights: a HF model folder, an export, or a kiln checkpoint. The "
+        "model shape comes from it (model: is ignored).",
+    )
+    lora: LoRAConfig | None = Field(None, description="Train low-rank adapters only (None: full).")
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> PostTrainConfig:
+        p = self.parallel
+        if self.objective == "dpo" and p.pp > 1:
+            raise ConfigError("dpo with parallel.pp > 1 is not supported (use fsdp/tp)")
+        if self.objective == "dpo" and p.cp > 1:
+            raise ConfigError("dpo with parallel.cp > 1 is not supported (sequences are short)")
+        if self.lora is not None and p.tp > 1:
+            raise ConfigError(
+                "lora with parallel.tp > 1 is not supported yet (fsdp / dp_shard shards adapters)"
+            )
+        if self.lora is not None and self.precision == "fp8":
+            raise ConfigError("lora with precision fp8 is not supported")
+        if self.dpo.reference == "adapters_disabled" and self.lora is None:
+            raise ConfigError("dpo.reference adapters_disabled needs lora: (or use precomputed)")
+        if self.data.synthetic:
+            raise ConfigError(f"{self.objective}: data.paths must name a prepared chat dataset")
+        return self

@@ -1,0 +1,218 @@
+"""SFT and DPO as objectives on the one trainer: `PostTrainer` is `Trainer` with a base model,
+LoRA swapped in before parallelize (the `adapt_model` hook), chat batches and the objective.
+
+Everything else (layouts, optimizer over trainable parameters only, schedules, checkpoints,
+resume, metrics) is the trainer's. Reference log-probs for DPO are either precomputed in one
+pass over the preference data before the first step (cached beside the checkpoints, no second
+model in memory) or, with LoRA, taken from the same model with its adapters disabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kiln.platform.errors import ConfigError, InputError
+from kiln.training.model.lora import adapters_disabled, apply_lora
+from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
+from kiln.training.post.chat_dataset import ChatSource
+from kiln.training.post.config import PostTrainConfig
+from kiln.training.post.dpo import dpo_loss, split_pairs
+from kiln.training.post.objectives import sequence_logps
+from kiln.training.post.packed_attention import document_masking, enable_document_masking
+from kiln.training.precision import autocast_context, fp8_context
+from kiln.training.trainer import Trainer
+
+log = logging.getLogger("kiln.training.post")
+REFERENCE_FILE = "reference_logps.npy"
+
+
+def chat_prefix(cfg: PostTrainConfig) -> str:
+    if len(cfg.data.paths) != 1:
+        raise ConfigError(f"{cfg.objective}: data.paths must name one prepared chat dataset")
+    path = cfg.data.paths[0]
+    return os.path.join(path, cfg.data.split) if os.path.isdir(path) else path
+
+
+class PostTrainer(Trainer):
+    cfg: PostTrainConfig
+
+    def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
+        self._base_state = None
+        if cfg.base:
+            from kiln.training.model.weights import read_weights
+
+            _, base_cfg, self._base_state = read_weights(cfg.base)
+            if base_cfg.max_seq_len < cfg.seq_len:
+                base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
+            cfg = cfg.model_copy(update={"model": base_cfg})
+        super().__init__(cfg, on_step=on_step, dataloader=dataloader)
+        self._post_metrics: dict[str, float] = {}
+
+    # -- setup ----------------------------------------------------------------------------
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        if self._base_state is not None:
+            from kiln.training.model.weights import load_weights
+
+            load_weights(model, self._base_state)
+            self._base_state = None  # copied into the model: drop the host copy
+        if self.cfg.lora is not None:
+            swapped = apply_lora(model, self.cfg.lora)
+            log.info("LoRA on %d linear layers (rank %d)", len(swapped), self.cfg.lora.rank)
+        if self._packed():
+            enable_document_masking(model)
+        return model
+
+    def _packed(self) -> bool:
+        return self.cfg.objective == "sft" and bool(self._chat_meta().get("packed"))
+
+    def _chat_meta(self) -> dict:
+        if not hasattr(self, "_meta"):
+            from kiln.training.post.chat_dataset import ChatDataset
+
+            self._meta = ChatDataset(chat_prefix(self.cfg)).meta
+        return self._meta
+
+    def _build_dataloader(self):
+        from kiln.training.data.loader import TokenLoader
+
+        cfg = self.cfg
+        source = ChatSource(chat_prefix(cfg), seed=cfg.data.seed or cfg.seed)
+        want = "preference" if cfg.objective == "dpo" else "sft"
+        if source.dataset.kind != want:
+            raise ConfigError(
+                f"{cfg.objective}: data.paths holds {source.dataset.kind} data, expected {want} "
+                f"(prepare it with prepare-{'preference' if want == 'preference' else 'chat'})"
+            )
+        if source.seq_len != cfg.seq_len:
+            raise ConfigError(
+                f"seq_len {cfg.seq_len} differs from the chat dataset's {source.seq_len}"
+            )
+        if self._packed() and (self.dims.pp_enabled or self.dims.cp_enabled):
+            raise ConfigError("packed chat data with pp or cp > 1: prepare it with packing off")
+        return TokenLoader(
+            source,
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=self.dims.dp_rank,
+            dp_size=self.dims.dp_size,
+            prefetch=cfg.data.prefetch,
+            description={"source": "chat", "path": chat_prefix(cfg), "seed": source.seed},
+        )
+
+    def setup(self) -> PostTrainer:
+        super().setup()
+        if self.cfg.objective == "dpo" and self.cfg.dpo.reference == "precomputed":
+            self._reference = torch.from_numpy(self._reference_table()).to(self.device)
+        return self
+
+    # -- DPO reference ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _reference_table(self) -> np.ndarray:
+        """[pairs, 2] summed log-probs (chosen, rejected) of the reference: one pass over the
+        data on every rank in the same order (collectives stay matched), cached on disk."""
+        cache = (
+            os.path.join(self.cfg.checkpoint.dir, REFERENCE_FILE)
+            if self.cfg.checkpoint.dir
+            else None
+        )
+        if cache and os.path.isfile(cache):
+            return np.load(cache)
+        if self.step > 0 and self.cfg.lora is None:
+            raise InputError(f"resuming full-weight DPO needs the reference cache {cache}")
+        dataset, mb = self.dataloader.source.dataset, self.cfg.micro_batch_size
+        table = np.zeros((len(dataset), 2), dtype=np.float64)
+        model = self.model_parts[0]
+        for first in range(0, len(dataset), mb):
+            rows = np.arange(first, first + mb) % len(dataset)  # the last batch wraps: same shapes
+            tokens, labels, _, _ = (
+                torch.from_numpy(a).to(self.device) for a in dataset.gather_rows(rows)
+            )
+            with self._contexts(), adapters_disabled(model):
+                logps, _ = sequence_logps(model(tokens), labels)
+            chosen, rejected = split_pairs(logps.double().cpu())
+            table[rows, 0], table[rows, 1] = chosen.numpy(), rejected.numpy()
+        if cache and self.rank == 0:
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            np.save(cache + ".tmp.npy", table)
+            os.replace(cache + ".tmp.npy", cache)
+        log.info("reference log-probs of %d pairs precomputed", len(dataset))
+        return table
+
+    # -- one optimizer step -----------------------------------------------------------------
+
+    def _contexts(self):
+        import contextlib
+
+        cfg = self.cfg
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast_context(cfg.precision, self.device.type, self.distributed))
+        stack.enter_context(fp8_context(cfg.precision, cfg.fp8_recipe))
+        stack.enter_context(loss_parallel_context(self.loss_parallel))
+        return stack
+
+    def _accumulate_gradients(self) -> torch.Tensor:
+        loss_sum = torch.zeros((), device=self.device)
+        self._post_metrics = {}
+        for micro in range(self.grad_accum):
+            batch = [t.to(self.device) for t in next(self._batches)]
+            self._set_grad_sync(micro == self.grad_accum - 1)
+            if self.cfg.objective == "dpo":
+                loss_sum += self._dpo_step(*batch).float()
+            else:
+                loss_sum += self._sft_step(*batch).float()
+        return loss_sum / self.grad_accum
+
+    def _sft_step(self, tokens, labels, positions, document_ids) -> torch.Tensor:
+        if not self._packed():  # plain rows: exactly pretraining's masked cross entropy
+            if self.dims.cp_enabled:
+                from kiln.training.parallel.context_parallel import shard_for_context_parallel
+
+                tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
+            return self._forward_backward(tokens, labels)
+        model = self.model_parts[0]
+        # backward inside the mask's block: recompute (activation checkpointing) needs it too
+        with self._contexts(), document_masking(model, document_ids):
+            loss = cross_entropy_loss(model(tokens, positions=positions), labels)
+            (loss * (self.scaler.scale / self.grad_accum)).backward()
+        return to_local_loss(loss).detach()
+
+    def _dpo_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
+        cfg, model = self.cfg, self.model_parts[0]
+        with self._contexts():
+            policy, n_tokens = sequence_logps(model(tokens), labels)
+            if cfg.dpo.reference == "precomputed":
+                reference = self._reference[rows].to(policy.dtype)
+                ref_chosen, ref_rejected = reference[:, 0], reference[:, 1]
+            else:
+                with torch.no_grad(), adapters_disabled(model):
+                    ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
+            loss, metrics = dpo_loss(
+                *split_pairs(policy),
+                ref_chosen,
+                ref_rejected,
+                *split_pairs(n_tokens),
+                beta=cfg.dpo.beta,
+                loss_type=cfg.dpo.loss_type,
+            )
+            (loss * (self.scaler.scale / self.grad_accum)).backward()
+        for k, v in metrics.items():
+            self._post_metrics[k] = self._post_metrics.get(k, 0.0) + float(v) / self.grad_accum
+        return loss.detach()
+
+    def train_step(self) -> dict[str, Any]:
+        metrics = super().train_step()
+        post = dict(self._post_metrics)
+        if post and self.distributed:  # average over ranks (replicas within a DP group agree)
+            values = torch.tensor(list(post.values()), dtype=torch.float64, device=self.device)
+            dist.all_reduce(values)
+            post = dict(zip(post, (values / dist.get_world_size()).tolist(), strict=True))
+        return {**metrics, **post}

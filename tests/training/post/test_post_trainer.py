@@ -1,0 +1,123 @@
+"""SFT and DPO on the trainer: LoRA trains adapters only, DPO's precomputed reference equals the
+adapters-disabled one, FSDP (dp_shard=2) equals one process, unsupported layouts are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kiln.platform.errors import ConfigError
+from kiln.training.data.config import DataConfig
+from kiln.training.post.config import PostTrainConfig
+from kiln.training.post.prepare import prepare_chat, prepare_preference
+from kiln.training.post.trainer import PostTrainer
+from tests.training.distributed import run_distributed
+from tests.training.post.helpers import chat_tokenizer
+from tests.training.post.lora_helpers import export_base
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is", "ignore::FutureWarning")
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A tiny base model (HF export), a packed SFT set and a preference set."""
+    root = tmp_path_factory.mktemp("post")
+    _, hf = export_base(str(root))
+    sft = [{"prompt": f"what is fact {i}?", "response": f"fact {i} is paris"} for i in range(20)]
+    pref = [
+        {"prompt": f"what is fact {i}?", "chosen": f"fact {i} is paris", "rejected": f"{i} tokyo"}
+        for i in range(16)
+    ]
+    for name, rows in (("sft", sft), ("pref", pref)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = chat_tokenizer()
+    prepare_chat(root / "sft.jsonl", root / "chat", tokenizer=tok, seq_len=SEQ)
+    prepare_preference(root / "pref.jsonl", root / "pref", tokenizer=tok, seq_len=SEQ)
+    return {"hf": hf, "chat": str(root / "chat"), "pref": str(root / "pref")}
+
+
+def _cfg(data, objective="sft", **over) -> PostTrainConfig:
+    fields = {
+        "objective": objective,
+        "base": data["hf"],
+        "lora": {"rank": 4, "alpha": 8},
+        "seq_len": SEQ,
+        "global_batch_size": 4,
+        "micro_batch_size": 2,
+        "steps": 4,
+        "optimizer": {"lr": 1e-2, "weight_decay": 0.0},
+        "schedule": {"kind": "constant"},
+        "data": DataConfig(paths=[data["chat" if objective == "sft" else "pref"]]),
+        "device": "cpu",
+        **over,
+    }
+    return PostTrainConfig(**fields)
+
+
+def test_lora_sft_trains_only_adapters_on_the_base(data, tmp_path):
+    from kiln.training.model.weights import read_weights
+
+    trainer = PostTrainer(_cfg(data, checkpoint={"dir": str(tmp_path / "ck"), "interval_steps": 2}))
+    history = trainer.train()
+    assert history[-1]["loss"] < history[0]["loss"] - 0.5
+    _, _, base = read_weights(data["hf"])
+    state = trainer.model_parts[0].state_dict()
+    adapters = [k for k in state if k.endswith(("lora_a", "lora_b"))]
+    assert len(adapters) == 2 * 7 * 2  # 2 layers x 7 linears x (A, B)
+    for name, tensor in base.items():  # frozen base: bit-identical after training
+        assert torch.equal(state[name], tensor), name
+    # a resumed run continues from the checkpoint with the adapters it trained
+    resumed = PostTrainer(_cfg(data, steps=6, checkpoint={"dir": str(tmp_path / "ck")}))
+    resumed.setup()
+    assert resumed.step == 4
+    for k in adapters:
+        assert torch.equal(resumed.model_parts[0].state_dict()[k], state[k])
+
+
+def test_dpo_precomputed_reference_equals_adapters_disabled(data, tmp_path):
+    runs = {}
+    for ref in ("precomputed", "adapters_disabled"):
+        cfg = _cfg(
+            data,
+            "dpo",
+            dpo={"beta": 0.5, "reference": ref},
+            checkpoint={"dir": str(tmp_path / ref)},
+        )
+        runs[ref] = PostTrainer(cfg).train()
+    assert (tmp_path / "precomputed" / "reference_logps.npy").is_file()
+    for a, b in zip(runs["precomputed"], runs["adapters_disabled"], strict=True):
+        for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5)
+    first, last = runs["precomputed"][0], runs["precomputed"][-1]
+    assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # B = 0: policy == reference
+    assert last["rewards/accuracies"] == 1.0 and last["rewards/margins"] > 0
+
+
+def _lora_sft_run(data: dict, dp_shard: int) -> list[float]:
+    torch.manual_seed(0)
+    cfg = _cfg(data, steps=3, parallel={"dp_shard": dp_shard}, micro_batch_size=4 // dp_shard)
+    return [m["loss"] for m in PostTrainer(cfg).train()]
+
+
+@pytest.mark.slow
+def test_lora_sft_under_fsdp_equals_one_process(data):
+    one = _lora_sft_run(data, 1)
+    two = run_distributed(_lora_sft_run, 2, data, 2)
+    assert two[0] == two[1]
+    assert two[0] == pytest.approx(one, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("objective", "over", "message"),
+    [
+        ("sft", {"parallel": {"tp": 2}}, "lora with parallel.tp"),
+        ("dpo", {"parallel": {"pp": 2}}, "dpo with parallel.pp"),
+        ("dpo", {"lora": None, "dpo": {"reference": "adapters_disabled"}}, "adapters_disabled"),
+    ],
+)
+def test_unsupported_combinations_are_config_errors(data, objective, over, message):
+    with pytest.raises(ConfigError, match=message):
+        _cfg(data, objective, **over)
