@@ -9,7 +9,6 @@ The OpenAI wire models are in `protocol_openai`, the KServe v2 ones in `protocol
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from pydantic import (
@@ -82,41 +81,23 @@ def valid_unicode(text: str) -> str:
     return text
 
 
-def _temperature(v: float) -> float:
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"must be a finite number >= 0 (got {v})")
+def _temperature_floor(v: float) -> float:
     if 0 < v < TEMPERATURE_MIN:
         raise ValueError(f"must be 0 (greedy) or at least {TEMPERATURE_MIN} (got {v})")
-    return float(v)
+    return v
 
 
-def _top_p(v: float) -> float:
-    if not math.isfinite(v) or not 0 < v <= 1:
-        raise ValueError(f"must be in (0, 1] (got {v})")
-    return float(v)
-
-
-def _penalty(v: float) -> float:
-    if not math.isfinite(v) or not -2 <= v <= 2:
-        raise ValueError(f"must be in [-2, 2] (got {v})")
-    return float(v)
-
-
-def _repetition_penalty(v: float) -> float:
-    if not math.isfinite(v) or not 0 < v <= 10:
-        raise ValueError(f"must be in (0, 10] (got {v})")
-    return float(v)
-
-
+# ranges live in Field(...) so that the OpenAPI schema states them too
 Text = Annotated[StrictStr, AfterValidator(valid_unicode)]
-Number = StrictFloat | StrictInt
-Temperature = Annotated[Number, AfterValidator(_temperature)]
-TopP = Annotated[Number, AfterValidator(_top_p)]
+Temperature = Annotated[
+    StrictFloat, Field(ge=0, allow_inf_nan=False), AfterValidator(_temperature_floor)
+]
+TopP = Annotated[StrictFloat, Field(gt=0, le=1)]
 TopK = Annotated[StrictInt, Field(ge=0)]
 Seed = Annotated[StrictInt, Field(ge=0, le=SEED_MAX)]
 MaxTokens = Annotated[StrictInt, Field(ge=1)]
-Penalty = Annotated[Number, AfterValidator(_penalty)]
-RepetitionPenalty = Annotated[Number, AfterValidator(_repetition_penalty)]
+Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]
+RepetitionPenalty = Annotated[StrictFloat, Field(gt=0, le=10)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 

@@ -33,7 +33,8 @@ def sampling_params(
     field: str = "max_tokens",
 ) -> SamplingParams:
     """Apply the route's defaults and the deployment's limits (fields are already range-checked)."""
-    max_tokens = default_max_tokens if fields.max_tokens is None else fields.max_tokens
+    default = min(default_max_tokens, limits.max_new_tokens)
+    max_tokens = default if fields.max_tokens is None else fields.max_tokens
     limits.check(prompts, max_tokens, field)
     return SamplingParams(
         max_new_tokens=max_tokens,

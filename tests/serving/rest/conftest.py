@@ -48,3 +48,21 @@ def endpoint(ray_session, tiny_model_dir):
 @pytest.fixture
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def local_backend(tiny_model_dir):
+    """The local backend in this process (no Ray): for in-process app tests."""
+    from kiln.serving.backend_local import LocalBackend
+    from kiln.serving.backends import BatchingConfig
+
+    return LocalBackend(tiny_model_dir, "tiny", BatchingConfig(max_batch_size=16))
+
+
+@pytest.fixture(scope="session")
+def app(local_backend):
+    """The REST app over the local backend, in-process, with small limits (fast to fuzz)."""
+    from kiln.serving.protocol import Limits
+    from kiln.serving.rest_api import create_api
+
+    return create_api(local_backend, Limits(max_new_tokens=16, max_prompt_chars=2000))
