@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "kiln.curator.cli",
     "kiln.training.data.cli",
     "kiln.training.cli",
+    "kiln.training.post.cli",
     "kiln.serving.export_cli",
     "kiln.serving.cli",
 ]

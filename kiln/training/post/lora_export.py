@@ -84,17 +84,18 @@ def export_peft_adapter(
 def export_merged_hf(
     model_cfg: dict,
     state: dict[str, torch.Tensor],
-    cfg: LoRAConfig,
+    cfg: LoRAConfig | None,
     out_dir: str,
     *,
     tokenizer=None,
     dtype: str = "float32",
 ) -> dict:
-    """Adapters merged into the base weights, written as a HF model directory (export_hf)."""
+    """Adapters merged into the base weights (`cfg` None: a full fine-tune, nothing to merge),
+    written as a HF model directory by kiln's export_hf."""
     from kiln.serving.export.hf import export_hf
     from kiln.serving.import_hf import write_model_checkpoint
 
-    merged = merged_state_dict(state, cfg.scaling)
+    merged = merged_state_dict(state, cfg.scaling) if cfg is not None else dict(state)
     if model_cfg.get("tie_embeddings"):
         merged.pop("output.weight", None)
     assert not any(k.rsplit(".", 1)[-1] in LORA_PARAMS for k in merged)

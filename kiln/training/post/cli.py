@@ -1,0 +1,68 @@
+"""`kiln prepare-chat`, `kiln prepare-preference`, `kiln sft`, `kiln dpo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for name, helptext in (
+        ("prepare-chat", "chat/instruction JSONL or Parquet -> packed tokens + loss masks"),
+        ("prepare-preference", "preference pairs (prompt, chosen, rejected) -> tokens + masks"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("inputs", help="a .jsonl/.parquet file or a directory of them")
+        p.add_argument("--out", required=True, help="output folder (a chat dataset)")
+        p.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
+        p.add_argument(
+            "--template",
+            default="chatml",
+            help="chatml, or a HF model/tokenizer folder whose chat_template to use",
+        )
+        p.add_argument("--seq-len", type=int, required=True)
+        p.add_argument(
+            "--add-chat-tokens",
+            action="store_true",
+            help="add the template's control tokens (ChatML's) to a kiln-trained tokenizer",
+        )
+        if name == "prepare-chat":
+            p.add_argument("--loss-mask", choices=["assistant", "last", "all"], default="assistant")
+            p.add_argument("--no-packing", dest="packing", action="store_false")
+        p.set_defaults(func=_prepare, kind=name)
+
+    for name in ("sft", "dpo"):
+        p = sub.add_parser(
+            name, help=f"{name.upper()} (full or LoRA) on the trainer, then export (HF + adapter)"
+        )
+        p.add_argument("--config", required=True, help="YAML: PostTrainConfig fields")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--export", default=None, help="write the merged HF (+ PEFT adapter) here")
+        p.set_defaults(func=_train, objective=name)
+
+
+def _prepare(args) -> int:
+    from kiln.training.post.prepare import prepare_chat, prepare_preference
+
+    common = {
+        "tokenizer": args.tokenizer,
+        "template": args.template,
+        "seq_len": args.seq_len,
+        "add_tokens": args.add_chat_tokens,
+    }
+    if args.kind == "prepare-chat":
+        meta = prepare_chat(
+            args.inputs, args.out, loss_mask=args.loss_mask, packing=args.packing, **common
+        )
+    else:
+        meta = prepare_preference(args.inputs, args.out, **common)
+    print(json.dumps(meta, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _train(args) -> int:
+    from kiln.training.post.run import load_config, train_post
+
+    cfg = load_config(args.config, args.overrides, objective=args.objective)
+    print(json.dumps(train_post(cfg, args.export), indent=2, default=str))
+    return 0

@@ -1,0 +1,181 @@
+"""Run SFT/DPO in this process (one rank, or every rank under torchrun) and export the result.
+
+`python -m kiln.training.post.run --config sft.yaml` under `torchrun --nproc-per-node N` runs
+any layout; `kiln sft` / `kiln dpo` and the `sft` / `dpo` stages call `train_post` directly.
+The export (rank 0) is a HF folder with the adapters merged (`<export>/hf`, chat template in
+its tokenizer_config.json) and, for LoRA, the PEFT adapter folder (`<export>/adapter`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kiln.training.post.config import PostTrainConfig
+
+
+def _full_state(trainer) -> dict[str, torch.Tensor]:
+    """The whole model's state on CPU (a collective under FSDP/TP: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if trainer.distributed:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(trainer.model_parts[0], options=options)
+    return {k: v.detach().cpu() for k, v in trainer.model_parts[0].state_dict().items()}
+
+
+def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
+    """Merged HF folder (+ PEFT adapter folder for LoRA) of a trained PostTrainer; rank 0 writes."""
+    from kiln.training.model.lora import LORA_PARAMS
+    from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
+
+    cfg = trainer.cfg
+    if trainer.dims.pp_enabled:
+        from kiln.platform.errors import ConfigError
+
+        raise ConfigError("export after post-training with pp > 1: export the checkpoint instead")
+    state = _full_state(trainer)
+    if trainer.rank != 0:
+        return {}
+    state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
+    summary: dict[str, Any] = {}
+    lora = cfg.lora
+    if lora is not None:
+        summary["adapter"] = export_peft_adapter(
+            state, lora, os.path.join(out_dir, "adapter"), cfg.base
+        )
+    else:
+        state = {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] not in LORA_PARAMS}
+    tokenizer = (
+        chat_dir if chat_dir and os.path.isfile(os.path.join(chat_dir, "tokenizer.json")) else None
+    )
+    hf_dir = os.path.join(out_dir, "hf")
+    summary["hf"] = export_merged_hf(
+        cfg.model.model_dump(), state, lora, hf_dir, tokenizer=tokenizer
+    )
+    if tokenizer is not None:
+        _add_chat_template(hf_dir, chat_dir, cfg.data.split)
+    return summary
+
+
+def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:
+    """The template the data was rendered with goes into the export's tokenizer_config.json, so
+    `apply_chat_template` and the chat endpoint render prompts as training saw them."""
+    from pathlib import Path
+
+    meta_file = Path(chat_dir) / f"{split}.chat.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    if not meta.get("chat_template"):
+        return
+    config_file = Path(hf_dir) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config["chat_template"] = meta["chat_template"]
+    end = meta.get("end_of_turn")
+    if end:  # a chat model's end of sequence is the end of its turn (as SmolLM2-Instruct's)
+        config["eos_token"] = end
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    generation = Path(hf_dir) / "generation_config.json"
+    vocab = json.loads((Path(hf_dir) / "tokenizer.json").read_text())["model"]["vocab"]
+    added = json.loads((Path(hf_dir) / "tokenizer.json").read_text()).get("added_tokens", [])
+    ids = {t["content"]: t["id"] for t in added} | vocab
+    if end in ids and generation.is_file():
+        gen = json.loads(generation.read_text())
+        eos = gen.get("eos_token_id")
+        eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        gen["eos_token_id"] = sorted({*eos, ids[end]})
+        generation.write_text(json.dumps(gen, indent=2))
+
+
+def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None) -> dict:
+    """Train (resuming from cfg.checkpoint.dir when it holds a checkpoint) and export."""
+    from kiln.training.post.trainer import PostTrainer, chat_prefix
+
+    trainer = PostTrainer(cfg, on_step=on_step)
+    history = trainer.train()
+    summary: dict[str, Any] = {
+        "objective": cfg.objective,
+        "steps": trainer.step,
+        "final": history[-1] if history else None,
+        "first_loss": history[0]["loss"] if history else None,
+    }
+    if export_dir:
+        chat_dir = os.path.dirname(chat_prefix(trainer.cfg))
+        summary["export"] = export_post(trainer, export_dir, chat_dir)
+    return summary
+
+
+def load_config(path: str, overrides: list[str] | None = None, objective: str | None = None):
+    """A PostTrainConfig from YAML (a `train:` block or the fields) with KEY=VALUE overrides."""
+    from pathlib import Path
+
+    import yaml
+    from pydantic import ValidationError
+
+    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"--config {path}: file not found")
+    try:
+        body = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: expected a mapping of config fields")
+    body = body.get("train", body)
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        node = body
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    if objective is not None:
+        body["objective"] = objective
+    try:
+        return PostTrainConfig.model_validate(body)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, objective or "post")) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under torchrun: every rank runs the same config."""
+    import argparse
+
+    from kiln.platform.errors import KilnError
+
+    parser = argparse.ArgumentParser(prog="python -m kiln.training.post.run")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--export", default=None, help="write the merged HF (+ adapter) here")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from kiln.training.launch import process_group_backend
+
+            cuda = torch.cuda.is_available() and cfg.device != "cpu"
+            if cuda:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(process_group_backend(cuda, cfg.optimizer_offload))
+        summary = train_post(cfg, args.export)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(json.dumps(summary, indent=2, default=str))
+    except KilnError as exc:
+        print(f"kiln: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
