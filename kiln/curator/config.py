@@ -105,6 +105,13 @@ class FilterConfig(_Section):
     decontaminate_min_ngram: int = Field(
         8, gt=0, description="shorter eval items of at least this many tokens match whole"
     )
+    quality_model: str | None = Field(
+        None, description="a `kiln classify` quality model folder: reject low scores as quality"
+    )
+    quality_threshold: float = Field(0.5, ge=0, le=1)
+    quality_pareto_alpha: float | None = Field(
+        None, gt=0, description="Pareto sampling instead of the threshold (NeMo Curator's alpha)"
+    )
 
 
 class FuzzyConfig(_Section):

@@ -91,6 +91,12 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
                 cfg.decontaminate, cfg.decontaminate_ngram, cfg.decontaminate_min_ngram
             )
         )
+    if cfg.quality_model:
+        from kiln.curator.filters.quality import QualityFilter
+
+        out.append(
+            QualityFilter(cfg.quality_model, cfg.quality_threshold, cfg.quality_pareto_alpha)
+        )
     out += [load_custom(s) for s in cfg.custom]
     out += list(extra)
     return out

@@ -1,0 +1,70 @@
+"""Typed configuration of the `classify` stage (`kiln classify --config FILE`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.platform.stage import StageConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FastTextConfig(_Section):
+    """fastText supervised training; CJK characters are separate tokens, so `word_ngrams: 2`
+    also gives Japanese character bigrams and `minn..maxn` sub-word character n-grams."""
+
+    dim: int = Field(64, gt=0)
+    epoch: int = Field(25, gt=0)
+    lr: float = Field(0.5, gt=0)
+    word_ngrams: int = Field(2, gt=0)
+    minn: int = Field(2, ge=0)
+    maxn: int = Field(4, ge=0)
+    bucket: int = Field(200_000, gt=0)
+    max_chars: int = Field(20_000, gt=0, description="characters of each document read")
+
+
+class KeepConfig(_Section):
+    """Which documents stay: score >= threshold, the best `top_percent`, or NeMo Curator's
+    Pareto sampling (keep when a Pareto(alpha) draw, seeded per document, exceeds 1 - score)."""
+
+    method: Literal["threshold", "top_percent", "pareto", "all"] = "threshold"
+    threshold: float = Field(0.5, ge=0, le=1)
+    top_percent: float = Field(30.0, gt=0, le=100)
+    alpha: float = Field(3.0, gt=0)
+    domains: list[str] | None = Field(
+        None, description="domain classifier: keep only these labels (default: keep all)"
+    )
+
+
+class ClassifyConfig(StageConfig):
+    input: list[str] = Field(
+        default_factory=list, description="corpus files or folders (Parquet, JSONL, .txt)"
+    )
+    kind: Literal["quality", "domain"] = "quality"
+    high_quality: list[str] = Field(
+        default_factory=list,
+        description="quality: 'high quality' texts (files or folders) trained against a random "
+        "sample of the corpus",
+    )
+    sample_docs: int = Field(
+        20_000, gt=0, description="corpus documents drawn as the low-quality class"
+    )
+    labelled: str | None = Field(
+        None, description="domain: JSONL of labelled examples (`text_field`, `label_field`)"
+    )
+    text_field: str = "text"
+    label_field: str = "label"
+    model: str | None = Field(None, description="a trained classifier folder: skip training")
+    held_out: float = Field(0.1, gt=0, lt=1, description="share of training data held out")
+    fasttext: FastTextConfig = Field(default_factory=FastTextConfig)
+    keep: KeepConfig = Field(default_factory=KeepConfig)
+    seed: int = 0
+    cluster: Literal["local", "ray"] = Field(
+        "local", description="score in this process, or in a Ray Data actor pool"
+    )
+    actors: int | None = Field(None, description="Ray Data actors (default: one per CPU)")
+    histogram_bins: int = Field(20, gt=0)

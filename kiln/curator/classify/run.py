@@ -1,0 +1,154 @@
+"""`classify()`: train (or load) a fastText classifier, score the corpus, keep by the configured
+rule, write shards + `rejected/` + `report.json` (with the score histogram) + `model/`."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import random
+import shutil
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.curator.classify.config import ClassifyConfig
+from kiln.curator.classify.data import expand, read_labelled, read_table, read_texts
+from kiln.curator.classify.fasttext_model import FastTextClassifier
+from kiln.curator.classify.keep import cutoff, histogram, keep_mask
+from kiln.curator.classify.score import HIGH, LOW, score_files
+from kiln.curator.report import write_report
+from kiln.platform.errors import ConfigError, InputError
+
+log = logging.getLogger("kiln.curator.classify")
+
+
+def corpus_sample(files: list[str], n: int, seed: int, text_field: str) -> list[str]:
+    """A seeded uniform sample of n corpus documents (the "low quality" class, as in DCLM)."""
+    texts = [t for p in files for t in read_table(p, text_field).column("text").to_pylist() if t]
+    rng = random.Random(seed)
+    return (
+        texts if len(texts) <= n else [texts[i] for i in sorted(rng.sample(range(len(texts)), n))]
+    )
+
+
+def train(cfg: ClassifyConfig, files: list[str]) -> FastTextClassifier:
+    if cfg.kind == "domain":
+        if not cfg.labelled:
+            raise ConfigError("classify.labelled: a domain classifier needs labelled examples")
+        texts, labels = read_labelled(cfg.labelled, cfg.text_field, cfg.label_field)
+    else:
+        if not cfg.high_quality:
+            raise ConfigError("classify.high_quality: expected files or folders of good text")
+        good = read_texts(cfg.high_quality, "classify.high_quality", cfg.text_field)
+        other = corpus_sample(files, cfg.sample_docs, cfg.seed, cfg.text_field)
+        texts, labels = good + other, [HIGH] * len(good) + [LOW] * len(other)
+    return FastTextClassifier.train(texts, labels, cfg.fasttext, cfg.held_out, cfg.seed)
+
+
+def _select(cfg: ClassifyConfig, parts: list[str], out_dir: str) -> tuple[int, int, dict]:
+    """Keep or reject every scored document; returns (in, kept, report fields)."""
+    column = "quality_score" if cfg.kind == "quality" else "domain_prob"
+    scores = np.concatenate(
+        [pq.read_table(p, columns=[column]).column(column).to_numpy() for p in parts] or [[]]
+    )
+    cut = cutoff(scores, cfg.keep) if cfg.kind == "quality" else 0.0
+    reason = "quality" if cfg.kind == "quality" else "domain"
+    n_in = kept = 0
+    kept_scores = []
+    for i, path in enumerate(parts):
+        table = pq.read_table(path)
+        if cfg.kind == "quality":
+            ids = [str(x) for x in table.column("id").to_pylist()]
+            keep = keep_mask(table.column(column).to_numpy(), ids, cfg.keep, cut, cfg.seed)
+        elif cfg.keep.domains is not None:
+            keep = np.isin(
+                table.column("domain_pred").to_numpy(zero_copy_only=False), cfg.keep.domains
+            )
+        else:
+            keep = np.ones(table.num_rows, dtype=bool)
+        n_in, kept = n_in + table.num_rows, kept + int(keep.sum())
+        kept_scores.append(table.column(column).to_numpy()[keep])
+        if keep.any():
+            pq.write_table(
+                table.filter(pa.array(keep)),
+                os.path.join(out_dir, f"shard-{i:05d}.parquet"),
+                compression="zstd",
+            )
+        if not keep.all():
+            rej = table.filter(pa.array(~keep))
+            rej = rej.append_column("reason", pa.array([reason] * rej.num_rows, pa.string()))
+            pq.write_table(
+                rej, os.path.join(out_dir, "rejected", f"part-{i:05d}.parquet"), compression="zstd"
+            )
+    bins = cfg.histogram_bins
+    fields = {
+        "keep": cfg.keep.model_dump(),
+        "cutoff": cut,
+        "score_column": column,
+        "histogram": histogram(scores, bins),
+        "kept_histogram": histogram(np.concatenate(kept_scores or [[]]), bins),
+        "removed_by_reason": {reason: n_in - kept} if n_in > kept else {},
+    }
+    return n_in, kept, fields
+
+
+def _prepare(output_dir: str) -> str:
+    if glob.glob(os.path.join(output_dir, "shard-*.parquet")):
+        raise InputError(f"{output_dir}: already holds shards (expected an empty output folder)")
+    work = os.path.join(output_dir, "_work")
+    for d in (work, os.path.join(output_dir, "rejected")):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    return work
+
+
+def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
+    """Classify `cfg.input` into `output_dir`; returns the report (also in report.json)."""
+    t0 = time.perf_counter()
+    files = expand(cfg.input, "classify.input")
+    work = _prepare(output_dir)
+    model_dir = os.path.join(output_dir, "model")
+    if cfg.model:
+        clf = FastTextClassifier.load(cfg.model)
+        shutil.copytree(cfg.model, model_dir, dirs_exist_ok=True)
+    else:
+        clf = train(cfg, files)
+        clf.save(model_dir)
+    t1 = time.perf_counter()
+    started = None
+    if cfg.cluster == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            from kiln.platform.runtime import Runtime
+
+            started = Runtime().ensure()
+    try:
+        parts = score_files(
+            files, model_dir, work, cfg.kind, cfg.text_field, cfg.cluster, cfg.actors
+        )
+    finally:
+        if started is not None:
+            started.shutdown()
+    t2 = time.perf_counter()
+    n_in, kept, fields = _select(cfg, parts, output_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    seconds = {"train": t1 - t0, "score": t2 - t1, "total": time.perf_counter() - t0}
+    report = {
+        "kind": cfg.kind,
+        "documents_in": n_in,
+        "kept": kept,
+        "rejected": n_in - kept,
+        "invariant_holds": n_in == kept + sum(fields["removed_by_reason"].values()),
+        **fields,
+        "model": {**clf.meta, "path": model_dir},
+        "cluster": cfg.cluster,
+        "seconds": seconds,
+        "score_docs_per_s": n_in / seconds["score"] if seconds["score"] else 0.0,
+    }
+    write_report(report, os.path.join(output_dir, "report.json"))
+    log.info("classified %d documents: %d kept (%.1f s)", n_in, kept, seconds["total"])
+    return report
