@@ -211,6 +211,11 @@ class LocalBackend:
         tok = self.generator.tokenizer
         return [tok.decode([i], skip_special_tokens=False) for i in ids]
 
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        from kiln.serving.logprobs import token_bytes
+
+        return [token_bytes(self.generator.tokenizer, i) for i in ids]
+
     async def ready(self) -> bool:
         return True
 

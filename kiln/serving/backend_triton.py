@@ -56,6 +56,9 @@ class TritonBackend:
     def token_texts(self, ids: list[int]) -> list[str]:
         raise RequestError(f"logprobs {LOCAL_ONLY}", param="logprobs")
 
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        raise RequestError(f"logprobs {LOCAL_ONLY}", param="logprobs")
+
     async def _setup(self):
         if self._client is None:
             import tritonclient.grpc.aio as grpcclient

@@ -42,3 +42,26 @@ def score_tokens(model: nn.Module, ids: list[int], top: int = 0) -> list[TokenSc
     out = [TokenScore(ids[0], None, [])]
     out += [TokenScore(t, lp, tp) for t, lp, tp in zip(ids[1:], chosen, tops, strict=True)]
     return out
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte <-> printable-character map that byte-level BPE vocabularies are written in."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = dict(zip(map(chr, keep), keep, strict=True)), 0
+    for b in range(256):
+        if b not in keep:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """The raw bytes of one token (a byte-level token may be half a UTF-8 character)."""
+    piece = tokenizer.id_to_token(token_id) or ""
+    if piece and all(c in BYTE_LEVEL for c in piece):
+        return bytes(BYTE_LEVEL[c] for c in piece)
+    return piece.replace("▁", " ").encode()  # SentencePiece-style pieces

@@ -257,17 +257,17 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 
 
 def _chat_logprobs(backend: Backend, scores) -> ChoiceLogprobs:
+    def entry(logprob: float, text: str, raw: bytes) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
     content = []
-    for s, text in zip(scores, backend.token_texts([s.token_id for s in scores]), strict=True):
+    for s in scores:
+        ids = [s.token_id] + [t for t, _ in s.top]
+        texts, raw = backend.token_texts(ids), backend.token_bytes(ids)
         tops = [
-            TopLogprob(token=t, logprob=lp, bytes=list(t.encode()))
-            for t, (_, lp) in zip(backend.token_texts([t for t, _ in s.top]), s.top, strict=True)
+            TopLogprob(**entry(lp, texts[k + 1], raw[k + 1])) for k, (_, lp) in enumerate(s.top)
         ]
-        content.append(
-            TokenLogprob(
-                token=text, logprob=s.logprob or 0.0, bytes=list(text.encode()), top_logprobs=tops
-            )
-        )
+        content.append(TokenLogprob(**entry(s.logprob or 0.0, texts[0], raw[0]), top_logprobs=tops))
     return ChoiceLogprobs(content=content)
 
 
