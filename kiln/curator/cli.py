@@ -1,4 +1,4 @@
-"""`kiln curate --input PATH... --output DIR [--config FILE]`."""
+"""`kiln curate --input PATH... --output DIR [--config FILE] [--set KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
@@ -20,39 +20,33 @@ def register(subparsers) -> None:
     p.add_argument(
         "--cluster", choices=["local", "ray"], help="override config: Dask scheduler for dedup"
     )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set dedup.fuzzy.threshold=0.9 (values are YAML)",
+    )
     p.set_defaults(func=_curate)
 
 
-def load_config(path: str | None, **overrides):
-    import yaml
-    from pydantic import ValidationError
-
+def load_config(path: str | None, overrides: list[str] = (), **fields):
+    """CurateConfig from `path` (its `curate:` block, or the whole file), CLI fields, --set."""
     from kiln.curator.config import CurateConfig
-    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    from kiln.platform.config import load_config as load
 
-    body = {}
-    if path:
-        try:
-            with open(path) as f:
-                body = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise InputError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
-        if not isinstance(body, dict):
-            raise ConfigError(f"{path}: expected a mapping of curate config fields")
-        body = body.get("curate", body) if isinstance(body.get("curate"), dict) else body
-    body.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return CurateConfig.model_validate(body)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, "curate")) from None
+    return load(
+        CurateConfig, path, block="curate", fields=fields, overrides=overrides, prefix="curate"
+    )
 
 
 def _curate(args) -> int:
     from kiln.curator.pipeline import curate
 
-    cfg = load_config(args.config, input=args.input, stream=args.stream, cluster=args.cluster)
+    cfg = load_config(
+        args.config, args.overrides, input=args.input, stream=args.stream, cluster=args.cluster
+    )
     report = curate(cfg, args.output)
     print(
         json.dumps(

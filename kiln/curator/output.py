@@ -32,59 +32,83 @@ def write_outputs(
     spill_dir: str,
     cfg: OutputConfig,
 ) -> int:
-    """Write the kept documents as shards and the duplicates to rejected/; returns documents kept."""
+    """Write the kept documents as shards and the duplicates to rejected/; returns how many
+    documents were kept."""
     staging_files = sorted(staging_files)
     exact_rows, fuzzy_rows = np.sort(exact_rows), np.sort(fuzzy_rows)
-    kept_per_file = []
-    for path in staging_files:  # pass 1: duplicates out, count what stays
-        table = pq.read_table(path, columns=["_row", *CORPUS_COLUMNS])
-        rows = table.column("_row").to_numpy()
-        is_exact, is_fuzzy = np.isin(rows, exact_rows), np.isin(rows, fuzzy_rows)
-        dup = is_exact | is_fuzzy
-        if dup.any():
-            reason = np.where(is_exact[dup], EXACT_DUPLICATE, FUZZY_DUPLICATE)
-            rej = (
-                table.filter(pa.array(dup))
-                .select(CORPUS_COLUMNS)
-                .append_column("reason", pa.array(reason, pa.string()))
-            )
-            name = "dedup-" + os.path.basename(path)
-            pq.write_table(
-                rej.cast(REJECTED_SCHEMA),
-                os.path.join(rejected_dir, name),
-                compression=cfg.compression,
-            )
-        kept_per_file.append(~dup)
+    kept_per_file = [
+        reject_duplicates(path, exact_rows, fuzzy_rows, rejected_dir, cfg) for path in staging_files
+    ]
     total = int(sum(k.sum() for k in kept_per_file))
     if total == 0:
         return 0
-    n_shards = -(-total // cfg.shard_docs)
     slot = np.random.default_rng(cfg.seed).permutation(total)
+    spill_by_shard(staging_files, kept_per_file, slot, spill_dir, cfg.shard_docs)
+    for shard in range(-(-total // cfg.shard_docs)):
+        assemble_shard(spill_dir, shard, out_dir, cfg)
+    return total
+
+
+def reject_duplicates(
+    path: str,
+    exact_rows: np.ndarray,
+    fuzzy_rows: np.ndarray,
+    rejected_dir: str,
+    cfg: OutputConfig,
+) -> np.ndarray:
+    """Pass 1: write one staging part's duplicates to rejected/; returns its keep mask."""
+    table = pq.read_table(path, columns=["_row", *CORPUS_COLUMNS])
+    rows = table.column("_row").to_numpy()
+    is_exact, is_fuzzy = np.isin(rows, exact_rows), np.isin(rows, fuzzy_rows)
+    dup = is_exact | is_fuzzy
+    if dup.any():
+        reason = np.where(is_exact[dup], EXACT_DUPLICATE, FUZZY_DUPLICATE)
+        rejected = (
+            table.filter(pa.array(dup))
+            .select(CORPUS_COLUMNS)
+            .append_column("reason", pa.array(reason, pa.string()))
+        )
+        pq.write_table(
+            rejected.cast(REJECTED_SCHEMA),
+            os.path.join(rejected_dir, "dedup-" + os.path.basename(path)),
+            compression=cfg.compression,
+        )
+    return ~dup
+
+
+def spill_by_shard(
+    staging_files: list[str],
+    kept_per_file: list[np.ndarray],
+    slot: np.ndarray,
+    spill_dir: str,
+    shard_docs: int,
+) -> None:
+    """Pass 2: give each kept document (in `_row` order) its permuted position and spill it to
+    its shard's folder."""
     os.makedirs(spill_dir, exist_ok=True)
     start = 0
-    for i, (path, keep) in enumerate(
-        zip(staging_files, kept_per_file, strict=True)
-    ):  # pass 2: spill
+    for i, (path, keep) in enumerate(zip(staging_files, kept_per_file, strict=True)):
         if not keep.any():
             continue
         table = pq.read_table(path, columns=CORPUS_COLUMNS).filter(pa.array(keep))
         pos = slot[start : start + table.num_rows]
         start += table.num_rows
-        shard = pos // cfg.shard_docs
+        shard = pos // shard_docs
         table = table.append_column("_pos", pa.array(pos, pa.int64()))
         for s in np.unique(shard):
-            piece = table.filter(pa.array(shard == s))
             d = os.path.join(spill_dir, f"{s:05d}")
             os.makedirs(d, exist_ok=True)
-            pq.write_table(piece, os.path.join(d, f"{i:06d}.parquet"))
-    for s in range(n_shards):  # pass 3: assemble each shard in permutation order
-        d = os.path.join(spill_dir, f"{s:05d}")
-        pieces = [pq.read_table(os.path.join(d, f)) for f in sorted(os.listdir(d))]
-        table = pa.concat_tables(pieces)
-        table = table.take(pc.sort_indices(table.column("_pos"))).select(CORPUS_COLUMNS)
-        table = table.replace_schema_metadata(None)
-        pq.write_table(
-            table, os.path.join(out_dir, f"shard-{s:05d}.parquet"), compression=cfg.compression
-        )
-        shutil.rmtree(d)
-    return total
+            pq.write_table(table.filter(pa.array(shard == s)), os.path.join(d, f"{i:06d}.parquet"))
+
+
+def assemble_shard(spill_dir: str, shard: int, out_dir: str, cfg: OutputConfig) -> None:
+    """Pass 3: one shard's spilled pieces, sorted by permuted position, as `shard-NNNNN.parquet`."""
+    d = os.path.join(spill_dir, f"{shard:05d}")
+    table = pa.concat_tables([pq.read_table(os.path.join(d, f)) for f in sorted(os.listdir(d))])
+    table = table.take(pc.sort_indices(table.column("_pos"))).select(CORPUS_COLUMNS)
+    pq.write_table(
+        table.replace_schema_metadata(None),
+        os.path.join(out_dir, f"shard-{shard:05d}.parquet"),
+        compression=cfg.compression,
+    )
+    shutil.rmtree(d)

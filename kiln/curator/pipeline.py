@@ -1,4 +1,10 @@
-"""`curate()`: the whole curation run — stream (Ray Data), dedup (Dask), output, report."""
+"""A curation run in two steps — stream (Ray Data or inline), then dedup (Dask), output and report.
+
+Each step declares what it needs from the runtime (`Curation.steps`), so the platform can start
+Ray for streaming and shut an embedded Ray down before dedup on Dask threads (its processes'
+~0.6 GB go to the dedup shuffle). `curate()` runs both steps in one call; the `curate` pipeline
+stage hands them to the platform.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.engine import dask_session, resolve_backend
@@ -18,109 +25,154 @@ from kiln.curator.readers import expand_inputs, plan_tasks
 from kiln.curator.report import build_report, plot_funnel, write_report
 from kiln.curator.stream import run_stream
 from kiln.platform.errors import InputError
+from kiln.platform.runtime import Resources, Runtime
 
 log = logging.getLogger("kiln.curator")
 
 
-def _ray_runtime(cfg: CurateConfig, runtime):
-    """Ray is needed for Ray Data streaming and for Dask-on-Ray; attach or start it."""
-    if cfg.stream != "ray" and cfg.cluster != "ray":
-        return None, None
-    import ray
-
-    if runtime is not None:
-        runtime.ensure()
-        return runtime, None
-    if ray.is_initialized():
-        from kiln.platform.runtime import Runtime
-
-        return Runtime(), None
-    from kiln.platform.runtime import Runtime
-
-    rt = Runtime().ensure()
-    return rt, rt  # the second one is shut down at the end
+def step_needs(cfg: CurateConfig) -> tuple[Resources, Resources]:
+    """What the stream and the dedup step need: Ray for Ray Data or Dask-on-Ray, else none
+    (an inline stream before Dask-on-Ray leaves the runtime as it is: no stop and restart)."""
+    on_ray = cfg.cluster == "ray"
+    stream = True if cfg.stream == "ray" else (None if on_ray else False)
+    return Resources(ray=stream), Resources(ray=on_ray)
 
 
-def curate(
-    cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = (), runtime=None
-) -> dict:
-    """Curate `cfg.input` into `output_dir` (shards, rejected/, report.json, funnel.png)."""
-    t0 = time.perf_counter()
-    files = expand_inputs(cfg.input)
-    tasks = plan_tasks(files, cfg.read.split_bytes, cfg.read.text_files_per_task)
-    backend = resolve_backend(cfg.backend, cfg.cluster)
-    if backend != cfg.backend:  # actors see the resolved backend (GPU MinHash under cudf)
-        cfg = cfg.model_copy(update={"backend": backend})
-    os.makedirs(output_dir, exist_ok=True)
-    if glob.glob(os.path.join(output_dir, "shard-*.parquet")):
-        raise InputError(
-            f"{output_dir}: already holds curated shards (expected an empty output folder)"
+@dataclass
+class Curation:
+    """One run's inputs, folders and what its steps hand each other."""
+
+    cfg: CurateConfig
+    output_dir: str
+    extra_filters: list[DocumentFilter] = field(default_factory=list)
+    backend: str = ""
+    files: list[str] = field(default_factory=list)
+    tasks: list = field(default_factory=list)
+    stats: list[dict] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    report: dict | None = None
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def rejected_dir(self) -> str:
+        return os.path.join(self.output_dir, "rejected")
+
+    @property
+    def work_dir(self) -> str:
+        return os.path.join(self.output_dir, "_work")
+
+    @classmethod
+    def prepare(
+        cls, cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = ()
+    ) -> Curation:
+        """Expand the inputs, resolve the backend and lay out an empty output folder."""
+        files = expand_inputs(cfg.input)
+        tasks = plan_tasks(files, cfg.read.split_bytes, cfg.read.text_files_per_task)
+        backend = resolve_backend(cfg.backend, cfg.cluster)
+        if backend != cfg.backend:  # actors see the resolved backend (GPU MinHash under cudf)
+            cfg = cfg.model_copy(update={"backend": backend})
+        os.makedirs(output_dir, exist_ok=True)
+        if glob.glob(os.path.join(output_dir, "shard-*.parquet")):
+            raise InputError(
+                f"{output_dir}: already holds curated shards (expected an empty output folder)"
+            )
+        cur = cls(cfg, output_dir, list(extra_filters), backend, files, tasks)
+        for d in (cur.rejected_dir, cur.work_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(cur.rejected_dir)
+        os.makedirs(os.path.join(cur.work_dir, "stream"))
+        return cur
+
+    def stream(self, runtime: Runtime | None) -> None:
+        """Read, clean and filter every document into `_work/stream` and `rejected/`."""
+        cpus = runtime.cpus_per_worker() if self.cfg.stream == "ray" and runtime else 0.5
+        log.info("curating %d files in %d tasks", len(self.files), len(self.tasks))
+        stream_dir = os.path.join(self.work_dir, "stream")
+        self.stats = run_stream(
+            self.tasks, self.cfg, stream_dir, self.rejected_dir, self.extra_filters, cpus
         )
-    rejected_dir = os.path.join(output_dir, "rejected")
-    work_dir = os.path.join(output_dir, "_work")
-    for d in (rejected_dir, work_dir):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(os.path.join(d, "stream") if d == work_dir else d)
-    rt, started = _ray_runtime(cfg, runtime)
-    seconds = {}
-    try:
-        cpus = rt.cpus_per_worker() if rt else 0.5
-        log.info("curating %d files in %d tasks", len(files), len(tasks))
-        stats = run_stream(
-            tasks, cfg, os.path.join(work_dir, "stream"), rejected_dir, extra_filters, cpus
-        )
-        seconds["stream"] = time.perf_counter() - t0
-        if started is not None and cfg.cluster != "ray":
-            # Dedup on Dask threads needs no Ray: give the memory of Ray's processes
-            # (~0.6 GB on a small machine) to the dedup shuffle.
-            started.shutdown()
-            started = None
-        staging = sorted(glob.glob(os.path.join(work_dir, "stream", "*.parquet")))
-        t1 = time.perf_counter()
-        with dask_session(
-            backend,
-            cfg.cluster,
-            cfg.rmm_async,
-            cfg.rmm_release_threshold,
-            spill_dir=os.path.join(work_dir, "dask"),
-        ):
-            n_candidates = sum(s["in"] - sum(s["reasons"].values()) for s in stats)
-            dedup = run_dedup(staging, cfg, backend, n_candidates)
-        seconds["dedup"] = time.perf_counter() - t1
-        t2 = time.perf_counter()
+        self.seconds["stream"] = time.perf_counter() - self.t0
+
+    def finish(self) -> dict:
+        """Dedup the streamed documents, write shards and the report; returns the report."""
+        staging = sorted(glob.glob(os.path.join(self.work_dir, "stream", "*.parquet")))
+        dedup = self._dedup(staging)
+        t = time.perf_counter()
         kept = write_outputs(
             staging,
             dedup.exact_rows,
             dedup.fuzzy_rows,
-            output_dir,
-            rejected_dir,
-            os.path.join(work_dir, "spill"),
-            cfg.output,
+            self.output_dir,
+            self.rejected_dir,
+            os.path.join(self.work_dir, "spill"),
+            self.cfg.output,
         )
-        seconds["output"] = time.perf_counter() - t2
+        self.seconds["output"] = time.perf_counter() - t
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.seconds["total"] = time.perf_counter() - self.t0
+        self.report = self._report(dedup.counts, kept)
+        return self.report
+
+    def _dedup(self, staging: list[str]):
+        cfg = self.cfg
+        t = time.perf_counter()
+        spill = os.path.join(self.work_dir, "dask")
+        with dask_session(
+            self.backend, cfg.cluster, cfg.rmm_async, cfg.rmm_release_threshold, spill_dir=spill
+        ):
+            n_candidates = sum(s["in"] - sum(s["reasons"].values()) for s in self.stats)
+            dedup = run_dedup(staging, cfg, self.backend, n_candidates)
+        self.seconds["dedup"] = time.perf_counter() - t
+        return dedup
+
+    def _report(self, dedup_counts: dict, kept: int) -> dict:
+        cfg, seconds = self.cfg, self.seconds
+        reasons = sum((Counter(s["reasons"]) for s in self.stats), Counter())
+        n_in = sum(s["in"] for s in self.stats)
+        names = [f.name for f in build_filters(cfg.filters, list(self.extra_filters))]
+        report = build_report(n_in, reasons, names, dedup_counts, kept, seconds)
+        report["backend"], report["cluster"], report["stream"] = (
+            self.backend,
+            cfg.cluster,
+            cfg.stream,
+        )
+        report["docs_per_s"] = n_in / seconds["total"] if seconds["total"] else 0.0
+        write_report(report, os.path.join(self.output_dir, "report.json"))
+        if cfg.output.plot:
+            plot_funnel(report, os.path.join(self.output_dir, "funnel.png"))
+        if not report["invariant_holds"]:
+            raise RuntimeError(
+                f"curation lost documents: {n_in} in, {kept} kept, {report['rejected']} rejected"
+            )
+        log.info(
+            "curated %d documents: %d kept, %d rejected (%.1f s)",
+            n_in,
+            kept,
+            n_in - kept,
+            seconds["total"],
+        )
+        return report
+
+
+def curate(
+    cfg: CurateConfig,
+    output_dir: str,
+    extra_filters: list[DocumentFilter] = (),
+    runtime: Runtime | None = None,
+) -> dict:
+    """Curate `cfg.input` into `output_dir` (shards, rejected/, report.json, funnel.png).
+
+    Both steps in one call on `runtime` (default: the session's Ray, else an embedded one that
+    is started for streaming and shut down before dedup on Dask threads)."""
+    own = runtime is None
+    runtime = runtime or Runtime()
+    cur = Curation.prepare(cfg, output_dir, extra_filters)
+    stream_needs, dedup_needs = step_needs(cur.cfg)
+    try:
+        runtime.provide(stream_needs, "curate.stream")
+        cur.stream(runtime)
+        runtime.provide(dedup_needs, "curate.dedup")
+        return cur.finish()
     finally:
-        if started is not None:
-            started.shutdown()
-    shutil.rmtree(work_dir, ignore_errors=True)
-    seconds["total"] = time.perf_counter() - t0
-    reasons = sum((Counter(s["reasons"]) for s in stats), Counter())
-    n_in = sum(s["in"] for s in stats)
-    names = [f.name for f in build_filters(cfg.filters, list(extra_filters))]
-    report = build_report(n_in, reasons, names, dedup.counts, kept, seconds)
-    report["backend"], report["cluster"], report["stream"] = backend, cfg.cluster, cfg.stream
-    report["docs_per_s"] = n_in / seconds["total"] if seconds["total"] else 0.0
-    write_report(report, os.path.join(output_dir, "report.json"))
-    if cfg.output.plot:
-        plot_funnel(report, os.path.join(output_dir, "funnel.png"))
-    if not report["invariant_holds"]:
-        raise RuntimeError(
-            f"curation lost documents: {n_in} in, {kept} kept, {report['rejected']} rejected"
-        )
-    log.info(
-        "curated %d documents: %d kept, %d rejected (%.1f s)",
-        n_in,
-        kept,
-        n_in - kept,
-        seconds["total"],
-    )
-    return report
+        if own:
+            runtime.shutdown()

@@ -56,7 +56,8 @@ class ChunkProcessor:
     def process(
         self, records: list[dict], row_keys: np.ndarray
     ) -> tuple[pa.Table, pa.Table, Counter]:
-        """(kept candidates with `_row`, `_hash`, band columns; rejected with `reason`; reason counts)."""
+        """(kept candidates with `_row`, `_hash`, band columns; rejected with `reason`; reason
+        counts)."""
         reasons: list[str | None] = [r["reason"] for r in records]
         texts: list[str | None] = [r["text"] for r in records]
         ok = np.array([r is None for r in reasons], dtype=bool)

@@ -28,21 +28,32 @@ def build_report(
     seconds: dict,
 ) -> dict:
     """Per-step funnel: read -> clean -> each filter -> exact dedup -> fuzzy dedup."""
-    steps = []
-    remaining = n_in
+    steps = funnel_steps(n_in, reasons, filter_names, dedup_counts)
+    by_reason = removed_by_reason(reasons, dedup_counts)
+    remaining = steps[-1]["kept"]
+    return {
+        "documents_in": n_in,
+        "kept": kept,
+        "rejected": n_in - kept,
+        "invariant_holds": n_in == kept + sum(by_reason.values()) and remaining == kept,
+        "removed_by_reason": {k: v for k, v in by_reason.items() if v},
+        "steps": steps,
+        "dedup": dedup_counts,
+        "seconds": seconds,
+    }
+
+
+def funnel_steps(
+    n_in: int, reasons: Counter, filter_names: list[str], dedup_counts: dict
+) -> list[dict]:
+    """Each step's documents in, removed and kept, in the order the curator applies them."""
+    steps: list[dict] = []
 
     def step(name: str, removed: int, **extra) -> None:
-        nonlocal remaining
+        remaining = steps[-1]["kept"] if steps else n_in
         steps.append(
-            {
-                "step": name,
-                "in": remaining,
-                "removed": removed,
-                "kept": remaining - removed,
-                **extra,
-            }
+            {"step": name, "in": remaining, "removed": removed, "kept": remaining - removed} | extra
         )
-        remaining -= removed
 
     malformed = {r: reasons.get(r, 0) for r in MALFORMED if reasons.get(r, 0)}
     step("read", sum(malformed.values()), reasons=malformed)
@@ -57,30 +68,18 @@ def build_report(
         candidate_pairs=dedup_counts.get("candidate_pairs", 0),
         duplicate_pairs=dedup_counts.get("duplicate_pairs", 0),
     )
-    rejected = n_in - kept
-    by_reason = dict(
-        sorted(
-            (
-                reasons
-                + Counter(
-                    {
-                        "exact_duplicate": dedup_counts.get("exact_duplicates", 0),
-                        "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0),
-                    }
-                )
-            ).items()
-        )
+    return steps
+
+
+def removed_by_reason(reasons: Counter, dedup_counts: dict) -> dict[str, int]:
+    """Every reason a document was removed (read, clean, filters, dedup), sorted by name."""
+    dedup = Counter(
+        {
+            "exact_duplicate": dedup_counts.get("exact_duplicates", 0),
+            "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0),
+        }
     )
-    return {
-        "documents_in": n_in,
-        "kept": kept,
-        "rejected": rejected,
-        "invariant_holds": n_in == kept + sum(by_reason.values()) and remaining == kept,
-        "removed_by_reason": {k: v for k, v in by_reason.items() if v},
-        "steps": steps,
-        "dedup": dedup_counts,
-        "seconds": seconds,
-    }
+    return dict(sorted((reasons + dedup).items()))
 
 
 def write_report(report: dict, path: str) -> None:

@@ -8,7 +8,7 @@ import os
 from typing import ClassVar
 
 from kiln.curator.config import CurateConfig
-from kiln.platform.stage import Stage, StageContext
+from kiln.platform.stage import Stage, StageContext, Step
 
 
 class CurateStage(Stage):
@@ -30,13 +30,23 @@ class CurateStage(Stage):
             h.update(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
 
-    def run(self, ctx: StageContext) -> dict:
-        from kiln.curator.pipeline import curate
+    def steps(self) -> list[Step]:
+        """Stream (Ray Data when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
+        the platform shuts an embedded Ray down between them when dedup runs on Dask threads."""
+        from kiln.curator.pipeline import step_needs
+
+        stream_needs, dedup_needs = step_needs(self.config)
+        return [
+            Step("stream", stream_needs, self._stream),
+            Step("dedup", dedup_needs, self._finish),
+        ]
+
+    def _stream(self, ctx: StageContext) -> None:
+        from kiln.curator.pipeline import Curation
         from kiln.platform.artifact import parquet_files
         from kiln.platform.errors import ConfigError
 
         cfg: CurateConfig = self.config  # type: ignore[assignment]
-        out = ctx.outputs["corpus"]
         if "corpus" in ctx.inputs:  # an upstream Corpus joins the configured paths
             cfg = cfg.model_copy(
                 update={"input": [*cfg.input, *parquet_files(ctx.inputs["corpus"].path)]}
@@ -45,8 +55,13 @@ class CurateStage(Stage):
             raise ConfigError(
                 f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)"
             )
-        runtime = ctx.ray() if cfg.stream == "ray" or cfg.cluster == "ray" else None
-        report = curate(cfg, out.path, runtime=runtime)
+        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path)
+        self._curation.stream(ctx.runtime)
+
+    def _finish(self, ctx: StageContext) -> dict:
+        report = self._curation.finish()
+        self._curation = None
+        out = ctx.outputs["corpus"]
         out.counts = {
             "documents": report["kept"],
             "rejected": report["rejected"],

@@ -1,4 +1,5 @@
-"""`complete`: send prompts to a live Endpoint and print the completions (the quickstart's last step)."""
+"""`complete`: send prompts to a live Endpoint and print the completions (the quickstart's
+last step)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class CompleteConfig(StageConfig):
 
 
 class CompleteStage(Stage):
-    """Ask the endpoint for one completion per prompt over its OpenAI-compatible route and print them."""
+    """Ask the endpoint for one completion per prompt over its OpenAI-compatible route and print
+    them."""
 
     type_name = "complete"
     Config = CompleteConfig

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 
 JA_SAMPLE = Path(__file__).parent / "data" / "ja_sample.jsonl"
@@ -59,6 +60,7 @@ class PythonDocsSample(Stage):
     type_name = "sample.python_docs"
     Config = PythonDocsConfig
     output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    resources: ClassVar[Resources] = Resources(ray=False)
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import pyarrow as pa

@@ -15,16 +15,6 @@ import fsspec
 
 from kiln.platform.errors import InputError
 
-KINDS = (
-    "Corpus",
-    "Tokenizer",
-    "TokenDataset",
-    "Checkpoint",
-    "ExportedModel",
-    "Endpoint",
-    "Text",
-    "Stats",
-)
 MANIFEST = "artifact.json"
 
 
@@ -34,7 +24,8 @@ def _fs(uri: str):
 
 
 def parquet_files(directory: str) -> list[str]:
-    """The Parquet shards directly inside an artifact directory, sorted (not `rejected/`, not the manifest)."""
+    """The Parquet shards directly inside an artifact directory, sorted (not `rejected/`, not
+    the manifest)."""
     fs, root = _fs(directory)
     files = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".parquet"))
     return files if "://" not in directory else [fs.unstrip_protocol(p) for p in files]
@@ -54,7 +45,8 @@ class Artifact:
 
     @property
     def path(self) -> str:
-        """Local filesystem path (the URI itself for local artifacts)."""
+        """The artifact's location as stages open it: the same string as `uri` (a local path or
+        an fsspec URI such as `s3://...`; nothing is downloaded or converted)."""
         return self.uri
 
     def join(self, *parts: str) -> str:

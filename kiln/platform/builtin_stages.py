@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from kiln.platform.errors import InputError
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 
 
@@ -48,6 +49,7 @@ class TextRead(Stage):
     type_name = "text.read"
     Config = TextReadConfig
     output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    resources: ClassVar[Resources] = Resources(ray=False)
 
     def extra_fingerprint(self) -> str:
         files = _expand(self.config.paths, self.config.pattern)
@@ -96,6 +98,7 @@ class TextStats(Stage):
     Config = TextStatsConfig
     input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
     output_kinds: ClassVar[dict[str, str]] = {"stats": "Stats"}
+    resources: ClassVar[Resources] = Resources(ray=True)
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from collections import Counter
@@ -139,6 +142,7 @@ class Noop(Stage):
     type_name = "noop"
     Config = NoopConfig
     output_kinds: ClassVar[dict[str, str]] = {"out": "Stats"}
+    resources: ClassVar[Resources] = Resources(ray=True)
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import ray

@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--run-id", help="name of this run's folder (default: a timestamp)")
     p.add_argument(
-        "--address", help="Ray cluster to attach to (default: $RAY_ADDRESS, else an embedded Ray)"
+        "--address",
+        help="Ray cluster to attach to (default: $RAY_ADDRESS, the spec's ray.address, else an "
+        "embedded Ray)",
     )
     p.add_argument(
         "--dashboard", action="store_true", help="start the Ray dashboard with the embedded Ray"
@@ -44,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="STAGE.FIELD=VALUE"
     )
-    p.add_argument("--runs-dir", help="runs folder on the cluster (an absolute path or URI)")
+    p.add_argument("--runs-dir", help="runs folder on the cluster (an absolute local path)")
     p.add_argument(
         "--python", default="python", help="interpreter on the cluster (default: python)"
     )
@@ -66,13 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args) -> int:
     from kiln.platform.runtime import Runtime
+    from kiln.platform.signals import stop_on_signals
     from kiln.platform.spec import load_pipeline
 
+    stop_on_signals()  # SIGINT/SIGTERM: the stage is interrupted, the embedded Ray shut down
     pipeline = load_pipeline(args.spec, args.overrides, runs_dir=args.runs_dir)
     result = pipeline.run(
         run_id=args.run_id,
         force=args.force,
-        runtime=Runtime(address=args.address, dashboard=args.dashboard),
+        runtime=Runtime.from_config(pipeline.ray, address=args.address, dashboard=args.dashboard),
     )
     for name, entry in result.record["stages"].items():
         print(f"  {name:<16} {entry['status']:<8} {entry.get('duration_s', 0):>8.1f}s")

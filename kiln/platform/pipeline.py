@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kiln.platform.artifact import MANIFEST, Artifact
-from kiln.platform.errors import KilnError, SpecError, StageFailed
-from kiln.platform.runtime import Runtime
-from kiln.platform.stage import Stage, StageContext
+from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
+from kiln.platform.runtime import RayConfig, Runtime
+from kiln.platform.stage import Stage, StageContext, run_steps
 
 log = logging.getLogger("kiln")
 
@@ -33,6 +33,18 @@ def _now() -> str:
 
 def _default_runs_dir() -> str:
     return os.environ.get("KILN_RUNS_DIR", "runs")
+
+
+def _local_runs_dir(runs_dir: str | os.PathLike) -> Path:
+    """Runs folders are local: the cache lookup lists and renames inside them. (Artifacts a
+    stage reads or writes may still be fsspec URIs.)"""
+    text = os.fspath(runs_dir)
+    if "://" in text:
+        raise ConfigError(
+            f"runs_dir {text}: expected a local folder (a URI such as s3:// is not supported for "
+            "runs; mount the bucket, or point checkpoint.dir at it)"
+        )
+    return Path(text).resolve()
 
 
 def _is_path_ref(ref: str) -> bool:
@@ -56,12 +68,19 @@ class Pipeline:
     """An ordered list of stages. Inputs not named explicitly take the latest earlier output
     of the same kind, so `curate -> tokenize -> train -> export -> serve` needs no wiring."""
 
-    def __init__(self, name: str, stages: list[Stage], runs_dir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        name: str,
+        stages: list[Stage],
+        runs_dir: str | os.PathLike | None = None,
+        ray: RayConfig | None = None,
+    ):
         if not name or "/" in name:
             raise SpecError(f"pipeline name {name!r}: expected a non-empty name without '/'")
         self.name = name
         self.stages = list(stages)
-        self.runs_dir = Path(runs_dir or _default_runs_dir()).resolve()
+        self.runs_dir = _local_runs_dir(runs_dir or _default_runs_dir())
+        self.ray = ray or RayConfig()
         seen: set[str] = set()
         for st in self.stages:
             if st.name in seen:
@@ -92,7 +111,8 @@ class Pipeline:
                     if not match:
                         known = ", ".join(r for r, _ in produced) or "none"
                         raise SpecError(
-                            f"{st.name}.inputs.{slot}: unknown artifact {ref!r} (earlier outputs: {known})"
+                            f"{st.name}.inputs.{slot}: unknown artifact {ref!r} "
+                            f"(earlier outputs: {known})"
                         )
                     if match[0] != kind:
                         raise SpecError(
@@ -116,9 +136,10 @@ class Pipeline:
         unknown = set(force) - {st.name for st in self.stages}
         if unknown:
             raise SpecError(
-                f"--force {min(unknown)}: no such stage (stages: {', '.join(s.name for s in self.stages)})"
+                f"--force {min(unknown)}: no such stage "
+                f"(stages: {', '.join(s.name for s in self.stages)})"
             )
-        runtime = runtime or Runtime()
+        runtime = runtime or Runtime.from_config(self.ray)
         run_id = run_id or _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = self.runs_dir / self.name / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,23 +203,14 @@ class Pipeline:
         cached = None if (force or not st.cacheable) else self._find_cached(st, fp)
         if cached is not None:
             outputs, source = cached
+            now = _now()
             entry.update(
-                status="cached",
-                cached_from=str(source),
-                started=_now(),
-                ended=_now(),
-                duration_s=0.0,
+                status="cached", cached_from=str(source), started=now, ended=now, duration_s=0.0
             )
             (stage_dir / "CACHED").write_text(f"{source}\n")
             log.info("stage %s: cached (%s)", st.name, source)
         else:
-            outputs = {
-                slot: Artifact(uri=str(stage_dir / slot), kind=kind, fingerprint=fp, stage=st.name)
-                for slot, kind in st.output_kinds.items()
-            }
-            for art in outputs.values():  # a crashed attempt's leftovers are not trusted
-                shutil.rmtree(art.uri, ignore_errors=True)
-                Path(art.uri).mkdir(parents=True)
+            outputs = self._fresh_outputs(st, stage_dir, fp)
             entry.update(status="running", started=_now())
             self._write(run_dir, record)
             log.info("stage %s: running", st.name)
@@ -209,43 +221,69 @@ class Pipeline:
                 inputs=inputs,
                 outputs=outputs,
                 runtime=runtime,
+                work_dir=self.work_dir(st, fp),
             )
-            t0 = time.perf_counter()
-            try:
-                metrics = st.run(ctx) or {}
-            except KilnError as e:
-                entry.update(
-                    status="failed",
-                    error=str(e),
-                    ended=_now(),
-                    duration_s=round(time.perf_counter() - t0, 3),
-                )
-                raise
-            except Exception as e:
-                entry.update(
-                    status="failed",
-                    error=f"{type(e).__name__}: {e}",
-                    ended=_now(),
-                    duration_s=round(time.perf_counter() - t0, 3),
-                )
-                (stage_dir / "error.txt").write_text(traceback.format_exc())
-                raise StageFailed(
-                    f"stage {st.name} failed: {type(e).__name__}: {e} (traceback in {stage_dir / 'error.txt'})"
-                ) from e
-            for art in outputs.values():
-                art.commit()
-            entry.update(
-                status="done",
-                ended=_now(),
-                duration_s=round(time.perf_counter() - t0, 3),
-                metrics=metrics,
-            )
-            log.info("stage %s: done in %.1fs", st.name, entry["duration_s"])
+            self._execute(st, ctx, entry)
         entry["outputs"] = {
             slot: {"uri": a.uri, "kind": a.kind, "counts": a.counts} for slot, a in outputs.items()
         }
         for slot, art in outputs.items():
             result.outputs[f"{st.name}.{slot}"] = art
+
+    def work_dir(self, st: Stage, fingerprint: str) -> Path:
+        """A stage's work folder: kept across failed attempts (same fingerprint: a re-run resumes
+        from what it holds), removed once the stage succeeds."""
+        return self.runs_dir / self.name / ".work" / f"{st.name}-{fingerprint}"
+
+    @staticmethod
+    def _fresh_outputs(st: Stage, stage_dir: Path, fp: str) -> dict[str, Artifact]:
+        outputs = {
+            slot: Artifact(uri=str(stage_dir / slot), kind=kind, fingerprint=fp, stage=st.name)
+            for slot, kind in st.output_kinds.items()
+        }
+        for art in outputs.values():  # a crashed attempt's leftovers are not trusted
+            shutil.rmtree(art.uri, ignore_errors=True)
+            Path(art.uri).mkdir(parents=True)
+        return outputs
+
+    @staticmethod
+    def _execute(st: Stage, ctx: StageContext, entry: dict) -> None:
+        """Run the stage's steps, commit its outputs, record the outcome in `entry`."""
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+
+        def failed(error: str) -> None:
+            entry.update(
+                status="failed",
+                error=error,
+                ended=_now(),
+                duration_s=round(time.perf_counter() - t0, 3),
+            )
+
+        try:
+            metrics = run_steps(st, ctx)
+        except KilnError as e:
+            failed(str(e))
+            raise
+        except Exception as e:
+            failed(f"{type(e).__name__}: {e}")
+            (ctx.stage_dir / "error.txt").write_text(traceback.format_exc())
+            raise StageFailed(
+                f"stage {st.name} failed: {type(e).__name__}: {e} "
+                f"(traceback in {ctx.stage_dir / 'error.txt'})"
+            ) from e
+        if not st.cacheable:  # its effect (a running endpoint) lives on this Ray
+            ctx.runtime.hold(st.name)
+        for art in ctx.outputs.values():
+            art.commit()
+        shutil.rmtree(ctx.work_dir, ignore_errors=True)
+        entry.update(
+            status="done",
+            ended=_now(),
+            duration_s=round(time.perf_counter() - t0, 3),
+            metrics=metrics,
+        )
+        log.info("stage %s: done in %.1fs", st.name, entry["duration_s"])
 
     def _find_cached(self, st: Stage, fp: str) -> tuple[dict[str, Artifact], Path] | None:
         """Complete outputs of an earlier run with the same fingerprint, newest first."""

@@ -25,7 +25,8 @@ a test fails when it is stale. A spec is:
 
 ```yaml
 pipeline: NAME            # runs go to <runs_dir>/NAME/<run-id>/
-runs_dir: runs            # optional; else $KILN_RUNS_DIR or ./runs
+runs_dir: runs            # optional; else $KILN_RUNS_DIR or ./runs (a local folder)
+ray: {num_cpus: 4}        # optional; the fields under "The `ray:` block" below
 stages:
   - stage: STAGE          # a name below, or package.module:Class
     name: NAME            # optional; defaults to the stage name
@@ -113,8 +114,16 @@ def stage_section(name: str) -> str:
     return "\n".join(lines)
 
 
+def ray_section() -> str:
+    from kiln.platform.runtime import RayConfig
+
+    lines = ["## The `ray:` block", "", (RayConfig.__doc__ or "").strip(), ""]
+    lines += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
+    return "\n".join([*lines, *_rows(RayConfig), ""])
+
+
 def render() -> str:
-    parts = [HEADER]
+    parts = [HEADER, ray_section()]
     for name in available_stages():
         try:
             parts.append(stage_section(name))

@@ -4,9 +4,11 @@ A stage subclass declares
 
     class Tokenize(Stage):
         type_name = "tokenize"                      # the name YAML uses
-        Config = TokenizeConfig                     # a StageConfig (pydantic, unknown fields rejected)
+        Config = TokenizeConfig                     # a StageConfig (pydantic, extra="forbid")
         input_kinds = {"corpus": "Corpus"}          # slot -> artifact kind
         output_kinds = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
+
+        resources = Resources(ray=True)             # what the platform starts before `run`
 
         def run(self, ctx: StageContext) -> dict:   # returns metrics for run.json
             corpus_dir = ctx.inputs["corpus"].path
@@ -17,6 +19,12 @@ A stage subclass declares
 
 The pipeline commits every output (writes `artifact.json`) only after `run` returns, so an
 interrupted stage never leaves an output a later run would trust.
+
+A stage whose parts need different resources returns several `Step`s from `steps()` (the curator:
+Ray Data streaming, then dedup on Dask threads); the platform starts Ray before a step that
+declares `ray=True` and shuts an embedded Ray down before one that declares `ray=False`.
+State that must survive a failed attempt (checkpoints to resume from) goes to `ctx.work_dir`,
+a folder the platform keys by the stage's fingerprint and removes once the stage succeeds.
 """
 
 from __future__ import annotations
@@ -24,17 +32,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kiln.platform.artifact import Artifact
 from kiln.platform.errors import ConfigError, format_validation_error
-
-if TYPE_CHECKING:
-    from kiln.platform.runtime import Runtime
+from kiln.platform.runtime import Resources, Runtime
 
 
 class StageConfig(BaseModel):
@@ -53,6 +60,8 @@ class Stage:
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
     # False for stages whose effect is outside their outputs (a running endpoint): never skipped.
     cacheable: ClassVar[bool] = True
+    # What `run` needs from the runtime (Ray or not, CPUs, GPUs); see `Resources`.
+    resources: ClassVar[Resources] = Resources()
 
     def __init__(
         self,
@@ -82,8 +91,16 @@ class Stage:
     def run(self, ctx: StageContext) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    def needs(self) -> Resources:
+        """What `run` needs; override when it depends on the config (default: `resources`)."""
+        return self.resources
+
+    def steps(self) -> list[Step]:
+        """The parts the platform runs in order, each with its resources (default: `run`)."""
+        return [Step(self.name, self.needs(), self.run)]
+
     def extra_fingerprint(self) -> str:
-        """State outside the config that changes the outputs (e.g. input files' sizes and mtimes)."""
+        """State outside the config that changes the outputs (input files' sizes, mtimes)."""
         return ""
 
     def fingerprint(self, input_fingerprints: dict[str, str]) -> str:
@@ -103,9 +120,28 @@ class Stage:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+@dataclass(frozen=True)
+class Step:
+    """One part of a stage: a name (for logs and errors), its resources, and the callable."""
+
+    name: str
+    needs: Resources
+    run: Callable[[StageContext], dict[str, Any] | None]
+
+
+def run_steps(stage: Stage, ctx: StageContext) -> dict[str, Any]:
+    """Run a stage's steps, starting or releasing Ray before each; returns the merged metrics."""
+    metrics: dict[str, Any] = {}
+    for step in stage.steps():
+        ctx.runtime.provide(step.needs, who=stage.name)
+        metrics.update(step.run(ctx) or {})
+    return metrics
+
+
 @dataclass
 class StageContext:
-    """What a running stage sees: its inputs, its (uncommitted) outputs, its folder, the runtime."""
+    """What a running stage sees: its inputs, its (uncommitted) outputs, its folder, a work
+    folder that survives a failed attempt (`work_dir`), the runtime."""
 
     stage: Stage
     run_dir: Path
@@ -113,9 +149,10 @@ class StageContext:
     inputs: dict[str, Artifact]
     outputs: dict[str, Artifact]
     runtime: Runtime
+    work_dir: Path | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("kiln"))
 
     def ray(self):
-        """Connect to (or start) Ray; returns the runtime. Stages that need no Ray never pay for it."""
+        """Connect to (or start) Ray; returns the runtime. A stage needing no Ray never pays."""
         self.runtime.ensure()
         return self.runtime

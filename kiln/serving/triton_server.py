@@ -4,10 +4,10 @@
         client = tritonclient.http.InferenceServerClient(server.http_url)
         ...
 
-What it takes to run here (see DESIGN.md, Serving): the interpreter's LIBDIR and the wheel's
-`nvidia_pytriton.libs` on LD_LIBRARY_PATH, this environment's `bin/` first on PATH (the
-python-backend stub takes its Python from there), and a backend directory holding
-`backends/python` plus the stub built for this Python version.
+What it takes to run here (docs/architecture.md, "Facts the design rests on"): the
+interpreter's LIBDIR and the wheel's `nvidia_pytriton.libs` on LD_LIBRARY_PATH, this
+environment's `bin/` first on PATH (the python-backend stub takes its Python from there), and a
+backend directory holding `backends/python` plus the stub built for this Python version.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ import uuid
 from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
+from kiln.platform.signals import stop_on_signals
 
 log = logging.getLogger("kiln.triton")
 
@@ -36,6 +38,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the parent dies, so a killed `kiln`
+    never leaves a tritonserver behind; and SIGINT back to its default action."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _pytriton_dirs() -> tuple[str, str]:
@@ -53,7 +66,8 @@ def _pytriton_dirs() -> tuple[str, str]:
 
 
 class TritonServer:
-    """A tritonserver process over `repo_dir`: started on free ports, ready on enter, stopped on exit."""
+    """A tritonserver process over `repo_dir`: started on free ports, ready on enter, stopped on
+    exit."""
 
     def __init__(
         self,
@@ -137,8 +151,16 @@ class TritonServer:
         self.log_path = os.path.join(self._workdir, "tritonserver.log")
         log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
         with open(self.log_path, "wb") as out:
+            # PR_SET_DEATHSIG fires when the spawning *thread* ends: only tie the server to a
+            # main thread (a Serve replica's worker thread may end while the server should run)
+            tied = threading.current_thread() is threading.main_thread()
             self.process = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if tied else None,
             )
         try:
             self._wait_ready()
@@ -187,7 +209,9 @@ class TritonServer:
             self._workdir = None
 
     def wait(self) -> int:
-        """Block until the server exits (for `kiln triton up`)."""
+        """Block until the server exits or SIGINT/SIGTERM arrives (KeyboardInterrupt; for
+        `kiln triton up`)."""
+        stop_on_signals()
         return self.process.wait() if self.process else 0
 
     def __enter__(self) -> Self:

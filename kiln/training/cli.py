@@ -31,38 +31,11 @@ def register(subparsers) -> None:
 
 
 def load_config(path: str, overrides: list[str]):
-    import yaml
-
-    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    """TrainStageConfig from `path` (its `train:` block, or the whole file) and --set overrides."""
+    from kiln.platform.config import load_config as load
     from kiln.training.train_stage import TrainStageConfig
 
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(f"--config {path}: file not found")
-    try:
-        body = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(body, dict):
-        raise ConfigError(f"{path}: expected a mapping of TrainConfig fields")
-    body = body.get("train", body)  # a `train:` block or the fields themselves
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        node = body
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a mapping")
-        node[leaf] = yaml.safe_load(raw) if raw else ""
-    from pydantic import ValidationError
-
-    try:
-        return TrainStageConfig.model_validate(body)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, "train")) from None
+    return load(TrainStageConfig, path, block="train", overrides=overrides, prefix="train")
 
 
 def _train(args: argparse.Namespace) -> int:

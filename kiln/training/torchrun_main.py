@@ -13,23 +13,10 @@ import sys
 
 def load_config(path: str):
     """A TrainConfig from a YAML/JSON file; errors name the file and the field."""
-    import yaml
-    from pydantic import ValidationError
-
-    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    from kiln.platform.config import load_config as load
     from kiln.training.config import TrainConfig
 
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the training config ({exc.strerror})") from exc
-    if isinstance(raw, dict) and "train" in raw and isinstance(raw["train"], dict):
-        raw = raw["train"]
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_validation_error(exc)}") from exc
+    return load(TrainConfig, path, block="train")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,21 +1,23 @@
-"""The `train` stage: tokens (optional; synthetic data without) -> a checkpoint root with `latest`."""
+"""The `train` stage: tokens (optional; synthetic data without) -> a checkpoint root with
+`latest`."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.config import TrainConfig
 from kiln.training.ray_train import RayOptions
 
 
 class TrainStageConfig(TrainConfig, StageConfig):
-    """A TrainConfig plus how to lay the job out on Ray (`ray.max_failures`, `ray.cpus_per_worker`, ...)."""
+    """A TrainConfig plus how to lay the job out on Ray (`ray.max_failures`,
+    `ray.cpus_per_worker`, ...)."""
 
     ray: RayOptions = Field(default_factory=RayOptions)
 
@@ -30,6 +32,14 @@ class TrainStage(Stage):
     optional_inputs = frozenset({"tokens"})
     output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
 
+    def needs(self) -> Resources:
+        """Ray, and one GPU per worker when `ray.use_gpu` is set."""
+        from kiln.training.ray_train import world_size
+
+        options = self.config.ray
+        gpus = world_size(self.config.train_config(), options) if options.use_gpu else 0
+        return Resources(ray=True, gpus=gpus)
+
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from kiln.training.checkpoint import latest_checkpoint
         from kiln.training.ray_train import train_on_ray
@@ -41,11 +51,10 @@ class TrainStage(Stage):
                 update={"data": cfg.data.model_copy(update={"paths": paths, "synthetic": False})}
             )
         out = ctx.outputs["checkpoint"]
-        # The pipeline clears a failed stage's outputs, so checkpoints go to a work folder keyed
-        # by this stage's fingerprint: a re-run after a crash (same fingerprint) resumes there,
-        # under the same Ray run. On success they move into the output artifact (renames).
-        fingerprint = self.fingerprint({slot: a.fingerprint for slot, a in ctx.inputs.items()})
-        work = Path(ctx.run_dir).parent / ".train-work" / f"{self.name}-{fingerprint}"
+        # The pipeline clears a failed stage's outputs, so checkpoints go to the platform's work
+        # folder (kept across failed attempts of the same stage): a re-run after a crash resumes
+        # there, under the same Ray run. On success they move into the output artifact (renames).
+        work = Path(ctx.work_dir)
         ckpt_root = str(work / "checkpoints")
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": ckpt_root})}
@@ -56,7 +65,6 @@ class TrainStage(Stage):
         summary = train_on_ray(cfg, run_dir=str(ctx.stage_dir), options=options, runtime=ctx.ray())
         for entry in sorted(Path(ckpt_root).iterdir()):
             os.replace(entry, Path(out.path) / entry.name)
-        shutil.rmtree(work, ignore_errors=True)
 
         final = summary["final"] or {}
         out.counts = {

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 
 
@@ -51,3 +52,32 @@ class HangOnce(Stage):
             time.sleep(300)
         (Path(ctx.outputs["out"].path) / "done.txt").write_text("ok")
         return {}
+
+
+class ProbeConfig(StageConfig):
+    needs_ray: bool | None = None
+    gpus: float = 0
+
+
+class RayProbe(Stage):
+    """Declares `needs_ray`/`gpus`; reports whether Ray is up while it runs and its CPUs."""
+
+    type_name = "test.ray_probe"
+    Config = ProbeConfig
+    output_kinds: ClassVar[dict[str, str]] = {"out": "Stats"}
+
+    def needs(self) -> Resources:
+        return Resources(ray=self.config.needs_ray, gpus=self.config.gpus)
+
+    def run(self, ctx: StageContext):
+        import ray
+
+        up = ray.is_initialized()
+        return {"ray_up": up, "cpus": ray.cluster_resources().get("CPU") if up else None}
+
+
+class HeldRayProbe(RayProbe):
+    """Like an endpoint: its effect lives on Ray, so it is never cached and keeps Ray up."""
+
+    type_name = "test.held_ray_probe"
+    cacheable: ClassVar[bool] = False

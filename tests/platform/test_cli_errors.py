@@ -30,7 +30,7 @@ from kiln.platform.cli import main
             "pipeline: p\nstages:\n  - stage: text.read\n    config: {paths: [/no/such/dir]}\n",
             r"text\.read\.paths: /no/such/dir: no such file or directory",
         ),
-        ("pipeline: p\nstagez: []\n", r"unknown key 'stagez'"),
+        ("pipeline: p\nstagez: []\n", r"spec\.yaml: .*stagez: unknown field"),
     ],
     ids=[
         "bad-yaml",

@@ -46,7 +46,7 @@ def _tokenize(args) -> int:
     from kiln.platform.artifact import Artifact
     from kiln.platform.errors import ConfigError, InputError
     from kiln.platform.runtime import Runtime
-    from kiln.platform.stage import StageContext
+    from kiln.platform.stage import StageContext, run_steps
     from kiln.training.data.tokenize_stage import TokenizeStage
 
     if not Path(args.corpus).is_dir():
@@ -85,7 +85,7 @@ def _tokenize(args) -> int:
         runtime=runtime,
     )
     try:
-        metrics = stage.run(ctx)
+        metrics = run_steps(stage, ctx)
     except BaseException:
         for art in outputs.values():
             shutil.rmtree(art.uri, ignore_errors=True)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.data import indexed_dataset
 from kiln.training.data.parallel_tokenize import corpus_files, tokenize_corpus
@@ -35,7 +36,8 @@ from kiln.training.data.tokenizer import (
 class TokenizeConfig(StageConfig):
     tokenizer: str | None = Field(
         None,
-        description="An existing tokenizer.json (or a directory holding one) instead of training one.",
+        description="An existing tokenizer.json (or a directory holding one) instead of training"
+        " one.",
     )
     vocab_size: int = Field(
         32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens)."
@@ -118,12 +120,14 @@ def plot_document_lengths(tokens_dir: str) -> None:
 
 
 class TokenizeStage(Stage):
-    """Train (or load) a byte-level BPE tokenizer and tokenise the corpus into Megatron indexed datasets."""
+    """Train (or load) a byte-level BPE tokenizer and tokenise the corpus into Megatron indexed
+    datasets."""
 
     type_name = "tokenize"
     Config = TokenizeConfig
     input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
     output_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
+    resources: ClassVar[Resources] = Resources(ray=True)  # Ray Data tokenizer actors
 
     def extra_fingerprint(self) -> str:
         if not self.config.tokenizer:
@@ -133,63 +137,69 @@ class TokenizeStage(Stage):
     def run(self, ctx: StageContext) -> dict[str, Any]:
         cfg: TokenizeConfig = self.config
         corpus = ctx.inputs["corpus"].path
-        files = corpus_files(corpus)
-        tokens_out, tok_out = ctx.outputs["tokens"], ctx.outputs["tokenizer"]
+        tokens_out = ctx.outputs["tokens"]
         t0 = time.perf_counter()
+        tok = self._tokenizer(ctx, corpus_files(corpus))
+        t_tok = time.perf_counter()
+        counts = tokenize_corpus(
+            corpus,
+            tokens_out.path,
+            tok.to_str(),
+            eod_id=eod_id(tok, cfg.eod_token),
+            vocab_size=tok.get_vocab_size(),
+            seed=cfg.seed,
+            valid_fraction=cfg.valid_fraction,
+            test_fraction=cfg.test_fraction,
+            batch_size=cfg.batch_size,
+            num_actors=cfg.num_actors,
+            cpus_per_actor=ctx.ray().cpus_per_worker(),
+        )
+        self._describe(ctx, tok, counts)
+        total_tokens = tokens_out.counts["tokens"]
+        return {
+            "documents": tokens_out.counts["documents"],
+            "tokens": total_tokens,
+            "tokenizer_s": round(t_tok - t0, 3),
+            "tokenize_s": round(time.perf_counter() - t_tok, 3),
+            "tokens_per_s": round(total_tokens / max(time.perf_counter() - t0, 1e-9), 1),
+        }
 
+    def _tokenizer(self, ctx: StageContext, files: list[str]):
+        """Load or train the tokenizer and write it as the Tokenizer artifact."""
+        cfg: TokenizeConfig = self.config
         tok = obtain_tokenizer(cfg, files)
         ctx.log.info(
             "tokenize: %s tokenizer, vocab %d",
             "loaded" if cfg.tokenizer else "trained",
             tok.get_vocab_size(),
         )
-        eod = eod_id(tok, cfg.eod_token)
-        vocab_size = tok.get_vocab_size()
-        t_tok = time.perf_counter()
+        tok_out = ctx.outputs["tokenizer"]
         save_tokenizer(tok, tok_out.path, cfg.eod_token)
+        eod = eod_id(tok, cfg.eod_token)
+        tok_out.counts = {"vocab_size": tok.get_vocab_size()}
+        tok_out.meta = {"eod_token": cfg.eod_token, "eod_id": eod, "trained": not cfg.tokenizer}
+        return tok
 
-        runtime = ctx.ray()
-        counts = tokenize_corpus(
-            corpus,
-            tokens_out.path,
-            tok.to_str(),
-            eod_id=eod,
-            vocab_size=vocab_size,
-            seed=cfg.seed,
-            valid_fraction=cfg.valid_fraction,
-            test_fraction=cfg.test_fraction,
-            batch_size=cfg.batch_size,
-            num_actors=cfg.num_actors,
-            cpus_per_actor=runtime.cpus_per_worker(),
-        )
+    def _describe(self, ctx: StageContext, tok, counts: dict[str, dict[str, int]]) -> None:
+        """The TokenDataset's tokenizer copy, tokens.json, length plot, counts and meta."""
+        cfg: TokenizeConfig = self.config
+        tokens_out, tok_out = ctx.outputs["tokens"], ctx.outputs["tokenizer"]
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(Path(tok_out.path) / name, Path(tokens_out.path) / name)
+        vocab_size = tok.get_vocab_size()
         meta = {
             "vocab_size": vocab_size,
             "eod_token": cfg.eod_token,
-            "eod_id": eod,
+            "eod_id": eod_id(tok, cfg.eod_token),
             "dtype": indexed_dataset.token_dtype(vocab_size).name,
             "splits": counts,
             "seed": cfg.seed,
         }
         (Path(tokens_out.path) / TOKENS_META).write_text(json.dumps(meta, indent=2))
         plot_document_lengths(tokens_out.path)
-
-        elapsed = time.perf_counter() - t0
-        total_docs = sum(c["documents"] for c in counts.values())
-        total_tokens = sum(c["tokens"] for c in counts.values())
         tokens_out.counts = {
-            "documents": total_docs,
-            "tokens": total_tokens,
+            "documents": sum(c["documents"] for c in counts.values()),
+            "tokens": sum(c["tokens"] for c in counts.values()),
             **{f"{s}_{k}": v for s, c in counts.items() for k, v in c.items()},
         }
         tokens_out.meta = {k: v for k, v in meta.items() if k != "splits"}
-        tok_out.counts = {"vocab_size": vocab_size}
-        tok_out.meta = {"eod_token": cfg.eod_token, "eod_id": eod, "trained": not cfg.tokenizer}
-        return {
-            "documents": total_docs,
-            "tokens": total_tokens,
-            "tokenizer_s": round(t_tok - t0, 3),
-            "tokenize_s": round(time.perf_counter() - t_tok, 3),
-            "tokens_per_s": round(total_tokens / max(elapsed, 1e-9), 1),
-        }
