@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiln")
 
-# whether Generator passes each row's token history to sample_next (penalties need it)
-PENALTIES_APPLIED = False
-
 
 class LocalBackend:
     def __init__(
@@ -61,11 +58,6 @@ class LocalBackend:
     async def prepare(
         self, prompt: Prompt, params: SamplingParams, *, truncate: int | None, fit_context: bool
     ) -> Job:
-        if params.penalized and not PENALTIES_APPLIED:
-            raise RequestError(
-                "presence/frequency/repetition penalties are not supported by this build",
-                param="presence_penalty",
-            )
         ids = self._prompt_ids(prompt)
         if truncate is not None and len(ids) > truncate:
             ids = ids[-truncate:]  # keep the end of the prompt, as vLLM does

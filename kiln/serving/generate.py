@@ -251,7 +251,10 @@ class Generator:
         logits = logits[torch.arange(len(active), device=self.device), lengths - 1]
         while True:
             next_tokens = sample_next(
-                logits, [s.params for s in active], [s.rng for s in active]
+                logits,
+                [s.params for s in active],
+                [s.rng for s in active],
+                [(s.prompt_ids, s.token_ids) for s in active],  # for penalties
             ).tolist()
             for s, t in zip(active, next_tokens, strict=True):
                 self._push(s, t)
@@ -275,7 +278,8 @@ class Generator:
             while not s.done:
                 ids = torch.tensor([s.prompt_ids + s.token_ids], device=self.device)
                 logits = self.model(ids)[:, -1]
-                self._push(s, sample_next(logits, [s.params], [s.rng]).item())
+                history = [(s.prompt_ids, s.token_ids)]
+                self._push(s, sample_next(logits, [s.params], [s.rng], history).item())
                 yield
 
 

@@ -63,23 +63,22 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def apply_penalties(
-    logits: torch.Tensor, params: SamplingParams, history: Sequence[int]
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
 ) -> torch.Tensor:
-    """Presence / frequency (OpenAI: over the generated tokens) and repetition (transformers:
-    over prompt and generated tokens, `history`) penalties on one row [V]."""
-    if not params.penalized or not history:
-        return logits
-    ids = torch.tensor(list(history), dtype=torch.long, device=logits.device)
-    if params.repetition_penalty != 1.0:
-        seen = logits[ids]
-        penalized = torch.where(
-            seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty
-        )
-        logits = logits.scatter(0, ids, penalized)
-    if params.presence_penalty or params.frequency_penalty:
-        counts = torch.zeros_like(logits).scatter_add(
-            0, ids, torch.ones_like(ids, dtype=logits.dtype)
-        )
+    """One row [V]: the repetition penalty over prompt and output (transformers'
+    RepetitionPenaltyLogitsProcessor), then presence / frequency penalties over the output
+    (OpenAI's and vLLM's definition)."""
+    if params.repetition_penalty != 1.0 and (prompt_ids or output_ids):
+        ids = torch.tensor([*prompt_ids, *output_ids], dtype=torch.long, device=logits.device)
+        seen = logits.gather(0, ids)
+        penalty = params.repetition_penalty
+        logits = logits.scatter(0, ids, torch.where(seen < 0, seen * penalty, seen / penalty))
+    if (params.presence_penalty or params.frequency_penalty) and output_ids:
+        ids = torch.tensor(list(output_ids), dtype=torch.long, device=logits.device)
+        counts = torch.zeros_like(logits).scatter_add(0, ids, torch.ones_like(logits[ids]))
         logits = logits - params.frequency_penalty * counts
         logits = logits - params.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -118,16 +117,16 @@ def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-    histories: Sequence[Sequence[int]] | None = None,
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
 ) -> torch.Tensor:
     """Pick one token per row of `logits` [B, V] with that row's parameters; returns [B] int64.
-    `histories` (one token list per row) feed the penalties of rows that ask for them."""
+    `histories` ((prompt ids, output ids) per row) feed the penalties of rows that ask for them."""
     logits = logits.float()
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         row = logits[i]
         if histories is not None and p.penalized:
-            row = apply_penalties(row, p, histories[i])
+            row = apply_penalties(row, p, *histories[i])
         elif p.greedy:
             continue
         out[i] = sample_row(row, p, generators[i])
