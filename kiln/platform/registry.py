@@ -21,6 +21,9 @@ BUILTIN_STAGES: dict[str, str] = {
     "curate": "kiln.curator.stage:CurateStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
     "train": "kiln.training.train_stage:TrainStage",
+    "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
+    "sft": "kiln.training.post.stages:SFTStage",
+    "dpo": "kiln.training.post.stages:DPOStage",
     "export": "kiln.serving.export_stage:ExportStage",
     "serve": "kiln.serving.serve_stage:ServeStage",
 }

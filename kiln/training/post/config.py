@@ -39,6 +39,4 @@ class PostTrainConfig(TrainConfig):
             raise ConfigError("lora with precision fp8 is not supported")
         if self.dpo.reference == "adapters_disabled" and self.lora is None:
             raise ConfigError("dpo.reference adapters_disabled needs lora: (or use precomputed)")
-        if self.data.synthetic:
-            raise ConfigError(f"{self.objective}: data.paths must name a prepared chat dataset")
         return self

@@ -1,0 +1,125 @@
+"""Pipeline stages: `prepare-chat` (rows -> ChatDataset), `sft` and `dpo` (-> ExportedModel).
+
+`sft`/`dpo` run the trainer in the stage's process (one rank; multi-GPU layouts run the same
+config under torchrun with `python -m kiln.training.post.run`), checkpoint into the stage's work
+folder (a re-run after a failure resumes there) and export `hf/` (adapters merged, the chat
+template in its tokenizer config) plus, for LoRA, `adapter/` (a PEFT adapter folder): the
+`serve` stage takes the output as it takes `export`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from kiln.platform.errors import ConfigError
+from kiln.platform.runtime import Resources
+from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.post.config import PostTrainConfig
+
+
+class PrepareChatConfig(StageConfig):
+    source: str = Field(..., description="A .jsonl/.parquet file or a directory of them.")
+    format: Literal["chat", "preference"] = Field("chat", description="chat/instruction or pairs")
+    tokenizer: str | None = Field(
+        None, description="tokenizer.json or a folder (default: the `model` input's hf/)."
+    )
+    template: str = Field(
+        "chatml", description="chatml, or `model` to use the `model` input's chat_template."
+    )
+    seq_len: int = Field(..., gt=0)
+    loss_mask: Literal["assistant", "last", "all"] = "assistant"
+    packing: bool = True
+    add_chat_tokens: bool = False
+
+
+class PrepareChatStage(Stage):
+    type_name = "prepare-chat"
+    Config = PrepareChatConfig
+    input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel", "tokenizer": "Tokenizer"}
+    optional_inputs = frozenset({"model", "tokenizer"})
+    output_kinds: ClassVar[dict[str, str]] = {"data": "ChatDataset"}
+    resources: ClassVar[Resources] = Resources(ray=False)
+
+    def run(self, ctx: StageContext) -> dict[str, Any]:
+        from kiln.training.post.prepare import prepare_chat, prepare_preference
+
+        cfg: PrepareChatConfig = self.config
+        model_hf = os.path.join(ctx.inputs["model"].path, "hf") if "model" in ctx.inputs else None
+        tokenizer = cfg.tokenizer or (
+            ctx.inputs["tokenizer"].path if "tokenizer" in ctx.inputs else model_hf
+        )
+        if tokenizer is None:
+            raise ConfigError(f"{self.name}.tokenizer: give a path or a tokenizer/model input")
+        template = cfg.template
+        if template == "model":
+            if model_hf is None:
+                raise ConfigError(f"{self.name}.template: 'model' needs a model input")
+            template = model_hf
+        out = ctx.outputs["data"]
+        common = {
+            "tokenizer": tokenizer,
+            "template": template,
+            "seq_len": cfg.seq_len,
+            "add_tokens": cfg.add_chat_tokens,
+        }
+        if cfg.format == "chat":
+            meta = prepare_chat(
+                cfg.source, out.path, loss_mask=cfg.loss_mask, packing=cfg.packing, **common
+            )
+        else:
+            meta = prepare_preference(cfg.source, out.path, **common)
+        out.counts = {"rows": meta["rows"], **meta["counts"]}
+        out.meta = {k: v for k, v in meta.items() if k not in ("counts", "chat_template")}
+        return {"rows": meta["rows"], "rejected": meta["counts"]["rejected"]}
+
+
+class PostStageConfig(PostTrainConfig, StageConfig):
+    """PostTrainConfig fields; `data.paths` and `base` come from the inputs when wired."""
+
+
+class _PostStage(Stage):
+    Config = PostStageConfig
+    objective: ClassVar[str] = "sft"
+    input_kinds: ClassVar[dict[str, str]] = {"data": "ChatDataset", "model": "ExportedModel"}
+    optional_inputs = frozenset({"data", "model"})
+    output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
+    resources: ClassVar[Resources] = Resources(ray=False)
+
+    def run(self, ctx: StageContext) -> dict[str, Any]:
+        from kiln.training.post.run import train_post
+
+        update: dict[str, Any] = {"objective": self.objective}
+        cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True))
+        if "data" in ctx.inputs:
+            data = cfg.data.model_copy(
+                update={"paths": [ctx.inputs["data"].path], "synthetic": False}
+            )
+            update["data"] = data
+        if "model" in ctx.inputs:
+            update["base"] = os.path.join(ctx.inputs["model"].path, "hf")
+        work = ctx.work_dir or ctx.stage_dir
+        update["checkpoint"] = cfg.checkpoint.model_copy(
+            update={"dir": os.path.join(str(work), "checkpoints")}
+        )
+        cfg = PostTrainConfig.model_validate({**cfg.model_dump(by_alias=True), **update})
+        out = ctx.outputs["model"]
+        summary = train_post(cfg, export_dir=out.path)
+        final = summary["final"] or {}
+        out.counts = {"steps": summary["steps"]}
+        out.meta = {"objective": self.objective, "lora": cfg.lora is not None, "final": final}
+        metrics = {"steps": summary["steps"], "final_loss": final.get("loss")}
+        metrics.update({k: v for k, v in final.items() if k.startswith("rewards/")})
+        return metrics
+
+
+class SFTStage(_PostStage):
+    type_name = "sft"
+    objective = "sft"
+
+
+class DPOStage(_PostStage):
+    type_name = "dpo"
+    objective = "dpo"
