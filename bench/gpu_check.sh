@@ -1,140 +1,145 @@
 #!/usr/bin/env bash
-# GPU check for the trainer, one script, <= ~8 minutes on one H100/H200-class GPU:
-#   1. the GPU-marked tests (attention backends, bf16 and fp8 training),
-#   2. the dense bf16 (and fp8) matmul peak of *this* GPU, measured with large GEMMs,
-#   3. MFU of the `1b` preset on one GPU in bf16 (target >= 50% of the measured bf16 peak) and fp8,
-#   4. the flash-attn and Transformer Engine attention paths inside a real training step.
-# Every stage has its own timeout so one hang cannot eat the budget. Figures go to stdout and
-# to $OUT/gpu_check.json when $OUT is set.
+# GPU check for the trainer: one script, <= 10 minutes on one H100/H200-class GPU, written for
+# the H200 image (Python 3.12, torch 2.11, numpy 2, transformers; no Ray, no pydantic, no network).
+# Stages, each with its own timeout; $OUT/gpu_check.json is rewritten after every stage:
+#   env       interpreter, torch, GPU (nvidia-smi)
+#   wheels    bench/.gpu-wheels (bench/gpu_wheels.txt) installed with --no-index into a scratch
+#             --target, exactly as on the GPU; that target goes first on PYTHONPATH there
+#   imports   kiln.training (trainer, launcher, checkpoint, planner) imports with Ray absent
+#   cpu_step  one tiny Trainer step on CPU
+#   torchrun  torchrun --nproc-per-node 1: the 1b preset with 8 accumulation steps (NCCL, FSDP2
+#             bf16 policy), then with optimizer_offload (cuda:nccl,cpu:gloo)
+#   pytest    pytest -m gpu (training and curator GPU tests)
+#   bench     MFU of the 1b preset and an 8B-shaped slice (seq 8192, selective recompute),
+#             activation offload, fp8 when TE is present; datasheet and measured GEMM peaks
+# Non-zero exit if any stage fails.
 #
-#   bash bench/gpu_check.sh            # from the repository root
+#   bash bench/gpu_check.sh                 # on the GPU machine, from the repository root
+#   bash bench/gpu_check.sh --dry           # on CPU: every stage up to the first CUDA-only step,
+#                                           # with Ray made unimportable (as on the GPU image)
+#   bash bench/gpu_check.sh --fetch-wheels  # once, on a machine with PyPI: fill bench/.gpu-wheels
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=0
+FETCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry) DRY=1 ;;
+    --fetch-wheels) FETCH=1 ;;
+    *) echo "usage: bash bench/gpu_check.sh [--dry | --fetch-wheels]" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python
+[ -x "$PY" ] || PY=python3
+WHEELS=${KILN_GPU_WHEELS:-bench/.gpu-wheels}
+# The GPU image's interpreter: wheels are resolved for it even when --dry runs elsewhere.
+WHEEL_TAGS=(--python-version 3.12 --implementation cp --only-binary=:all:
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
+  --platform manylinux_2_28_x86_64 --platform any)
+
+if [ "$FETCH" = 1 ]; then
+  exec "$PY" -m pip download --no-deps "${WHEEL_TAGS[@]}" -d "$WHEELS" -r bench/gpu_wheels.txt
+fi
+
 OUT_DIR=${OUT:-/tmp/kiln-gpu-check}
 mkdir -p "$OUT_DIR"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+JSON="$OUT_DIR/gpu_check.json"
+rm -f "$JSON"
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
 status=0
+record() { "$PY" bench/gpu_check.py record "$JSON" "$@" || status=1; }
+stage() {  # stage NAME SECONDS CMD...: run, record ok/failed, keep going
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name"
+  if timeout "$limit" "$@"; then record "$name" ok; else record "$name" failed; status=1; fi
+}
 
-echo "== environment"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no GPU"; exit 1; }
-"$PY" - <<'PYEOF'
-import importlib.util, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(),
-      "capability", torch.cuda.get_device_capability())
-for pkg in ("flash_attn", "transformer_engine"):
-    print(f"{pkg}:", "present" if importlib.util.find_spec(pkg) else "MISSING (pip install 'kiln[gpu]')")
-PYEOF
+echo "== env"
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+if [ "$DRY" = 0 ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    || { record env failed --data '{"error": "no GPU"}'; exit 1; }
+fi
+record env ok --data "{\"dry\": $([ "$DRY" = 1 ] && echo true || echo false)}"
 
-echo "== GPU tests (pytest -m gpu)"
-timeout 150 "$PY" -m pytest -q -m gpu tests/training -p no:cacheprovider || status=1
+echo "== wheels"
+SITE="$SCRATCH/site"
+if [ ! -d "$WHEELS" ]; then
+  echo "no $WHEELS: run 'bash bench/gpu_check.sh --fetch-wheels' where PyPI is reachable"
+  record wheels failed --data '{"error": "wheel folder missing"}'
+  exit 1
+fi
+wheel_kib=$(du -sk "$WHEELS" | cut -f1)
+if [ "$wheel_kib" -gt $((64 * 1024)) ]; then
+  record wheels failed --data "{\"error\": \"$wheel_kib KiB of wheels: over the 64 MiB carry\"}"
+  exit 1
+fi
+if timeout 120 "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" --target "$SITE" \
+    "${WHEEL_TAGS[@]}" -r bench/gpu_wheels.txt; then
+  record wheels ok --data "{\"kib\": $wheel_kib}"
+else
+  record wheels failed
+  exit 1
+fi
 
-echo "== matmul peak and MFU of the 1b preset"
-timeout 330 "$PY" - "$OUT_DIR/gpu_check.json" <<'PYEOF' || status=1
-import importlib.util, json, sys, time
-import torch
+# On the GPU's Python the carried packages shadow nothing and fill the gaps; a --dry run on
+# another Python keeps its own (the cp312 binaries would not load) but loses Ray, as there.
+PYPATH="$PWD"
+if "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+  PYPATH="$SITE:$PYPATH"
+fi
+if [ "$DRY" = 1 ]; then
+  mkdir -p "$SCRATCH/noray/ray"
+  echo 'raise ImportError("ray is not on the GPU image (gpu_check --dry)")' \
+    > "$SCRATCH/noray/ray/__init__.py"
+  PYPATH="$SCRATCH/noray:$PYPATH"
+fi
+export PYTHONPATH="$PYPATH${PYTHONPATH:+:$PYTHONPATH}"
 
-from kiln.training.config import TrainConfig
-from kiln.training.metrics import device_peak_flops
-from kiln.training.trainer import Trainer
+echo "== imports"
+if found=$(timeout 120 "$PY" bench/gpu_check.py imports); then
+  echo "$found"
+  record imports ok --data "$found"
+else
+  record imports failed
+  status=1
+fi
+stage cpu_step 180 "$PY" bench/gpu_check.py cpu-step
 
-results = {"device": torch.cuda.get_device_name()}
+dry_flag=()
+[ "$DRY" = 1 ] && dry_flag=(--dry)
+variants=(accum8 offload)
+[ "$DRY" = 1 ] && variants=(accum8)
+for variant in "${variants[@]}"; do
+  cfg="$OUT_DIR/torchrun_$variant.yaml"
+  metrics="$OUT_DIR/torchrun_$variant.jsonl"
+  rm -f "$metrics"
+  "$PY" bench/gpu_check.py torchrun-config "$cfg" "$metrics" --variant "$variant" "${dry_flag[@]}"
+  echo "== torchrun_$variant"
+  if timeout 240 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+      -m kiln.training.torchrun_main --config "$cfg" \
+      && figures=$("$PY" bench/gpu_check.py torchrun-figures "$metrics"); then
+    echo "$figures"
+    record "torchrun_$variant" ok --data "$figures"
+  else
+    record "torchrun_$variant" failed
+    status=1
+  fi
+done
 
+if [ "$DRY" = 1 ]; then
+  # Collection only: every GPU test module imports without Ray; running them needs CUDA.
+  stage pytest 120 "$PY" -m pytest -q -m gpu --collect-only -p no:cacheprovider \
+    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py
+else
+  stage pytest 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py
+fi
 
-def matmul_peak(dtype, n=8192, iters=50):
-    """Dense GEMM throughput: the best this GPU does on large square matmuls, in FLOP/s."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    if dtype == "fp8":
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-        one = torch.ones((), device="cuda")
-        run = lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-    else:
-        run = lambda: a @ b  # noqa: E731
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    best = 0.0
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(iters):
-            run()
-        torch.cuda.synchronize()
-        best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
-    return best
+echo "== bench"
+timeout 300 "$PY" bench/gpu_check.py bench "$JSON" "${dry_flag[@]}" || status=1
 
-
-peak_bf16 = matmul_peak("bf16")
-results["matmul_peak_bf16_tflops"] = peak_bf16 / 1e12
-print(f"measured bf16 matmul peak: {peak_bf16 / 1e12:.0f} TFLOP/s "
-      f"(datasheet {(device_peak_flops('bf16') or 0) / 1e12:.0f})")
-try:
-    peak_fp8 = matmul_peak("fp8")
-    results["matmul_peak_fp8_tflops"] = peak_fp8 / 1e12
-    print(f"measured fp8 matmul peak: {peak_fp8 / 1e12:.0f} TFLOP/s")
-except Exception as exc:  # older GPUs have no fp8 GEMM
-    peak_fp8 = None
-    print(f"fp8 matmul: not available ({type(exc).__name__}: {exc})")
-
-
-def mfu_run(precision, peak, steps=10, warmup=3, **extra):
-    cfg = TrainConfig.model_validate(dict(
-        model={"preset": "1b", **extra.pop("model", {})}, precision=precision, device="cuda",
-        seq_len=2048, micro_batch_size=4, global_batch_size=4, steps=warmup + steps,
-        data={"synthetic": True}, peak_tflops=peak / 1e12, log_every=1000,
-        optimizer={"implementation": "fused"}, **extra,
-    ))
-    trainer = Trainer(cfg).setup()
-    for _ in range(warmup):
-        trainer.train_step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    metrics = [trainer.train_step() for _ in range(steps)]
-    tokens_per_s = sorted(m["tokens_per_s"] for m in metrics)[steps // 2]
-    mfu = trainer.flops_per_token * tokens_per_s / peak
-    out = {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_mem_gb": metrics[-1]["peak_mem_gb"],
-           "loss": metrics[-1]["loss"]}
-    del trainer
-    torch.cuda.empty_cache()
-    return out
-
-
-for name, precision, peak, extra in [
-    ("1b_bf16", "bf16", peak_bf16, {}),
-    ("1b_bf16_compile", "bf16", peak_bf16, {"parallel": {"compile": True}}),
-    ("1b_fp8_vs_bf16_peak", "fp8", peak_bf16, {}),
-]:
-    if precision == "fp8" and not importlib.util.find_spec("transformer_engine"):
-        print(f"{name}: skipped (no Transformer Engine)")
-        continue
-    try:
-        r = mfu_run(precision, peak, **extra)
-    except Exception as exc:
-        print(f"{name}: FAILED {type(exc).__name__}: {exc}")
-        results[name] = {"error": str(exc)}
-        continue
-    results[name] = r
-    print(f"{name}: {r['tokens_per_s']:.0f} tokens/s, MFU {100 * r['mfu']:.1f}% of the measured bf16 peak, "
-          f"peak memory {r['peak_mem_gb']:.1f} GB, loss {r['loss']:.3f}")
-best = max((results[k]["mfu"] for k in ("1b_bf16", "1b_bf16_compile") if "mfu" in results.get(k, {})), default=0)
-print(f"bf16 MFU target >= 50%: {'MET' if best >= 0.5 else 'NOT MET'} ({100 * best:.1f}%)")
-
-for backend in ("flash_attn", "te"):
-    try:
-        r = mfu_run("bf16", peak_bf16, steps=3, warmup=1,
-                    model={"attention_backend": backend, "sliding_window": 1024})
-        results[f"1b_bf16_{backend}_window"] = r
-        print(f"attention_backend={backend} (sliding window 1024): {r['tokens_per_s']:.0f} tokens/s, "
-              f"MFU {100 * r['mfu']:.1f}%, loss {r['loss']:.3f}")
-    except Exception as exc:
-        print(f"attention_backend={backend}: FAILED {type(exc).__name__}: {exc}")
-        results[f"1b_bf16_{backend}_window"] = {"error": str(exc)}
-
-with open(sys.argv[1], "w") as f:
-    json.dump(results, f, indent=2)
-print("figures written to", sys.argv[1])
-PYEOF
-
-echo "== done (status $status)"
+echo "== done (status $status); figures in $JSON"
 exit $status
