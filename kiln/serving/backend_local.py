@@ -36,6 +36,7 @@ class LocalBackend:
         self.vocab_size = int(self.generator.model.tok_embeddings.weight.shape[0])
         self.chat_template, self.special_tokens = load_chat_config(self.generator.tokenizer_dir)
         self._stop_at_end_of_turn()
+        self.eos_token_ids: set[int] = self.generator.eos_token_ids
         batching = batching or BatchingConfig()
         self._batcher = MicroBatcher(
             self._run_batch, batching.max_batch_size, batching.batch_wait_timeout_s
@@ -136,6 +137,7 @@ class LocalBackend:
                 [jobs[i].prompt for i in text], [jobs[i].params for i in text]
             )
             for i, c in zip(text, done, strict=True):
+                cut = c.finish_reason == "stop" and self._has_stop(c.token_ids, jobs[i].params.stop)
                 out[i] = Result(
                     c.text,
                     c.finish_reason,
@@ -143,6 +145,7 @@ class LocalBackend:
                     c.completion_tokens,
                     jobs[i].prompt_ids,
                     c.token_ids,
+                    ended_by_eos=c.finish_reason == "stop" and not cut,
                 )
         if ids:
             done_ids = self.generator.generate_ids(
@@ -168,7 +171,11 @@ class LocalBackend:
             len(prompt_ids) + len(new) >= self.generator.max_seq_len
         )
         reason = "length" if full else "stop"
-        return Result(decode(new), reason, len(prompt_ids), len(new), prompt_ids, new)
+        return Result(decode(new), reason, len(prompt_ids), len(new), prompt_ids, new, not full)
+
+    def _has_stop(self, token_ids: list[int], stops: list[str]) -> bool:
+        text = self.generator.decode(token_ids) if stops else ""
+        return any(s in text for s in stops)
 
     async def stream(self, job: Job) -> AsyncIterator[str]:
         if not isinstance(job.prompt, str):  # token ids: one delta with the whole text

@@ -35,6 +35,7 @@ class TritonBackend:
         self.context_length: int | None = None  # Triton's model does not say
         self.chat_template: str | None = None
         self.special_tokens: dict[str, str] = {}
+        self.eos_token_ids: set[int] = set()
 
     async def prepare(
         self, prompt: Prompt, params: SamplingParams, *, truncate: int | None, fit_context: bool

@@ -43,6 +43,7 @@ class Result:
     completion_tokens: int | None = None
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = field(default=None, repr=False)
+    ended_by_eos: bool = False  # an end-of-text token (not in token_ids) ended it
 
 
 class BatchingConfig(BaseModel):
@@ -59,6 +60,7 @@ class Backend(Protocol):
     context_length: int | None  # the model's context in tokens, when known
     chat_template: str | None  # tokenizer_config.json's, when the model has one
     special_tokens: dict[str, str]  # bos_token / eos_token ... for the chat template
+    eos_token_ids: set[int]  # tokens that end a completion (empty when unknown)
 
     async def prepare(
         self, prompt: Prompt, params: SamplingParams, *, truncate: int | None, fit_context: bool

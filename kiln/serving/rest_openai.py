@@ -106,7 +106,7 @@ async def completions(req: CompletionRequest, request: Request):
     results = await backend.complete(jobs)
     want_scores = req.logprobs is not None or best_of > req.n
     top = req.logprobs or 0
-    scores = [await backend.score(_all_ids(r), top) if want_scores else None for r in results]
+    scores = [await _score(backend, r, top) if want_scores else None for r in results]
     choices: list[CompletionChoice] = []
     for p in range(len(prompts)):
         group = list(range(p * best_of, (p + 1) * best_of))
@@ -130,10 +130,16 @@ async def completions(req: CompletionRequest, request: Request):
     )
 
 
-def _all_ids(r: Result) -> list[int]:
+async def _score(backend: Backend, r: Result, top: int):
+    """Scores of prompt + completion, and of the end-of-text token that ended it (vLLM lists
+    it too: lm-evaluation-harness reads token_logprobs[ctxlen:-1], one past the prompt)."""
     if r.prompt_ids is None or r.token_ids is None:
         raise RequestError("logprobs need token ids, which this backend does not return")
-    return r.prompt_ids + r.token_ids
+    ids = r.prompt_ids + r.token_ids
+    if not (r.ended_by_eos and backend.eos_token_ids):
+        return await backend.score(ids, top)
+    candidates = [await backend.score(ids + [e], top) for e in sorted(backend.eos_token_ids)]
+    return max(candidates, key=lambda s: s[-1].logprob)  # the one the model would have picked
 
 
 def _completion_logprob(r: Result, scores) -> float:
@@ -241,7 +247,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     for i, r in enumerate(results):
         lp = None
         if req.logprobs:
-            scores = await backend.score(_all_ids(r), req.top_logprobs or 0)
+            scores = await _score(backend, r, req.top_logprobs or 0)
             lp = _chat_logprobs(backend, scores[len(r.prompt_ids or []) :])
         choices.append(
             ChatChoice(
