@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "kiln.platform.commands",
     "kiln.platform.reference",
     "kiln.curator.cli",
+    "kiln.curator.classify.cli",
     "kiln.training.data.cli",
     "kiln.training.cli",
     "kiln.training.post.cli",

@@ -19,6 +19,7 @@ BUILTIN_STAGES: dict[str, str] = {
     "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
     "complete": "kiln.pipelines.complete_stage:CompleteStage",
     "curate": "kiln.curator.stage:CurateStage",
+    "classify": "kiln.curator.classify.stage:ClassifyStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
     "train": "kiln.training.train_stage:TrainStage",
     "prepare-chat": "kiln.training.post.stages:PrepareChatStage",

@@ -163,3 +163,24 @@ def test_quality_filter_inside_curate(inputs, tmp_path):
     report = curate(cfg, str(tmp_path / "curated"))
     assert report["invariant_holds"] and report["documents_in"] == len(corpus)
     assert report["removed_by_reason"].get("quality", 0) > 0
+
+
+def test_stage_in_a_pipeline_and_the_cli(inputs, tmp_path, capsys):
+    from kiln.curator.classify.stage import ClassifyStage
+    from kiln.platform.cli import main
+    from kiln.platform.pipeline import Pipeline
+
+    root, good, corpus = inputs
+    stage = ClassifyStage(_cfg(root, good).model_dump())
+    result = Pipeline("cls", [stage], runs_dir=tmp_path / "runs").run(shutdown=False)
+    art = result.artifact("classify.corpus")
+    assert art.kind == "Corpus"
+    assert art.counts["documents"] + art.counts["rejected"] == len(corpus)
+    assert art.meta["held_out_accuracy"] >= 0.85
+    model = os.path.join(art.path, "model")
+    args = ["classify", "--input", str(root / "corpus"), "--output", str(tmp_path / "cli")]
+    assert main([*args, "--model", model]) == 0
+    report = json.loads(capsys.readouterr().out.rsplit("}", 1)[0] + "}")
+    assert report["kept"] == art.counts["documents"]
+    assert main([*args[:-1], str(tmp_path / "bad"), "--model", str(tmp_path)]) == 2
+    assert "not a classifier folder" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""`kiln classify --input PATH... --output DIR [--high-quality PATH...] [--config FILE]`."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "classify",
+        help="train a fastText quality (or domain) classifier, score a corpus, keep the best",
+    )
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH")
+    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--high-quality", nargs="+", metavar="PATH", help="good text to train from")
+    p.add_argument("--labelled", metavar="JSONL", help="domain classifier: labelled examples")
+    p.add_argument("--model", metavar="DIR", help="a trained classifier folder: skip training")
+    p.add_argument("--config", metavar="FILE", help="YAML or JSON with ClassifyConfig fields")
+    p.add_argument("--cluster", choices=["local", "ray"], help="score here or on Ray Data")
+    p.set_defaults(func=_classify)
+
+
+def load_config(path: str | None, **overrides):
+    import yaml
+    from pydantic import ValidationError
+
+    from kiln.curator.classify.config import ClassifyConfig
+    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+
+    body = {}
+    if path:
+        try:
+            with open(path) as f:
+                body = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise InputError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: expected a mapping of classify config fields")
+    body.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ClassifyConfig.model_validate(body)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "classify")) from None
+
+
+def _classify(args) -> int:
+    from kiln.curator.classify.run import classify
+
+    cfg = load_config(
+        args.config,
+        input=args.input,
+        high_quality=args.high_quality,
+        labelled=args.labelled,
+        kind="domain" if args.labelled else None,
+        model=args.model,
+        cluster=args.cluster,
+    )
+    report = classify(cfg, args.output)
+    keys = ("documents_in", "kept", "rejected", "removed_by_reason", "cutoff")
+    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    print(f"held-out accuracy {report['model'].get('held_out_accuracy')}; wrote {args.output}")
+    return 0
