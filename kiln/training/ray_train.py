@@ -1,9 +1,10 @@
 """Training on Ray Train: a `TorchTrainer` whose workers each run the trainer core on one rank.
 
 World size = pp x dp_replicate x dp_shard x cp x tp; gloo on CPU, NCCL on GPU. Rank 0 writes the
-per-step metrics (JSONL + TensorBoard) and logs progress with an ETA; every rank calls
-`ray.train.report` (a barrier) and rank 0 attaches each newly committed checkpoint, so Ray Train's
-own restore knows it. DCP writes every rank's shard itself.
+per-step metrics locally (JSONL + TensorBoard) and the trainer logs one progress line per logged
+step. The step loop never waits on Ray Train: a reporter thread on each worker tells it about each
+newly committed checkpoint (so its restore knows it) and the final metrics (`ray_report`). Ray
+Train's own per-report log lines go to `<run_dir>/logs/`. DCP writes every rank's shard itself.
 
 Fault tolerance: with `max_failures > 0`, Ray restarts the worker group after a worker dies and
 the loop resumes from the newest complete checkpoint. Resuming a stopped run = running again
@@ -15,20 +16,17 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
 import os
-import tempfile
 import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
+from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_curve, read_metrics
+from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
 
 log = logging.getLogger("kiln.train")
-
-METRICS_FILE = "metrics.jsonl"
-POINTER_FILE = "kiln_checkpoint.json"
 
 
 class RayOptions(BaseModel):
@@ -52,7 +50,8 @@ class RayOptions(BaseModel):
     )
     callbacks: list[str] = Field(
         default_factory=list,
-        description="'module:function' called on every worker after each step as fn(metrics, info).",
+        description="'module:function' called on every worker after each step as "
+        "fn(metrics, info).",
     )
 
 
@@ -112,6 +111,8 @@ def train_on_ray(
             name=options.name,
             storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
+            # Ray keeps as many checkpoint pointers as kiln keeps checkpoints (ray_report)
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
         ),
     )
     log.info(
@@ -156,33 +157,37 @@ def _train_loop(config: dict) -> None:
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"load_from": resume})}
         )
-    rank = ray.train.get_context().get_world_rank()
-    _worker_logging(rank)
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    _worker_logging(rank, config["run_dir"])
     callbacks = [_import(path) for path in config["callbacks"]]
-    logger = StepLogger(config["run_dir"], cfg.steps, cfg.log_every) if rank == 0 else None
-    reporter = _Reporter(rank)
-    holder: dict[str, Any] = {}
+    writer = MetricsWriter(config["run_dir"]) if rank == 0 else None
 
     def on_step(metrics: dict[str, Any]) -> None:
-        if logger:
-            logger.log(metrics)
+        if writer:
+            writer.write(metrics)
         for fn in callbacks:
             fn(metrics, {"rank": rank, "run_dir": config["run_dir"], "resumed_from": resume})
-        if metrics["step"] % cfg.log_every == 0:  # the same rule on every rank: report is a barrier
-            reporter.report(metrics, getattr(holder["trainer"], "checkpointer", None))
+        reporter.update(metrics)  # no call into Ray: the reporter's thread reports
 
-    trainer = holder["trainer"] = Trainer(cfg, on_step=on_step)
+    trainer = Trainer(cfg, on_step=on_step)  # builds its checkpointer in train()
+
+    def committed() -> tuple[int, str] | None:
+        return trainer.checkpointer.committed if trainer.checkpointer is not None else None
+
+    reporter = RayReporter(rank, context.get_world_size(), committed)
     try:
         history = trainer.train()
-        last = history[-1] if history else {"step": getattr(trainer, "step", 0)}
-        reporter.report(last, getattr(trainer, "checkpointer", None), final=True)
+        reporter.finish(history[-1] if history else {"step": trainer.step})
     finally:
-        if logger:
-            logger.close()
+        if writer:
+            writer.close()
 
 
-def _worker_logging(rank: int) -> None:
-    """Ray workers log at WARNING by default: show rank 0's progress lines (forwarded to the driver)."""
+def _worker_logging(rank: int, run_dir: str) -> None:
+    """Ray workers log at WARNING by default: show rank 0's progress lines (forwarded to the
+    driver), and send Ray Train's line per report to a file in the run folder."""
+    route_ray_train_log(run_dir, rank)
     kiln_log = logging.getLogger("kiln")
     if not kiln_log.handlers:
         handler = logging.StreamHandler()
@@ -190,45 +195,6 @@ def _worker_logging(rank: int) -> None:
         kiln_log.addHandler(handler)
         kiln_log.propagate = False
     kiln_log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-
-
-class _Reporter:
-    """Calls `ray.train.report` on every rank; rank 0 attaches each newly committed checkpoint."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.reported: str | None = None
-
-    def report(self, metrics: dict[str, Any], checkpointer, final: bool = False) -> None:
-        import ray.train
-
-        committed = getattr(checkpointer, "committed", None)
-        checkpoint, mode = None, ray.train.CheckpointUploadMode.NO_UPLOAD
-        with tempfile.TemporaryDirectory() as tmp:
-            if self.rank == 0 and committed and committed[1] != self.reported:
-                checkpoint, mode = _ray_checkpoint(committed[1], tmp)
-                self.reported = committed[1]
-            clean = {
-                k: v
-                for k, v in metrics.items()
-                if isinstance(v, int | float | str | bool) or v is None
-            }
-            ray.train.report(
-                {**clean, "final": final}, checkpoint=checkpoint, checkpoint_upload_mode=mode
-            )
-
-
-def _ray_checkpoint(ckpt_dir: str, tmp: str):
-    """The DCP folder itself when it lives in Ray's storage; else a small pointer checkpoint."""
-    import ray.train
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    storage = get_train_context().get_storage()
-    if os.path.abspath(ckpt_dir).startswith(os.path.abspath(storage.experiment_fs_path) + os.sep):
-        return ray.train.Checkpoint(ckpt_dir), ray.train.CheckpointUploadMode.NO_UPLOAD
-    with open(os.path.join(tmp, POINTER_FILE), "w") as f:
-        json.dump({"uri": ckpt_dir}, f)
-    return ray.train.Checkpoint.from_directory(tmp), ray.train.CheckpointUploadMode.SYNC
 
 
 def _resume_point(ckpt_root: str | None, ray_checkpoint) -> str | None:
@@ -257,86 +223,3 @@ def _resume_point(ckpt_root: str | None, ray_checkpoint) -> str | None:
 def _import(path: str):
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-# -- observability -----------------------------------------------------------------------------
-
-
-class StepLogger:
-    """Rank 0: one JSON line and TensorBoard scalars per step, progress with an ETA in the log."""
-
-    def __init__(self, run_dir: str, total_steps: int, log_every: int = 1) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        os.makedirs(run_dir, exist_ok=True)
-        self.total, self.log_every = total_steps, log_every
-        self.jsonl = open(os.path.join(run_dir, METRICS_FILE), "a")  # noqa: SIM115 - open for the run
-        self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-        self.t0, self.first_step = time.monotonic(), None
-
-    def log(self, metrics: dict[str, Any]) -> None:
-        step = int(metrics["step"])
-        self.jsonl.write(json.dumps({**metrics, "time": time.time()}, default=float) + "\n")
-        self.jsonl.flush()
-        for k, v in metrics.items():
-            if k != "step" and isinstance(v, int | float):
-                self.tb.add_scalar(f"train/{k}", v, step)
-        if self.first_step is None:
-            self.first_step, self.t0 = step, time.monotonic()
-        if step % self.log_every == 0 or step == self.total:
-            done = step - self.first_step
-            eta = (
-                (time.monotonic() - self.t0) / done * (self.total - step) if done else float("nan")
-            )
-            log.info(
-                "step %d/%d loss %.4f lr %.3g %.0f tok/s ETA %s",
-                step,
-                self.total,
-                metrics.get("loss", float("nan")),
-                metrics.get("lr", float("nan")),
-                metrics.get("tokens_per_s", 0.0),
-                _hms(eta),
-            )
-
-    def close(self) -> None:
-        self.jsonl.close()
-        self.tb.close()
-
-
-def _hms(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
-def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    """Per-step metrics; after a restart the re-run steps replace the first attempt's."""
-    path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(path):
-        return []
-    by_step: dict[int, dict] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                by_step[int(row["step"])] = row
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def plot_loss_curve(history: list[dict[str, Any]], path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([h["step"] for h in history], [h.get("loss") for h in history], lw=1.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("training loss")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
