@@ -11,7 +11,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve an exported model over REST (OpenAI, KServe v2, Triton generate) on Ray Serve",
-        description="Serve an exported model (an ExportedModel dir, or a Hugging Face dir) until Ctrl-C.",
+        description="Serve an exported model (an ExportedModel dir or a Hugging Face dir) "
+        "until Ctrl-C.",
     )
     p.add_argument(
         "model_dir", metavar="MODEL_DIR", help="exported model (with hf/ and/or triton/)"
@@ -83,7 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
         endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)
         print(f"kiln: serving {endpoint.model_name!r} at {endpoint.url}", flush=True)
         print(
-            f"  OpenAI:  {endpoint.url}/v1/completions   KServe v2: {endpoint.url}/v2/models/{endpoint.model_name}/infer",
+            f"  OpenAI:  {endpoint.url}/v1/completions, {endpoint.url}/v1/chat/completions\n"
+            f"  KServe v2: {endpoint.url}/v2/models/{endpoint.model_name}/infer",
             flush=True,
         )
         print("  Ctrl-C to stop", flush=True)

@@ -4,6 +4,7 @@ client = KilnClient("http://127.0.0.1:8000", api_key="s3cret")
 client.health()                                   # True when /v2/health/ready says so
 client.complete("Once upon a time", max_tokens=32, temperature=0)
 for delta in client.stream("Once upon a time"): print(delta, end="")
+client.chat([{"role": "user", "content": "Hi"}], max_tokens=32)   # the model's chat template
 """
 
 from __future__ import annotations
@@ -48,13 +49,26 @@ class KilnClient:
         raise EndpointError(f"{r.request.url}: HTTP {r.status_code}: {message}")
 
     def complete(self, prompt: str, **fields: Any) -> str:
-        """The completion text. Fields as OpenAI's: max_tokens, temperature, top_p, stop, seed, top_k."""
+        """The completion text. Fields as OpenAI's (max_tokens, temperature, top_p, stop, seed,
+        top_k, presence_penalty, ...)."""
         try:
             r = self._http.post("/v1/completions", json=self._body(prompt, fields))
         except httpx.HTTPError as e:
             raise EndpointError(f"{self.url}: {e}") from None
         self._raise_for(r)
         return r.json()["choices"][0]["text"]
+
+    def chat(self, messages: list[dict[str, str]], **fields: Any) -> str:
+        """The assistant's reply to `messages` ([{role, content}]) via /v1/chat/completions."""
+        body = {"messages": messages, **{k: v for k, v in fields.items() if v is not None}}
+        if self.model:
+            body["model"] = self.model
+        try:
+            r = self._http.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError as e:
+            raise EndpointError(f"{self.url}: {e}") from None
+        self._raise_for(r)
+        return r.json()["choices"][0]["message"]["content"]
 
     def stream(self, prompt: str, **fields: Any) -> Iterator[str]:
         """Text deltas as the server sends them (server-sent events)."""
@@ -70,7 +84,10 @@ class KilnClient:
                     data = line[len("data: ") :]
                     if data == "[DONE]":
                         return
-                    text = json.loads(data)["choices"][0]["text"]
+                    event = json.loads(data)
+                    if "error" in event:  # the server failed mid-stream and said so
+                        raise EndpointError(f"{self.url}: {event['error']['message']}")
+                    text = event["choices"][0]["text"]
                     if text:
                         yield text
         except httpx.HTTPError as e:
