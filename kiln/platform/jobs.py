@@ -42,6 +42,10 @@ def submit(
     job_id: str | None = None,
 ) -> str:
     """Submit a pipeline spec as a Ray job; returns the job id."""
+    from kiln.platform.pipeline import local_runs_dir
+
+    if runs_dir:
+        local_runs_dir(runs_dir)  # a URI would fail on the cluster: say so before submitting
     spec_path = Path(spec).resolve()
     if not spec_path.is_file():
         raise InputError(f"{spec}: spec file not found")

@@ -35,7 +35,7 @@ def _default_runs_dir() -> str:
     return os.environ.get("KILN_RUNS_DIR", "runs")
 
 
-def _local_runs_dir(runs_dir: str | os.PathLike) -> Path:
+def local_runs_dir(runs_dir: str | os.PathLike) -> Path:
     """Runs folders are local: the cache lookup lists and renames inside them. (Artifacts a
     stage reads or writes may still be fsspec URIs.)"""
     text = os.fspath(runs_dir)
@@ -79,7 +79,7 @@ class Pipeline:
             raise SpecError(f"pipeline name {name!r}: expected a non-empty name without '/'")
         self.name = name
         self.stages = list(stages)
-        self.runs_dir = _local_runs_dir(runs_dir or _default_runs_dir())
+        self.runs_dir = local_runs_dir(runs_dir or _default_runs_dir())
         self.ray = ray or RayConfig()
         seen: set[str] = set()
         for st in self.stages:

@@ -62,7 +62,7 @@ TOP_LEVEL = set(PipelineSpec.model_fields)
 
 
 def _route(body: dict[str, Any]):
-    """`<stage>.<field...>` -> stages[i].config.<field...>; a top-level key (`ray.num_cpus`) stays."""
+    """`<stage>.<field...>` -> stages[i].config.<field...>; top-level keys (`ray.num_cpus`) stay."""
     entries = body.get("stages") if isinstance(body.get("stages"), list) else []
     index = {
         str(e.get("name") or e.get("stage")): i

@@ -92,6 +92,11 @@ def test_uri_runs_dir_is_rejected_not_made_a_local_folder(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert "runs_dir s3://bucket/runs: expected a local folder" in err, err
     assert not (tmp_path / "s3:").exists()
+    assert (
+        main(["submit", "spec.yaml", "--address", "http://127.0.0.1:1", "--runs-dir", "gs://b"])
+        == 2
+    )
+    assert "runs_dir gs://b: expected a local folder" in capsys.readouterr().err
 
 
 def test_work_dir_survives_a_failure_and_goes_on_success(tmp_path):
