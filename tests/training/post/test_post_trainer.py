@@ -121,3 +121,28 @@ def test_lora_sft_under_fsdp_equals_one_process(data):
 def test_unsupported_combinations_are_config_errors(data, objective, over, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(data, objective, **over)
+
+
+def _full_runs(data: dict, tp: int) -> dict[str, list[float]]:
+    out = {}
+    for objective in ("sft", "dpo"):  # packed SFT rows (document masks) and preference pairs
+        torch.manual_seed(0)
+        cfg = _cfg(
+            data,
+            objective,
+            lora=None,
+            steps=3,
+            parallel={"tp": tp, "dp_shard": 1},
+            micro_batch_size=4,
+            optimizer={"lr": 1e-3, "weight_decay": 0.0},
+        )
+        out[objective] = [m["loss"] for m in PostTrainer(cfg).train()]
+    return out
+
+
+@pytest.mark.slow
+def test_full_sft_and_dpo_under_tp_equal_one_process(data):
+    one = _full_runs(data, 1)
+    two = run_distributed(_full_runs, 2, data, 2)
+    for objective in ("sft", "dpo"):
+        assert two[0][objective] == pytest.approx(one[objective], abs=1e-5), objective
