@@ -9,23 +9,27 @@ The SDK: compose stages into a pipeline and run it.
 __version__ = "0.1.0"
 
 from kiln.platform.artifact import Artifact
+from kiln.platform.config import load_config
 from kiln.platform.errors import KilnError
 from kiln.platform.pipeline import Pipeline, RunResult
 from kiln.platform.registry import register_stage, stage_class
-from kiln.platform.runtime import Runtime
+from kiln.platform.runtime import Resources, Runtime
 from kiln.platform.spec import load_pipeline
-from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.platform.stage import Stage, StageConfig, StageContext, Step
 
 __all__ = [
     "Artifact",
     "KilnError",
     "Pipeline",
+    "Resources",
     "RunResult",
     "Runtime",
     "Stage",
     "StageConfig",
     "StageContext",
+    "Step",
     "__version__",
+    "load_config",
     "load_pipeline",
     "register_stage",
     "stage_class",

@@ -8,7 +8,7 @@ import os
 from typing import ClassVar
 
 from kiln.curator.config import CurateConfig
-from kiln.platform.stage import Stage, StageContext, Step
+from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 
 class CurateStage(Stage):
@@ -29,6 +29,10 @@ class CurateStage(Stage):
             st = os.stat(path)
             h.update(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         return h.hexdigest()[:16]
+
+    def run(self, ctx: StageContext) -> dict:
+        """Both steps, each with its resources (what the platform does through `steps`)."""
+        return run_steps(self, ctx)
 
     def steps(self) -> list[Step]:
         """Stream (Ray Data when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
