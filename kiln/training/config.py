@@ -85,6 +85,11 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(2, gt=0)
     steps: int = Field(10, ge=0)
     seed: int = 0
+    meta_init: bool = Field(
+        True,
+        description="Build on the meta device and allocate only each rank's shards after "
+        "carving and sharding (False: every rank builds the full model first).",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     peak_tflops: float | None = Field(
         None, gt=0, description="Device peak for MFU (default: known GPUs)."

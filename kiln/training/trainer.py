@@ -21,7 +21,6 @@ from torch import nn
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
-from kiln.training.metrics_log import ProgressClock
 from kiln.training.model import Transformer
 from kiln.training.optimizer import (
     build_lr_scheduler,
@@ -53,14 +52,15 @@ class Trainer:
     def __init__(
         self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None
     ):
-        self.cfg = cfg
+        from kiln.training.launch import resolve_auto_precision
+
+        self.cfg = resolve_auto_precision(cfg, torch.cuda.is_available())
         self.on_step = on_step
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
         self.train_state = TrainState()
         self.checkpointer: Checkpointer | None = None
         self.model_parts: list[nn.Module] = []
         self.history: list[dict[str, Any]] = []
-        self._clock = ProgressClock(cfg.steps)
 
     @property
     def step(self) -> int:
@@ -113,7 +113,7 @@ class Trainer:
         if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
             if not torch.cuda.is_available():
                 raise ConfigError("device=cuda but no CUDA device is visible")
-            from kiln.training.launch import local_cuda_index
+            from kiln.training.launch import enable_tf32, local_cuda_index
 
             index = local_cuda_index(
                 int(os.environ.get("LOCAL_RANK", "0")),
@@ -121,19 +121,20 @@ class Trainer:
                 torch.cuda.device_count(),
             )
             torch.cuda.set_device(index)
+            enable_tf32()
             return torch.device("cuda", index)
         return torch.device("cpu")
 
     def _build_model(self) -> None:
-        """Same seed on every rank: each builds the full model, then keeps and shards its part."""
+        """Build on the meta device, carve this rank's pipeline stage(s), parallelize, then
+        allocate and initialise only the local shards (torchtitan's order; the same weights as
+        one process, see parallel/meta_init.py). Otherwise every rank builds the full model."""
+        from kiln.training.parallel.meta_init import build_on_meta, materialize
         from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
         cfg, dims = self.cfg, self.dims
-        torch.manual_seed(cfg.seed)
-        with torch.device(self.device):  # no CPU detour for big models on a GPU
-            model = self.adapt_model(Transformer(cfg.model))
-        if cfg.precision == "fp8":
-            swap_to_te_linear(model)
+        on_meta = self._builds_on_meta()
+        model = build_on_meta(cfg.model) if on_meta else self._build_full_model()
         self.loss_parallel = self.distributed and use_loss_parallel(cfg)
         if dims.pp_enabled:
             from kiln.training.parallel.pipeline_parallel import build_pipeline
@@ -147,9 +148,25 @@ class Trainer:
                 parallelize_fn=lambda part: parallelize(part, dims, cfg),
             )
         else:
-            model = model.to(self.device)
             self.model_parts = [parallelize(model, dims, cfg)]
             self.has_first = self.has_last = True
+        if on_meta:
+            materialize(self.model_parts, cfg.model, self.device, cfg.seed)
+
+    def _builds_on_meta(self) -> bool:
+        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass
+        adapts the full model (post-training loads base weights into it)."""
+        adapts = type(self).adapt_model is not Trainer.adapt_model
+        return self.cfg.meta_init and self.cfg.precision != "fp8" and not adapts
+
+    def _build_full_model(self) -> nn.Module:
+        """Same seed on every rank: each builds the full model, then keeps and shards its part."""
+        torch.manual_seed(self.cfg.seed)
+        with torch.device(self.device):  # no CPU detour for big models on a GPU
+            model = self.adapt_model(Transformer(self.cfg.model))
+        if self.cfg.precision == "fp8":
+            swap_to_te_linear(model)
+        return model.to(self.device)
 
     def adapt_model(self, model: Transformer) -> nn.Module:
         """Hook between building the full model and carving/parallelizing it: post-training
@@ -336,21 +353,17 @@ class Trainer:
     def _log(self, m: dict[str, Any]) -> None:
         if self.rank != 0:
             return
-        eta = self._clock.eta(m["step"])
         if m["step"] % self.cfg.log_every == 0 or m["step"] == self.cfg.steps:
             mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
             log.info(
-                "step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f mfu %s "
-                "peak_mem %.2fGB ETA %s",
+                "step %d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f mfu %s peak_mem %.2fGB",
                 m["step"],
-                self.cfg.steps,
                 m["loss"],
                 m["grad_norm"],
                 m["lr"],
                 m["tokens_per_s"],
                 mfu,
                 m["peak_mem_gb"],
-                eta,
             )
         if self.cfg.metrics_file:
             with open(self.cfg.metrics_file, "a") as f:

@@ -21,6 +21,8 @@ norm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -53,6 +55,7 @@ class ExpertParallelMoE(MoE):
     """An MoE whose experts live on the ranks of `ep_group` (set by apply_expert_parallel)."""
 
     ep_group: dist.ProcessGroup
+    expert_grad_hook: Callable[[torch.Tensor], torch.Tensor]
 
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep = dist.get_world_size(self.ep_group)
@@ -137,9 +140,19 @@ def apply_expert_parallel(
         module.experts = nn.ModuleDict({str(j): module.experts[j] for j in owned})
         module.__class__ = ExpertParallelMoE
         module.ep_group = group
-        for param in module.experts.parameters():
-            param.register_hook(_expert_grad_hook(replicas, dp_size))
+        module.expert_grad_hook = _expert_grad_hook(replicas, dp_size)
+    register_expert_grad_hooks(model)
     return model
+
+
+def register_expert_grad_hooks(model: nn.Module) -> None:
+    """Hook every materialised expert weight (again after `to_empty`, which replaces the
+    parameters built on the meta device, and their hooks with them)."""
+    for module in model.modules():
+        if isinstance(module, ExpertParallelMoE):
+            for param in module.experts.parameters():
+                if not param.is_meta:
+                    param.register_hook(module.expert_grad_hook)
 
 
 def _expert_grad_hook(replicas: dist.ProcessGroup | None, dp_size: int):
@@ -216,6 +229,7 @@ __all__ = [
     "expert_grad_norm_sq",
     "expert_parameters",
     "local_expert_ids",
+    "register_expert_grad_hooks",
     "sharded_expert_parameters",
     "split_for_grad_norm",
 ]

@@ -72,7 +72,7 @@ def stage_ids(pp_rank: int, pp: int, virtual: int, schedule: str) -> list[int]:
 
 
 def carve_stage(model: nn.Module, layer_ids: list[int], is_first: bool, is_last: bool) -> nn.Module:
-    """A copy of the model holding only its stage's layers (global names kept)."""
+    """A copy of the model holding only its stage's layers (global names kept); free on meta."""
     stage = copy.deepcopy(model)
     keep = {str(i) for i in layer_ids}
     for key in list(stage.layers.keys()):
@@ -98,13 +98,39 @@ def build_pipeline(
     loss_fn: Callable,
     parallelize_fn: Callable[[nn.Module], nn.Module],
 ):
-    """Split `model`, parallelize each local stage, wrap them in a schedule.
+    """Split `model` (on `device`, or on meta to be materialised later), parallelize each local
+    stage, wrap them in a schedule.
 
     `loss_fn` must divide by the number of micro-batches (`pipeline_microbatches(cfg)`).
     Returns (schedule, model_parts, has_first_stage, has_last_stage).
     """
     p = cfg.parallel
     pp, rank = pp_mesh.size(), pp_mesh.get_local_rank()
+    virtual = _virtual_stages(p)
+    n_stages = pp * virtual
+    mcfg: ModelConfig = model.cfg
+    sizes = [_numel(model.layers[str(i)]) for i in range(mcfg.n_layers)]
+    layout = split_layers(
+        sizes, _numel(model.tok_embeddings), _numel(model.norm) + _numel(model.output), n_stages
+    )
+    n_micro = pipeline_microbatches(cfg)
+    if cfg.micro_batch_size % n_micro:
+        raise ConfigError(
+            f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of "
+            f"pp_microbatches ({n_micro})"
+        )
+    stages, parts = [], []
+    ids = stage_ids(rank, pp, virtual, p.pp_schedule)
+    for sid in ids:
+        part = parallelize_fn(carve_stage(model, layout[sid], sid == 0, sid == n_stages - 1))
+        parts.append(part)
+        stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
+    schedule = _schedule(p.pp_schedule, stages, n_micro, loss_fn)
+    return schedule, parts, 0 in ids, (n_stages - 1) in ids
+
+
+def _virtual_stages(p) -> int:
+    """Stages per rank: 1 for gpipe/1f1b, 2 for zbv, >= 2 for interleaved_1f1b."""
     virtual = 2 if p.pp_schedule == "zbv" else p.pp_virtual_stages
     if p.pp_schedule in ("gpipe", "1f1b") and virtual != 1:
         raise ConfigError(
@@ -112,36 +138,17 @@ def build_pipeline(
         )
     if p.pp_schedule == "interleaved_1f1b" and virtual < 2:
         virtual = 2
-    n_stages = pp * virtual
-    mcfg: ModelConfig = model.cfg
-    sizes = [_numel(model.layers[str(i)]) for i in range(mcfg.n_layers)]
-    layout = split_layers(
-        sizes, _numel(model.tok_embeddings), _numel(model.norm) + _numel(model.output), n_stages
-    )
+    return virtual
 
-    n_micro = pipeline_microbatches(cfg)
-    if cfg.micro_batch_size % n_micro:
-        raise ConfigError(
-            f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of pp_microbatches ({n_micro})"
-        )
 
-    stages, parts = [], []
-    ids = stage_ids(rank, pp, virtual, p.pp_schedule)
-    for sid in ids:
-        part = carve_stage(model, layout[sid], sid == 0, sid == n_stages - 1).to(device)
-        part = parallelize_fn(part)
-        parts.append(part)
-        stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
-
+def _schedule(kind: str, stages: list[PipelineStage], n_micro: int, loss_fn: Callable):
     # scale_grads would divide *all* accumulated gradients after every step, which breaks gradient
     # accumulation over several steps; the trainer folds 1/n_microbatches into the loss instead.
     kwargs = {"loss_fn": loss_fn, "scale_grads": False}
-    if p.pp_schedule == "gpipe":
-        schedule = ScheduleGPipe(stages[0], n_micro, **kwargs)
-    elif p.pp_schedule == "1f1b":
-        schedule = Schedule1F1B(stages[0], n_micro, **kwargs)
-    elif p.pp_schedule == "interleaved_1f1b":
-        schedule = ScheduleInterleaved1F1B(stages, n_micro, **kwargs)
-    else:
-        schedule = ScheduleZBVZeroBubble(stages, n_micro, **kwargs)
-    return schedule, parts, 0 in ids, (n_stages - 1) in ids
+    if kind == "gpipe":
+        return ScheduleGPipe(stages[0], n_micro, **kwargs)
+    if kind == "1f1b":
+        return Schedule1F1B(stages[0], n_micro, **kwargs)
+    if kind == "interleaved_1f1b":
+        return ScheduleInterleaved1F1B(stages, n_micro, **kwargs)
+    return ScheduleZBVZeroBubble(stages, n_micro, **kwargs)

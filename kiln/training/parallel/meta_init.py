@@ -1,0 +1,116 @@
+"""Materialise a model built on the meta device after carving and sharding (torchtitan's order).
+
+Every rank builds the model on `meta` (no memory), carves its pipeline stage(s) and parallelizes
+them; `materialize` then allocates only this rank's shards (`to_empty`) and fills them with
+exactly the values one process gets from `build_on_meta(cfg).to_empty(device)` followed by
+`torch.manual_seed(seed); model.init_weights()`. It replays that init unit by unit (embedding,
+each block, final norm, output head, in `Transformer.init_weights`' order) on a full-size scratch
+copy of one unit at a time, on the same device and generator, and each rank keeps its slice of
+every tensor it holds. Peak memory is the local shards plus the largest unit, instead of the
+whole model on every rank (twice with pipeline carving, which deep-copied it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from kiln.training.model import ModelConfig, Transformer
+from kiln.training.model.transformer import BASE_STD
+
+# Wrappers that recompute and compile put into parameter names; checkpoints strip them too.
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def build_on_meta(cfg: ModelConfig) -> Transformer:
+    """The full model with no storage: shapes and names only."""
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
+@torch.no_grad()
+def init_full(cfg: ModelConfig, device: torch.device, seed: int) -> Transformer:
+    """One process's model: built on meta, allocated on `device`, `init_weights()` under `seed`."""
+    model = build_on_meta(cfg)
+    _allocate(model, cfg, device)
+    torch.manual_seed(seed)
+    model.init_weights(buffer_device=device)
+    return model
+
+
+@torch.no_grad()
+def materialize(parts: list[nn.Module], cfg: ModelConfig, device: torch.device, seed: int) -> None:
+    """Allocate `parts` (stages of a meta-built Transformer, parallelized) on `device` and fill
+    them with the weights `init_full(cfg, device, seed)` gives one process, bit for bit."""
+    from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
+
+    for part in parts:
+        _allocate(part, cfg, device)
+        part.rope_cos, part.rope_sin = part._rope_tables(device)
+        register_expert_grad_hooks(part)
+    local = _local_parameters(parts)
+    scratch = build_on_meta(cfg)
+    torch.manual_seed(seed)  # the generator state `init_full` starts drawing from
+    for prefix, unit, init in _init_units(scratch, cfg):
+        unit.to_empty(device=device)
+        init(unit)
+        for name, full in unit.named_parameters(prefix=prefix, remove_duplicate=False):
+            for param in local.get(name, ()):
+                _copy_slice(param, full)
+        unit.to_empty(device="meta")  # frees the full-size copy before the next unit
+
+
+def _allocate(model: nn.Module, cfg: ModelConfig, device: torch.device) -> None:
+    """`to_empty`, which gives each module its own new parameter: tie the head again."""
+    model.to_empty(device=device)
+    if cfg.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight
+
+
+def _init_units(
+    model: Transformer, cfg: ModelConfig
+) -> Iterator[tuple[str, nn.Module, Callable[[nn.Module], None]]]:
+    """(name prefix, module, its init) in the order `Transformer.init_weights` draws them."""
+    init_std = BASE_STD / math.sqrt(2 * cfg.n_layers)
+
+    def normal(module: nn.Module) -> None:
+        nn.init.normal_(module.weight, mean=0.0, std=BASE_STD)
+
+    yield "tok_embeddings", model.tok_embeddings, normal
+    for key, block in model.layers.items():
+        yield f"layers.{key}", block, lambda b: b.init_weights(init_std)
+    yield "norm", model.norm, lambda n: n.reset_parameters()
+    yield "output", model.output, normal
+
+
+def _local_parameters(parts: list[nn.Module]) -> dict[str, list[nn.Parameter]]:
+    """Global parameter name -> this rank's parameters of that name (tied weights: two names)."""
+    found: dict[str, list[nn.Parameter]] = {}
+    for part in parts:
+        for name, param in part.named_parameters(remove_duplicate=False):
+            for wrapper in _WRAPPER_PREFIXES:
+                name = name.replace(wrapper, "")
+            found.setdefault(name, []).append(param)
+    return found
+
+
+def _copy_slice(param: nn.Parameter, full: torch.Tensor) -> None:
+    """This rank's part of `full`: the DTensor's local shard (TP, FSDP, both), or all of it."""
+    if not isinstance(param, DTensor):
+        param.copy_(full)
+        return
+    local = param.to_local()
+    shape, offset = compute_local_shape_and_global_offset(
+        full.shape, param.device_mesh, param.placements
+    )
+    if tuple(shape) == tuple(local.shape):  # a block of `full`: copy it without a staging copy
+        local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))])
+        return
+    # src_data_rank=None: every rank holds `full` already, so each takes its chunk locally.
+    shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    local.copy_(shard.to_local())
