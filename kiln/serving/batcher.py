@@ -17,6 +17,8 @@ from typing import Any
 
 
 class MicroBatcher:
+    IDLE_S = 1.0
+
     def __init__(
         self,
         run_batch: Callable[[list[Any]], Awaitable[list[Any]]],
@@ -47,7 +49,12 @@ class MicroBatcher:
         assert queue is not None
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
+            try:  # idle: end, so no task outlives its event loop; submit() starts a new one
+                batch = [await asyncio.wait_for(queue.get(), self.IDLE_S)]
+            except TimeoutError:
+                if queue.empty():
+                    return
+                continue
             deadline = loop.time() + self.wait_s
             while len(batch) < self.max_batch_size:
                 if not queue.empty():

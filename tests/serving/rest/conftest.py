@@ -66,3 +66,12 @@ def app(local_backend):
     from kiln.serving.rest_api import create_api
 
     return create_api(local_backend, Limits(max_new_tokens=16, max_prompt_chars=2000))
+
+
+@pytest.fixture(scope="session")
+def api_client(app):
+    """starlette's TestClient over the in-process app, on one event loop for the session."""
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as client:
+        yield client

@@ -5,11 +5,8 @@ no response is a 5xx and every stream ends properly."""
 from __future__ import annotations
 
 import json
-import time
 
-import pytest
-
-MAX_EXAMPLES = 120  # about 15 s on one core: bounded, yet every route gets dozens of cases
+MAX_EXAMPLES = 120  # 6-15 s on one core (more under load): every route gets several cases
 
 
 def _check_stream(path: str, body: str) -> None:
@@ -59,9 +56,7 @@ def test_fuzz_openapi_no_5xx_no_broken_stream(app):
         if content_type.startswith("text/event-stream"):
             _check_stream(case.formatted_path, response.text)
 
-    start = time.monotonic()
-    run()
-    assert time.monotonic() - start < 60
+    run()  # bounded by MAX_EXAMPLES (no shrinking, no example database)
     # the generation routes were exercised, and some cases got through to the model
     labels = " ".join(seen)
     for route in ("/v1/completions", "/v1/chat/completions", "/infer", "/generate"):
@@ -69,11 +64,8 @@ def test_fuzz_openapi_no_5xx_no_broken_stream(app):
     assert sum(n for k, n in seen.items() if k.startswith("POST") and k.endswith("200")) > 5
 
 
-@pytest.mark.parametrize("path", ["/openapi.json"])
-def test_schema_lists_every_protocol(app, path):
-    from starlette.testclient import TestClient
-
-    paths = TestClient(app).get(path).json()["paths"]
+def test_schema_lists_every_protocol(api_client):
+    paths = api_client.get("/openapi.json").json()["paths"]
     for route in (
         "/v1/completions",
         "/v1/chat/completions",

@@ -45,7 +45,8 @@ MESSAGES = [
 ]
 
 
-def test_chat_completion_renders_chatml_and_equals_in_process(client, generator):
+def test_chat_completion_renders_chatml_and_equals_in_process(client, generator, endpoint):
+    from kiln.serving.client import KilnClient
     from kiln.serving.sampling import SamplingParams
 
     r = client.chat.completions.create(
@@ -57,6 +58,8 @@ def test_chat_completion_renders_chatml_and_equals_in_process(client, generator)
     assert r.choices[0].message.content == expected.text
     assert r.usage.prompt_tokens == expected.prompt_tokens
     assert r.usage.completion_tokens == expected.completion_tokens
+    with KilnClient(endpoint.url, api_key=API_KEY) as kiln_client:
+        assert kiln_client.chat(MESSAGES, max_tokens=10, temperature=0) == expected.text
 
     chunks = list(
         client.chat.completions.create(

@@ -4,7 +4,6 @@ token, OpenAI's presence/frequency definition, and all three through the REST ap
 from __future__ import annotations
 
 import torch
-from starlette.testclient import TestClient
 
 from kiln.serving.sampling import SamplingParams, apply_penalties
 
@@ -42,8 +41,8 @@ def test_presence_and_frequency_penalties_follow_openai():
     assert rep.tolist() == [-4.0, 1.0, 1.0]
 
 
-def test_penalties_through_rest(app):
-    client = TestClient(app)
+def test_penalties_through_rest(api_client):
+    client = api_client
     body = {"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}
     plain = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
     for field, value in (("frequency_penalty", 2.0), ("presence_penalty", 2.0)):
@@ -54,13 +53,13 @@ def test_penalties_through_rest(app):
     assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"
 
 
-def test_echo_logprobs_list_the_end_of_text_token(app, local_backend):
+def test_echo_logprobs_list_the_end_of_text_token(api_client, local_backend):
     """When an end-of-text token ends the completion, echo + logprobs still lists one entry
     past the prompt (the eos), as vLLM does and lm-evaluation-harness expects."""
     gen = local_backend.generator
     ids = gen.encode("a kiln fires clay")
     (greedy,) = gen.generate_ids([ids], SamplingParams(max_new_tokens=1))
-    client = TestClient(app)
+    client = api_client
     body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
     gen.eos_token_ids.add(greedy[0])
     try:
