@@ -151,3 +151,27 @@ def test_sampling_is_safe_on_extreme_rows(temperature):
     out = sample_next(logits, params, [make_generator(p, "cpu") for p in params])
     assert out.tolist()[0] == 1  # the dominant token, however cold or hot
     assert all(0 <= t < 4 for t in out.tolist())
+
+
+def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
+    """Generation failing after the stream started: OpenAI's stream sends an error event and
+    then [DONE]; Triton's generate_stream sends {"error": ...}. No dropped connection."""
+    from kiln.serving import rest_openai, rest_triton_generate
+    from kiln.serving.backends import Job
+    from kiln.serving.protocol_openai import CompletionRequest
+    from kiln.serving.sampling import SamplingParams
+
+    bad = Job([10**6], SamplingParams(max_new_tokens=3), [10**6])  # outside the embeddings
+
+    async def collect(events):
+        return [e async for e in events]
+
+    req = CompletionRequest(prompt=[1], stream=True)
+    events = asyncio.run(
+        collect(rest_openai._guarded(rest_openai._completion_stream(local_backend, bad, req)))
+    )
+    assert events[-1] == "data: [DONE]\n\n"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == 500 and error["message"]
+    events = asyncio.run(collect(rest_triton_generate._events(local_backend, bad)))
+    assert set(json.loads(events[-1].removeprefix("data: "))) == {"error"}
