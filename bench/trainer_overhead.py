@@ -1,22 +1,27 @@
 """Kiln's training step against a plain single-process PyTorch loop: same model, batch, optimizer.
 
 Both sides do the same work per step (forward, cross entropy, backward, grad-norm clip, AdamW,
-lr schedule, loss to Python for logging); the difference is the trainer's bookkeeping. Runs
-alternate A/B/A/B and report medians, so load from other processes hits both sides alike.
+lr schedule, loss to Python for logging); the difference is the trainer's bookkeeping: its loop
+(`Trainer.train`: progress line and ETA) and, as rank 0 does on Ray Train, the local metrics
+writer (a JSON line and TensorBoard scalars per step). Runs alternate A/B/A/B and report
+medians, so load from other processes hits both sides alike.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--dim 128 --layers 2 --seq 128 --batch 4] [--threads 1]
+    .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--threads 1]
+        [--dim 128 --layers 2 --seq 128 --batch 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
 from kiln.training.config import TrainConfig
+from kiln.training.metrics_log import MetricsWriter
 from kiln.training.model import ModelConfig, Transformer
 from kiln.training.trainer import Trainer
 
@@ -63,7 +68,7 @@ def plain_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> flo
 
 
 def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> float:
-    """tokens/s of Trainer.train_step on the same batch."""
+    """tokens/s of Trainer.train (its loop and a metrics writer per step) on the same batch."""
     tokens, _ = batch
     cfg = TrainConfig(
         model=model_cfg,
@@ -75,12 +80,15 @@ def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> floa
         schedule={"kind": "constant"},
         optimizer={"implementation": "foreach"},
     )
-    trainer = Trainer(cfg, dataloader=SameBatch(batch)).setup()
-    trainer.train_step()  # warm-up
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step()
-    return steps * tokens.numel() / (time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as run_dir:
+        writer = MetricsWriter(run_dir)
+        trainer = Trainer(cfg, on_step=writer.write, dataloader=SameBatch(batch)).setup()
+        trainer.train_step()  # warm-up
+        start = time.perf_counter()
+        trainer.train()  # the remaining `steps` steps
+        elapsed = time.perf_counter() - start
+        writer.close()
+    return steps * tokens.numel() / elapsed
 
 
 def main() -> None:
