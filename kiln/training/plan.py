@@ -87,11 +87,13 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         trainer = Trainer(cfg).setup()
-        local = sum(
-            (p.to_local() if hasattr(p, "to_local") else p).numel()
+        shards = [
+            p.to_local() if hasattr(p, "to_local") else p
             for part in trainer.model_parts
             for p in part.parameters()
-        )
+        ]
+        local = sum(t.numel() for t in shards)
+        param_bytes = sum(t.numel() * t.element_size() for t in shards)
         return {
             "rank": rank,
             "world": world,
@@ -99,6 +101,9 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             "grad_accum": trainer.grad_accum,
             "tokens_per_step": cfg.global_batch_size * cfg.seq_len,
             "model_parts": len(trainer.model_parts),
+            # sharded fp32 master weights + gradients + AdamW's two moments; activations and the
+            # all-gathered bf16 compute copies come on top
+            "states_gb": round(4 * param_bytes / 1e9, 3),
         }
     finally:
         dist.destroy_process_group()
