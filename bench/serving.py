@@ -4,7 +4,7 @@
     .venv/bin/python bench/serving.py --quick    # smaller counts, for a smoke run
 
 1. generated tokens/s with the KV cache vs without it (in-process, 256 new tokens);
-2. requests/s through REST at 16 concurrent clients: Ray Serve dynamic batching vs batch size 1;
+2. requests/s through REST at 16 concurrent clients: dynamic batching vs batch size 1;
 3. p50/p99 latency of one request (greedy, --max-tokens new tokens), sequentially:
    in-process `Generator.generate`, Triton directly (tritonclient gRPC to the real tritonserver
    over the exported repository) and REST (Ray Serve, local backend).
@@ -51,9 +51,14 @@ def make_model(out_dir: str, dim: int, layers: int, vocab: int) -> str:
     tok.train_from_iterator(CORPUS, trainer)
     heads = max(dim // 64, 1)
     cfg = ModelConfig(
-        vocab_size=tok.get_vocab_size(), dim=dim, n_layers=layers, n_heads=heads,
-        n_kv_heads=max(heads // 2, 1), ffn_hidden_dim=dim * 8 // 3 // 64 * 64 or 64, max_seq_len=1024,
-    )  # fmt: skip
+        vocab_size=tok.get_vocab_size(),
+        dim=dim,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=max(heads // 2, 1),
+        ffn_hidden_dim=dim * 8 // 3 // 64 * 64 or 64,
+        max_seq_len=1024,
+    )
     torch.manual_seed(0)
     gen = Generator(
         Transformer(cfg).eval(), tok, model_name="bench", eos_token_ids=[]
@@ -153,9 +158,9 @@ def row(
     name: str, ours: float, theirs: float, unit: str, ours_label: str, theirs_label: str
 ) -> None:
     ratio = ours / theirs if theirs else float("nan")
-    print(
-        f"{name:<44} {ours_label} {ours:10.1f} {unit:<6} | {theirs_label} {theirs:10.1f} {unit:<6} | ratio {ratio:6.2f}x"
-    )
+    ours_part = f"{ours_label} {ours:10.1f} {unit:<6}"
+    theirs_part = f"{theirs_label} {theirs:10.1f} {unit:<6}"
+    print(f"{name:<44} {ours_part} | {theirs_part} | ratio {ratio:6.2f}x")
 
 
 def main() -> int:
@@ -192,7 +197,8 @@ def main() -> int:
         gen.eos_token_ids = set()  # the random model must run every token
         n_params = sum(p.numel() for p in gen.model.parameters())
         print(
-            f"model: dim {args.dim}, {args.layers} layers, {n_params / 1e6:.1f} M parameters; torch threads 1"
+            f"model: dim {args.dim}, {args.layers} layers, {n_params / 1e6:.1f} M parameters; "
+            "torch threads 1"
         )
 
         # 1. KV cache
@@ -226,7 +232,14 @@ def main() -> int:
         from kiln.serving.rest_launch import launch
         from tests.conftest import free_port
 
-        ray.init(address="local", num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", configure_logging=False, log_to_driver=False)  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            configure_logging=False,
+            log_to_driver=False,
+        )
         rps, mean_batch = {}, {}
         try:
             port = free_port()
@@ -247,7 +260,11 @@ def main() -> int:
                     if bs == args.batch_size:
                         body = {"prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0}
                         with httpx.Client(base_url=ep.url, timeout=600) as c:
-                            rest = latency(lambda c=c, body=body: c.post("/v1/completions", json=body).raise_for_status(), args.latency_requests)  # fmt: skip
+
+                            def one(c=c, body=body):
+                                return c.post("/v1/completions", json=body).raise_for_status()
+
+                            rest = latency(one, args.latency_requests)
                     before = replica_stats(ep)
                     rps[bs] = rest_throughput(ep.url, args.requests, args.clients, args.max_tokens)
                     after = replica_stats(ep)
@@ -257,8 +274,16 @@ def main() -> int:
         finally:
             serve.shutdown()
             ray.shutdown()
-        results.append((f"requests/s through REST, {args.clients} clients", rps[args.batch_size], rps[1], "req/s",
-                        f"batch<={args.batch_size:<3}", "batch=1  "))  # fmt: skip
+        results.append(
+            (
+                f"requests/s through REST, {args.clients} clients",
+                rps[args.batch_size],
+                rps[1],
+                "req/s",
+                f"batch<={args.batch_size:<3}",
+                "batch=1  ",
+            )
+        )
 
         # 3c. Triton directly
         from kiln.serving.export.triton import export_triton
@@ -281,7 +306,16 @@ def main() -> int:
                 client.close()
             triton_rps = triton_throughput(server.grpc_url, args.requests, args.clients, build)
 
-    results.append(("requests/s, REST (Serve) vs Triton directly", rps[args.batch_size], triton_rps, "req/s", "REST     ", "Triton   "))  # fmt: skip
+    results.append(
+        (
+            "requests/s, REST (Serve) vs Triton directly",
+            rps[args.batch_size],
+            triton_rps,
+            "req/s",
+            "REST     ",
+            "Triton   ",
+        )
+    )
     results.append(
         ("p50 latency, REST vs in-process", rest[0], inproc[0], "ms", "REST     ", "in-proc  ")
     )
@@ -305,13 +339,20 @@ def main() -> int:
         )
     )
     print(
-        f"\nlatency: one request, {args.max_tokens} new tokens, {args.latency_requests} sequential requests"
+        f"\nlatency: one request, {args.max_tokens} new tokens, "
+        f"{args.latency_requests} sequential requests"
     )
-    print(f"  in-process p50 {inproc[0]:.1f} ms p99 {inproc[1]:.1f} ms | Triton p50 {triton[0]:.1f} ms p99 {triton[1]:.1f} ms "
-          f"| REST p50 {rest[0]:.1f} ms p99 {rest[1]:.1f} ms")  # fmt: skip
-    print(f"throughput: {args.requests} requests x {args.max_tokens} new tokens, {args.clients} concurrent clients; "
-          f"mean batch through REST {mean_batch[args.batch_size]:.1f} (max {args.batch_size}, wait {args.batch_wait_ms:g} ms) "
-          f"vs {mean_batch[1]:.1f}\n")  # fmt: skip
+    print(
+        f"  in-process p50 {inproc[0]:.1f} ms p99 {inproc[1]:.1f} ms "
+        f"| Triton p50 {triton[0]:.1f} ms p99 {triton[1]:.1f} ms "
+        f"| REST p50 {rest[0]:.1f} ms p99 {rest[1]:.1f} ms"
+    )
+    print(
+        f"throughput: {args.requests} requests x {args.max_tokens} new tokens, "
+        f"{args.clients} concurrent clients; mean batch through REST "
+        f"{mean_batch[args.batch_size]:.1f} (max {args.batch_size}, "
+        f"wait {args.batch_wait_ms:g} ms) vs {mean_batch[1]:.1f}\n"
+    )
     for r in results:
         row(*r)
     return 0
