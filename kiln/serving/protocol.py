@@ -45,7 +45,9 @@ class Limits(BaseModel):
     max_prompt_chars: int = Field(16_384, ge=1, description="longest prompt, in characters")
     max_prompts_per_request: int = Field(64, ge=1, description="prompts in one request (batch)")
 
-    def check(self, prompts: list, max_new_tokens: int, field: str = "max_tokens") -> None:
+    def check(
+        self, prompts: list, max_new_tokens: int, field: str = "max_tokens", minimum: int = 1
+    ) -> None:
         """Prompts are text or token-id lists; the model's context is the backend's to check."""
         if not prompts:
             raise RequestError("no prompt given", param="prompt")
@@ -61,8 +63,10 @@ class Limits(BaseModel):
                     f"prompt has {len(p)} {unit}; at most {self.max_prompt_chars}",
                     param="prompt",
                 )
-        if max_new_tokens < 1:
-            raise RequestError(f"{field} must be at least 1 (got {max_new_tokens})", param=field)
+        if max_new_tokens < minimum:
+            raise RequestError(
+                f"{field} must be at least {minimum} (got {max_new_tokens})", param=field
+            )
         if max_new_tokens > self.max_new_tokens:
             raise RequestError(
                 f"{field} must be at most {self.max_new_tokens} (got {max_new_tokens})", param=field

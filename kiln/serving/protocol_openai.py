@@ -43,6 +43,7 @@ class CompletionRequest(OpenAIRequest):
     """`POST /v1/completions`."""
 
     prompt: Prompt
+    max_tokens: StrictInt | None = Field(None, ge=0)  # 0 with echo: score the prompt only
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
     best_of: StrictInt | None = Field(None, ge=1, le=16)

@@ -95,7 +95,9 @@ async def completions(req: CompletionRequest, request: Request):
             f"{limits.max_prompts_per_request} in one request",
             param="n",
         )
-    params = sampling_params(limits, prompts, req, default_temperature=1.0)
+    # max_tokens 0 scores the prompt (echo + logprobs) without generating, as OpenAI allowed
+    minimum = 0 if req.echo and not req.stream else 1
+    params = sampling_params(limits, prompts, req, default_temperature=1.0, minimum=minimum)
     if req.stream and (len(prompts) != 1 or best_of != 1 or req.logprobs is not None):
         raise RequestError("stream=true takes one prompt, n=1 and no logprobs", param="stream")
     jobs = await prepare_jobs(

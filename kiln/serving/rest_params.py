@@ -31,11 +31,12 @@ def sampling_params(
     default_max_tokens: int = 16,
     default_temperature: float = 0.0,
     field: str = "max_tokens",
+    minimum: int = 1,
 ) -> SamplingParams:
     """Apply the route's defaults and the deployment's limits (fields are already range-checked)."""
     default = min(default_max_tokens, limits.max_new_tokens)
     max_tokens = default if fields.max_tokens is None else fields.max_tokens
-    limits.check(prompts, max_tokens, field)
+    limits.check(prompts, max_tokens, field, minimum)
     return SamplingParams(
         max_new_tokens=max_tokens,
         temperature=default_temperature if fields.temperature is None else fields.temperature,

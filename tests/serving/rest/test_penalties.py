@@ -51,22 +51,3 @@ def test_penalties_through_rest(api_client):
         assert r.json()["choices"][0]["text"] != plain
     r = client.post("/v1/completions", json={**body, "frequency_penalty": 3.0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"
-
-
-def test_echo_logprobs_list_the_end_of_text_token(api_client, local_backend):
-    """When an end-of-text token ends the completion, echo + logprobs still lists one entry
-    past the prompt (the eos), as vLLM does and lm-evaluation-harness expects."""
-    gen = local_backend.generator
-    ids = gen.encode("a kiln fires clay")
-    (greedy,) = gen.generate_ids([ids], SamplingParams(max_new_tokens=1))
-    client = api_client
-    body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
-    gen.eos_token_ids.add(greedy[0])
-    try:
-        r = client.post("/v1/completions", json=body).json()
-    finally:
-        gen.eos_token_ids.discard(greedy[0])
-    lp = r["choices"][0]["logprobs"]
-    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 0
-    assert len(lp["token_logprobs"]) == len(ids) + 1
-    assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
