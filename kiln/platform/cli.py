@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "kiln.curator.classify.cli",
     "kiln.training.data.cli",
     "kiln.training.cli",
+    "kiln.training.plan",
     "kiln.training.post.cli",
     "kiln.serving.export_cli",
     "kiln.serving.cli",

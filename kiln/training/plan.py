@@ -4,7 +4,8 @@ PyTorch's fake process-group backend stands in for the other ranks (collectives 
 so `Trainer.setup()` runs the same mesh, pipeline carving, TP/FSDP sharding, batch arithmetic and
 config checks a 32- or 512-rank job runs, and fails with the same one-line error.
 
-    python -m kiln.training.plan kiln/pipelines/pretrain_gpt.yaml --ranks 0,31
+    kiln plan kiln/pipelines/pretrain_gpt.yaml --ranks 0,31
+    python -m kiln.training.plan kiln/pipelines/pretrain_gpt.yaml    # the same
 
 The shape is shrunk by default (`--full` keeps it): the same heads and KV heads, enough layers
 for every pipeline stage, a small head and FFN, and a vocabulary with the same remainder mod 8192,
@@ -17,9 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kiln.training.config import TrainConfig
+if TYPE_CHECKING:
+    from kiln.training.config import TrainConfig
 
 
 def world_size_of(cfg: TrainConfig) -> int:
@@ -109,26 +111,43 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from kiln.platform.errors import KilnError
-
-    parser = argparse.ArgumentParser(prog="python -m kiln.training.plan")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("specs", nargs="+", help="pipeline specs or TrainConfig YAMLs")
     parser.add_argument("--world", type=int, help="world size (default: the layout's product)")
     parser.add_argument("--ranks", default="0,-1", help="ranks to build (-1: the last)")
     parser.add_argument("--full", action="store_true", help="the configured shape, not shrunk")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one line per planned rank; a KilnError propagates as the real run's one-liner."""
+    for name, cfg in (c for spec in args.specs for c in train_configs(spec)):
+        world = args.world or world_size_of(cfg)
+        stand_in = cpu_stand_in(cfg, shrink=not args.full)
+        for r in (int(x) for x in args.ranks.split(",")):
+            info = plan_rank(stand_in, r % world, world)
+            print(f"{name}: " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    return 0
+
+
+def register(subparsers) -> None:
+    """`kiln plan`: build a layout as chosen ranks of its real world size on fake ranks."""
+    p = subparsers.add_parser(
+        "plan", help="build a training layout as any rank of its world size, on one CPU"
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kiln.platform.errors import KilnError
+
+    parser = argparse.ArgumentParser(prog="python -m kiln.training.plan")
+    add_arguments(parser)
     try:
-        for name, cfg in (c for spec in args.specs for c in train_configs(spec)):
-            world = args.world or world_size_of(cfg)
-            stand_in = cpu_stand_in(cfg, shrink=not args.full)
-            for r in (int(x) for x in args.ranks.split(",")):
-                info = plan_rank(stand_in, r % world, world)
-                print(f"{name}: " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+        return run(parser.parse_args(argv))
     except KilnError as exc:
         print(f"kiln: error: {exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

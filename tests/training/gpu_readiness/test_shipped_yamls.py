@@ -39,3 +39,12 @@ def test_pipeline_micro_batch_mismatch_fails_like_a_real_run():
     bad = cpu_stand_in(cfg.model_copy(update={"micro_batch_size": 1}))
     with pytest.raises(ConfigError, match="pp_microbatches"):
         plan_rank(bad, 0, world_size_of(cfg))
+
+
+def test_kiln_plan_cli_gives_the_one_line_error(capsys):
+    from kiln.platform.cli import main
+
+    code = main(["plan", str(PIPELINES / "pretrain_gpt.yaml"), "--world", "24"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("kiln: error: parallel:") and "world size is 24" in err[-1]
