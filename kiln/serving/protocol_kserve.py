@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
-from kiln.serving.protocol import SamplingFields, Text
+from kiln.serving.protocol import RequestError, SamplingFields, Text
 
 
 class TensorMetadata(BaseModel):
@@ -77,14 +86,31 @@ class GenerateRequest(SamplingFields):
 
     text_input: Text
     parameters: RequestParameters | None = None
+    sampling_parameters: Text | None = None  # vLLM's Triton backend: the fields as a JSON string
+    exclude_input_in_output: StrictBool = True
     stream: StrictBool = False
     id: StrictStr | None = None
 
     def fields(self) -> SamplingFields:
+        """Top-level fields over `parameters` over `sampling_parameters`."""
         top = SamplingFields.model_validate(
             self.model_dump(include=set(SamplingFields.model_fields), exclude_none=True)
         )
         inner = (self.parameters or RequestParameters()).resolved()
+        if self.sampling_parameters is not None:
+            try:
+                raw = json.loads(self.sampling_parameters)
+            except (json.JSONDecodeError, RecursionError):
+                raise RequestError("sampling_parameters: not valid JSON") from None
+            if not isinstance(raw, dict):
+                raise RequestError("sampling_parameters: expected a JSON object")
+            try:
+                vllm = RequestParameters.model_validate(raw).resolved()
+            except ValidationError as e:
+                err = e.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise RequestError(f"sampling_parameters.{field}: {err['msg']}") from None
+            inner = vllm.merged(inner)
         base = SamplingFields.model_validate(
             inner.model_dump(include=set(SamplingFields.model_fields), exclude_none=True)
         )

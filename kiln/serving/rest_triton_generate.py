@@ -37,20 +37,28 @@ async def generate(model: str, req: GenerateRequest, request: Request):
     job = await _job(model, req, request)
     backend = backend_of(request)
     (result,) = await backend.complete([job])
-    out = {"model_name": backend.model_name, "model_version": "1", "text_output": result.text}
+    text = result.text if req.exclude_input_in_output else req.text_input + result.text
+    out = {"model_name": backend.model_name, "model_version": "1", "text_output": text}
     return out | ({"id": req.id} if req.id is not None else {})
 
 
 @router.post("/models/{model}/generate_stream")
 async def generate_stream(model: str, req: GenerateRequest, request: Request):
     job = await _job(model, req, request)
-    events = _events(backend_of(request), job)
+    echo = "" if req.exclude_input_in_output else req.text_input
+    events = _events(backend_of(request), job, echo)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _events(backend: Backend, job: Job) -> AsyncIterator[str]:
-    try:
+async def _events(backend: Backend, job: Job, echo: str = "") -> AsyncIterator[str]:
+    async def deltas():
+        if echo:
+            yield echo
         async for delta in backend.stream(job):
+            yield delta
+
+    try:
+        async for delta in deltas():
             event = {"model_name": backend.model_name, "text_output": delta}
             yield f"data: {json.dumps(event)}\n\n"
     except Exception as e:  # noqa: BLE001 - the stream has started: report, don't drop it

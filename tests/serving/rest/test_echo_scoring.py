@@ -34,3 +34,18 @@ def test_echo_with_max_tokens_zero_scores_the_prompt_only(api_client, local_back
     assert len(lp["token_logprobs"]) == len(ids) and r.json()["usage"]["completion_tokens"] == 0
     r = api_client.post("/v1/completions", json={**body, "echo": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_triton_generate_takes_vllm_fields(api_client, local_backend):
+    """Triton's generate extension as vLLM's backend speaks it: `sampling_parameters` as a
+    JSON string, `exclude_input_in_output`; unknown top-level fields are a 400."""
+    gen = local_backend.generator
+    expected = gen.generate(["a kiln"], SamplingParams(max_new_tokens=5))[0].text
+    body = {"text_input": "a kiln", "sampling_parameters": '{"max_tokens": 5, "temperature": 0}'}
+    r = api_client.post("/v2/models/tiny/generate", json=body)
+    assert r.status_code == 200 and r.json()["text_output"] == expected, r.text
+    r = api_client.post("/v2/models/tiny/generate", json={**body, "exclude_input_in_output": False})
+    assert r.json()["text_output"] == "a kiln" + expected
+    for bad in ({"sampling_parameters": "{"}, {"sampling_parameters": '{"top_p": 2}'}, {"x": 1}):
+        r = api_client.post("/v2/models/tiny/generate", json={**body, **bad})
+        assert r.status_code == 400 and set(r.json()) == {"error"}, r.text
