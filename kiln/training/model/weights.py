@@ -44,11 +44,16 @@ def build_model(
 ) -> Transformer:
     """A `Transformer` of this shape holding `state` (if given), in eval mode, attention on SDPA
     (any machine runs it; the training backend need not be installed here)."""
-    model = Transformer(cfg.model_copy(update={"attention_backend": "sdpa"}))
-    if state is not None:
-        load_weights(model, state)
+    cfg = cfg.model_copy(update={"attention_backend": "sdpa"})
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return model.to(device=device, dtype=dtype).eval()
+    if state is None:
+        return Transformer(cfg).to(device=device, dtype=dtype).eval()
+    with torch.device("meta"):  # no random init of weights about to be overwritten
+        model = Transformer(cfg)
+    model.to_empty(device=device)
+    model.init_buffers(device)
+    load_weights(model, state)
+    return model.to(dtype=dtype).eval()
 
 
 def read_checkpoint(path: str) -> tuple[ModelConfig, StateDict]:

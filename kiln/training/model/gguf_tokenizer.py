@@ -1,0 +1,100 @@
+"""A GGUF file's tokenizer as `tokenizer.json` + `tokenizer_config.json`.
+
+A GGUF carries the vocabulary, merges, token types, special-token ids and chat template as
+llama.cpp metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`). Byte-level BPE vocabularies
+(`tokenizer.ggml.model = gpt2`: GPT-2, SmolLM, Llama 3, Qwen2) are rebuilt with the `tokenizers`
+library: the split regex named by `tokenizer.ggml.pre`, byte-level BPE over the file's merges,
+control tokens as special tokens. Sentencepiece vocabularies are a ConfigError for now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from kiln.platform.errors import ConfigError
+
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` -> the split regex its merges were learned with (absent: GPT-2's own)
+_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+_SPECIAL_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
+def build_tokenizer(meta: dict[str, Any]):
+    """A `tokenizers.Tokenizer` equal to the one llama.cpp (and transformers) read from `meta`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConfigError(
+            f"GGUF tokenizer.ggml.model {kind!r}: only byte-level BPE ('gpt2') is supported"
+        )
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split = _SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    control = [t for t, k in zip(tokens, types, strict=True) if k == _CONTROL]
+    user = [t for t, k in zip(tokens, types, strict=True) if k == _USER_DEFINED]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return tok
+
+
+def tokenizer_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """`tokenizer_config.json`: special tokens by name, BOS/EOS policy and the chat template."""
+    tokens = meta["tokenizer.ggml.tokens"]
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 1_000_000,
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+    }
+    for name, key in _SPECIAL_IDS.items():
+        if meta.get(key) is not None:
+            config[name] = tokens[int(meta[key])]
+    if meta.get("tokenizer.chat_template"):
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return config
+
+
+def write_tokenizer_files(meta: dict[str, Any], out_dir: str) -> None:
+    """`tokenizer.json` (loads with `tokenizers` and AutoTokenizer) and `tokenizer_config.json`."""
+    os.makedirs(out_dir, exist_ok=True)
+    build_tokenizer(meta).save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config(meta), f, indent=2, ensure_ascii=False)
