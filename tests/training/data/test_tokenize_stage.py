@@ -1,4 +1,5 @@
-"""The tokenize stage end to end: a Parquet corpus -> tokenizer + Megatron datasets per split -> batches."""
+"""The tokenize stage end to end: a Parquet corpus -> tokenizer + Megatron datasets per split ->
+batches."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_megatron_reads_every_document_back_to_the_original_text(run):
     texts = documents(N_DOCS)
     ids = [f"doc-{i}" for i in range(N_DOCS)]  # write_corpus numbers documents in order
     for split in ("train", "valid", "test"):
-        expected = [t for i, t in zip(ids, texts, strict=False) if split_of(i, 5, 0.1, 0.1) == split]
+        pairs = zip(ids, texts, strict=False)
+        expected = [t for i, t in pairs if split_of(i, 5, 0.1, 0.1) == split]
         ds = MegatronIndexedDataset(str(out / split))
         assert len(ds) == len(expected) == meta["splits"][split]["documents"]
         assert ds[0].dtype == np.uint16  # vocab 500 -> Megatron's optimal dtype
