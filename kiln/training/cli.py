@@ -40,8 +40,10 @@ def load_config(path: str, overrides: list[str]):
 
 def _train(args: argparse.Namespace) -> int:
     from kiln.platform.runtime import Runtime
+    from kiln.platform.signals import stop_on_signals
     from kiln.training.ray_train import train_on_ray
 
+    stop_on_signals()  # SIGINT/SIGTERM: interrupt the run, shut an embedded Ray down
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or str(Path("runs") / "train" / cfg.ray.name)
     runtime = Runtime()
