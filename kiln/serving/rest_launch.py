@@ -43,7 +43,8 @@ def find_triton_repo(model_dir: str, model: str | None = None) -> tuple[str, str
         if models:
             raise InputError(f"{repo}: holds Triton models {models}; name one (triton_model)")
     raise InputError(
-        f"{model_dir}: no Triton model repository (a dir of <model>/config.pbtxt) here or in triton/"
+        f"{model_dir}: no Triton model repository (a dir of <model>/config.pbtxt) here or in "
+        "triton/"
     )
 
 
