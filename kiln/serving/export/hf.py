@@ -23,15 +23,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def resolve_source(
     source, tokenizer=None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], object | None]:
-    """(model config, kiln state dict, tokenizers.Tokenizer or None) from a path (checkpoint or
-    HF folder), a kiln `Transformer`, or anything with `.model` and `.tokenizer` (a Generator)."""
+) -> tuple[ModelConfig, dict[str, torch.Tensor], object | None, str | None]:
+    """(model config, kiln state dict, tokenizers.Tokenizer or None, its folder or None) from a
+    path (checkpoint or HF folder), a kiln `Transformer`, or anything with `.model` and
+    `.tokenizer` (a Generator)."""
     if isinstance(source, torch.nn.Module) or hasattr(source, "model"):
         model = source if isinstance(source, torch.nn.Module) else source.model
-        tok = getattr(source, "tokenizer", None)
+        tok, tok_dir = getattr(source, "tokenizer", None), getattr(source, "tokenizer_dir", None)
         if tokenizer is not None:
-            tok = load_tokenizer(tokenizer, [])[0]
-        return model.cfg, model.state_dict(), tok
+            tok, tok_dir = load_tokenizer(tokenizer, [])
+        return model.cfg, model.state_dict(), tok, tok_dir
     path, cfg, state = read_weights(os.fspath(source))
     search = [
         path,
@@ -39,12 +40,12 @@ def resolve_source(
         os.path.dirname(os.path.dirname(os.path.normpath(path))),
     ]
     try:
-        tok = load_tokenizer(tokenizer, search)[0]
+        tok, tok_dir = load_tokenizer(tokenizer, search)
     except InputError:
         if tokenizer is not None:
             raise
-        tok = None
-    return cfg, state, tok
+        tok, tok_dir = None, None
+    return cfg, state, tok, tok_dir
 
 
 def _special_tokens(tok) -> dict[str, str]:
@@ -63,16 +64,34 @@ def _special_tokens(tok) -> dict[str, str]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def save_tokenizer(tok, out_dir: str) -> dict[str, str]:
-    """tokenizer.json + a tokenizer_config.json that AutoTokenizer understands."""
+def _existing_config(tok_dir: str | None) -> dict:
+    """The tokenizer_config.json beside the source tokenizer (an import's chat template, its
+    special tokens), or nothing."""
+    path = os.path.join(tok_dir, "tokenizer_config.json") if tok_dir else None
+    if path is None or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_tokenizer(tok, out_dir: str, tok_dir: str | None = None) -> dict[str, str]:
+    """tokenizer.json + a tokenizer_config.json that AutoTokenizer understands (keeping what the
+    source's own tokenizer_config.json says, e.g. a chat template)."""
     tok.save(os.path.join(out_dir, "tokenizer.json"))
+    existing = _existing_config(tok_dir)
     specials = _special_tokens(tok)
+    for key in ("eos_token", "bos_token", "unk_token", "pad_token"):
+        value = existing.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if value and tok.token_to_id(value) is not None:
+            specials[key] = value
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 1_000_000,
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
+        **existing,
         **specials,
     }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
@@ -91,9 +110,9 @@ def export_hf(
 
     if dtype not in _DTYPES:
         raise InputError(f"dtype {dtype!r}: expected one of {sorted(_DTYPES)}")
-    cfg, state, tok = resolve_source(source, tokenizer)
+    cfg, state, tok, tok_dir = resolve_source(source, tokenizer)
     os.makedirs(out_dir, exist_ok=True)
-    specials = save_tokenizer(tok, out_dir) if tok is not None else {}
+    specials = save_tokenizer(tok, out_dir, tok_dir) if tok is not None else {}
     ids = {k: tok.token_to_id(v) for k, v in specials.items()} if tok is not None else {}
     config = to_hf_config(cfg, bos_token_id=ids.get("bos_token"), eos_token_id=ids.get("eos_token"))
     config["torch_dtype"] = dtype

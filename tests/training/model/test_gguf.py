@@ -96,3 +96,23 @@ def test_imported_model_answers_a_chat_question(imported):
     )
     [answer] = gen.generate([prompt], SamplingParams(max_new_tokens=12))
     assert "Paris" in answer.text
+
+
+def test_hf_export_keeps_the_chat_template_and_special_tokens(imported, tmp_path):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from kiln.serving.export.hf import export_hf
+
+    out, gen = imported
+    export_hf(gen, str(tmp_path / "hf"), dtype="bfloat16")
+    with open(tmp_path / "hf" / "config.json") as f:
+        config = json.load(f)
+    assert config["tie_word_embeddings"] and config["eos_token_id"] == 2  # <|im_end|>
+    exported = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    chat = {"add_generation_prompt": True, "tokenize": True, "return_dict": False}
+    imported_tok = AutoTokenizer.from_pretrained(out)
+    assert exported.apply_chat_template(CHAT, **chat) == imported_tok.apply_chat_template(
+        CHAT, **chat
+    )
