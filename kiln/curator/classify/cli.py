@@ -21,28 +21,10 @@ def register(subparsers) -> None:
 
 
 def load_config(path: str | None, **overrides):
-    import yaml
-    from pydantic import ValidationError
-
     from kiln.curator.classify.config import ClassifyConfig
-    from kiln.platform.errors import ConfigError, InputError, format_validation_error
+    from kiln.platform.config import load_config as load
 
-    body = {}
-    if path:
-        try:
-            with open(path) as f:
-                body = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise InputError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
-        if not isinstance(body, dict):
-            raise ConfigError(f"{path}: expected a mapping of classify config fields")
-    body.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return ClassifyConfig.model_validate(body)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, "classify")) from None
+    return load(ClassifyConfig, path, fields=overrides, prefix="classify")
 
 
 def _classify(args) -> int:

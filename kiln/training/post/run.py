@@ -111,38 +111,12 @@ def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None
 
 def load_config(path: str, overrides: list[str] | None = None, objective: str | None = None):
     """A PostTrainConfig from YAML (a `train:` block or the fields) with KEY=VALUE overrides."""
-    from pathlib import Path
+    from kiln.platform.config import load_body, validate
 
-    import yaml
-    from pydantic import ValidationError
-
-    from kiln.platform.errors import ConfigError, InputError, format_validation_error
-
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(f"--config {path}: file not found")
-    try:
-        body = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(body, dict):
-        raise ConfigError(f"{path}: expected a mapping of config fields")
-    body = body.get("train", body)
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        node = body
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw) if raw else ""
+    body = load_body(path, block="train", overrides=overrides or [])
     if objective is not None:
         body["objective"] = objective
-    try:
-        return PostTrainConfig.model_validate(body)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, objective or "post")) from None
+    return validate(PostTrainConfig, body, prefix=objective or "post", source=path)
 
 
 def main(argv: list[str] | None = None) -> int:
