@@ -135,7 +135,7 @@ class Trainer:
         cfg, dims = self.cfg, self.dims
         on_meta = self._builds_on_meta()
         model = build_on_meta(cfg.model) if on_meta else self._build_full_model()
-        self.loss_parallel = self.distributed and use_loss_parallel(cfg)
+        self.loss_parallel = self.distributed and use_loss_parallel(dims, cfg)
         if dims.pp_enabled:
             from kiln.training.parallel.pipeline_parallel import build_pipeline
 

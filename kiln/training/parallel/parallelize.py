@@ -32,7 +32,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Mo
     distributed = dims.world_mesh is not None
     if distributed:
         if dims.tp_enabled:
-            apply_tensor_parallel(model, dims.mesh("tp"), loss_parallel=use_loss_parallel(cfg))
+            apply_tensor_parallel(
+                model, dims.mesh("tp"), loss_parallel=use_loss_parallel(dims, cfg)
+            )
         if dims.ep_enabled:
             _apply_ep(model, dims)
         if dims.cp_enabled:
@@ -49,9 +51,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Mo
     return model
 
 
-def use_loss_parallel(cfg: TrainConfig) -> bool:
+def use_loss_parallel(dims: ParallelDims, cfg: TrainConfig) -> bool:
     """Loss parallelism needs TP; the pipeline's last stage computes the loss on local logits."""
-    return cfg.parallel.tp > 1 and cfg.parallel.loss_parallel and cfg.parallel.pp == 1
+    return dims.tp_enabled and cfg.parallel.loss_parallel and not dims.pp_enabled
 
 
 def _apply_ep(model: nn.Module, dims: ParallelDims) -> None:

@@ -27,57 +27,63 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     tp = tp_mesh.size()
     if cfg.n_heads % tp or cfg.n_kv_heads % tp:
         raise ConfigError(
-            f"parallel.tp={tp} must divide model.n_heads ({cfg.n_heads}) and n_kv_heads ({cfg.n_kv_heads})"
+            f"parallel.tp={tp} must divide model.n_heads ({cfg.n_heads}) "
+            f"and n_kv_heads ({cfg.n_kv_heads})"
         )
-    top_plan = {}
+    parallelize_module(model, tp_mesh, _top_plan(model, loss_parallel))
+    if cfg.tie_embeddings and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight  # both are vocab-sharded: Shard(0)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_plan(block))
+
+
+def _top_plan(model: nn.Module, loss_parallel: bool) -> dict:
+    """Embeddings row-wise into sequence shards, the final norm on them, the head column-wise
+    (its output stays vocab-sharded under loss parallelism)."""
+    plan = {}
     if model.tok_embeddings is not None:
-        top_plan["tok_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1)
-        )
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     if model.norm is not None:
-        top_plan["norm"] = SequenceParallel()
+        plan["norm"] = SequenceParallel()
     if model.output is not None:
-        top_plan["output"] = ColwiseParallel(
+        plan["output"] = ColwiseParallel(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    parallelize_module(model, tp_mesh, top_plan)
-    if cfg.tie_embeddings and model.output is not None:
-        model.output.weight = model.tok_embeddings.weight  # both are vocab-sharded: Shard(0)
+    return plan
 
-    for block in model.layers.values():
-        plan = {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None, None),
-                desired_input_layouts=(Replicate(), None, None),
-            ),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-        }
-        if block.moe_enabled:
-            # Experts stay whole on every TP rank (expert parallelism splits them instead).
-            plan["moe"] = PrepareModuleInputOutput(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate(),),
-                use_local_input=True,
-                output_layouts=(Replicate(),),
-                desired_output_layouts=(Shard(1),),
-                use_local_output=True,
-            )
-        else:
-            plan.update(
-                {
-                    "feed_forward": PrepareModuleInput(
-                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                    ),
-                    "feed_forward.w1": ColwiseParallel(),
-                    "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                    "feed_forward.w3": ColwiseParallel(),
-                }
-            )
-        parallelize_module(block, tp_mesh, plan)
+
+def _block_plan(block: nn.Module) -> dict:
+    """Norms on sequence shards; attention and the feed-forward gather the sequence, split
+    heads / hidden units column-wise and reduce-scatter back row-wise."""
+    plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None),
+            desired_input_layouts=(Replicate(), None, None),
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+    }
+    if block.moe_enabled:
+        # Experts stay whole on every TP rank (expert parallelism splits them instead).
+        plan["moe"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1),),
+            use_local_output=True,
+        )
+        return plan
+    plan["feed_forward"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+    )
+    plan["feed_forward.w1"] = ColwiseParallel()
+    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=Shard(1))
+    plan["feed_forward.w3"] = ColwiseParallel()
+    return plan
