@@ -32,9 +32,9 @@ def world_size_of(cfg: TrainConfig) -> int:
 
 def train_configs(path: str) -> list[tuple[str, TrainConfig]]:
     """(name, TrainConfig) for each train stage of a pipeline spec, or the one TrainConfig file."""
-    import yaml
+    from kiln.platform.config import read_yaml
 
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = read_yaml(path) or {}
     if isinstance(raw, dict) and "stages" in raw:
         from kiln.platform.spec import load_pipeline
 
