@@ -51,7 +51,7 @@ def materialize(parts: list[nn.Module], cfg: ModelConfig, device: torch.device, 
 
     for part in parts:
         _allocate(part, cfg, device)
-        part.rope_cos, part.rope_sin = part._rope_tables(device)
+        part.init_buffers(device)
         register_expert_grad_hooks(part)
     local = _local_parameters(parts)
     scratch = build_on_meta(cfg)
