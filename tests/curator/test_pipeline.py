@@ -164,7 +164,9 @@ def test_same_seed_gives_byte_identical_shards(ray_run, planted, tmp_path):
 
 
 def test_a_ray_curate_started_itself_is_gone_before_dedup_on_dask_threads(tmp_path):
-    """Its processes' memory goes to the dedup shuffle (a fresh process: no session Ray here)."""
+    """Its processes' memory goes to the dedup shuffle (a fresh process: no session Ray here):
+    through `curate()`, and as a pipeline stage, where the dedup step declares it needs no Ray
+    and the platform releases the Ray the stream step started."""
     import subprocess
     import sys
 
@@ -187,6 +189,12 @@ cfg = CurateConfig.model_validate({{"input": [{str(tmp_path / "in.jsonl")!r}], "
                                    "filters": {{"min_words": 1, "languages": None}}}})
 report = pipeline.curate(cfg, {str(tmp_path / "out")!r})
 assert report["documents_in"] == 20, report
+from kiln.curator.stage import CurateStage
+from kiln.platform.pipeline import Pipeline
+stage = CurateStage(cfg)
+run = Pipeline("cur", [stage], runs_dir={str(tmp_path / "runs")!r}).run(shutdown=False)
+assert run.artifact("curate.corpus").counts["input"] == 20
+assert ray.is_initialized() is False  # not restarted after dedup either
 print("RAY_DURING_DEDUP", seen)
 """
     out = subprocess.run(
@@ -198,4 +206,4 @@ print("RAY_DURING_DEDUP", seen)
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "RAY_DURING_DEDUP [False]" in out.stdout
+    assert "RAY_DURING_DEDUP [False, False]" in out.stdout
