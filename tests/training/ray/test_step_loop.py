@@ -64,7 +64,8 @@ def test_steps_do_not_wait_on_ray_and_log_once(ray_session, tmp_path, capfd):
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     gaps = [b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False)]
     step_time = statistics.median(r["step_time_s"] for r in rows[1:])
-    assert 0.03 < step_time < 1.0, step_time  # a step short enough for a per-step wait to show
+    # short enough that Ray Train's ~2 s report wait, were it still per step, would show
+    assert 0.03 < step_time < 1.5, step_time
     ratio = statistics.median(gaps) / step_time
     assert abs(ratio - 1) <= 0.2, (ratio, gaps, [r["step_time_s"] for r in rows])
 
