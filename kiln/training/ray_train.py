@@ -56,25 +56,21 @@ class RayOptions(BaseModel):
 
 
 def world_size(cfg, options: RayOptions) -> int:
-    p = cfg.parallel
-    others = p.pp * p.dp_replicate * p.cp * p.tp
-    size = others * (p.dp_shard if p.dp_shard > 0 else 1)
-    if options.num_workers is not None:
-        if p.dp_shard > 0 and options.num_workers != size:
-            raise ConfigError(
-                f"ray.num_workers={options.num_workers} but the parallel dims multiply to {size}"
-            )
-        size = options.num_workers
-    return size
+    """Workers to start: `ray.num_workers`, or the fewest ranks the layout runs on."""
+    from kiln.training.parallel.dims import ParallelDims
+
+    try:
+        return ParallelDims.from_config(cfg.parallel, options.num_workers).world_size
+    except ConfigError as exc:
+        if options.num_workers is None:
+            raise
+        raise ConfigError(f"ray.num_workers={options.num_workers}: {exc}") from exc
 
 
 def train_on_ray(
     cfg, run_dir: str, options: RayOptions | None = None, runtime=None
 ) -> dict[str, Any]:
-    """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (final metrics, checkpoint, paths)."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
+    """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (metrics, checkpoint, paths)."""
     from kiln.platform.runtime import Runtime
 
     options = options or RayOptions()
@@ -84,37 +80,8 @@ def train_on_ray(
     n = world_size(cfg, options)
     use_gpu = options.use_gpu if options.use_gpu is not None else runtime.gpus >= n
     cpus = options.cpus_per_worker or runtime.cpus_per_worker()
-    if not cfg.checkpoint.dir:
-        cfg = cfg.model_copy(
-            update={
-                "checkpoint": cfg.checkpoint.model_copy(
-                    update={"dir": os.path.join(storage_path, options.name, "checkpoints")}
-                )
-            }
-        )
-    loop_config = {
-        "train": cfg.model_dump(mode="json", by_alias=True),
-        "run_dir": os.path.abspath(run_dir),
-        "threads": max(1, int(cpus)),
-        "callbacks": options.callbacks,
-    }
-    trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config=loop_config,
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=n,
-            use_gpu=use_gpu,
-            resources_per_worker={"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus},
-        ),
-        run_config=ray.train.RunConfig(
-            name=options.name,
-            storage_path=storage_path,
-            failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
-            # Ray keeps as many checkpoint pointers as kiln keeps checkpoints (ray_report)
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-        ),
-    )
+    cfg = _with_checkpoint_dir(cfg, os.path.join(storage_path, options.name, "checkpoints"))
+    trainer = _torch_trainer(cfg, run_dir, options, storage_path, n, use_gpu, cpus)
     log.info(
         "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
         n,
@@ -138,6 +105,49 @@ def train_on_ray(
         "wall_s": time.perf_counter() - t0,
         "world_size": n,
     }
+
+
+def _with_checkpoint_dir(cfg, default_dir: str):
+    """Checkpoints under Ray's storage unless the config names a folder (restarts resume there)."""
+    if cfg.checkpoint.dir:
+        return cfg
+    return cfg.model_copy(
+        update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": default_dir})}
+    )
+
+
+def _torch_trainer(
+    cfg, run_dir: str, options: RayOptions, storage_path: str, n: int, use_gpu: bool, cpus: float
+):
+    """A TorchTrainer running `_train_loop` on n workers (gloo on CPU, NCCL on GPU)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from kiln.training.launch import process_group_backend
+
+    loop_config = {
+        "train": cfg.model_dump(mode="json", by_alias=True),
+        "run_dir": os.path.abspath(run_dir),
+        "threads": max(1, int(cpus)),
+        "callbacks": options.callbacks,
+    }
+    return TorchTrainer(
+        _train_loop,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu, cfg.optimizer_offload)),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=n,
+            use_gpu=use_gpu,
+            resources_per_worker={"GPU": 1, "CPU": cpus} if use_gpu else {"CPU": cpus},
+        ),
+        run_config=ray.train.RunConfig(
+            name=options.name,
+            storage_path=storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
+            # Ray keeps as many checkpoint pointers as kiln keeps checkpoints (ray_report)
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+        ),
+    )
 
 
 # -- on each worker ----------------------------------------------------------------------------
