@@ -1,0 +1,214 @@
+"""The continuous-batching step loop on a background thread.
+
+    engine = Engine(generator, max_slots=16, prefill_chunk=64).start()
+    request = engine.submit(prompt_ids, SamplingParams(max_new_tokens=32), listener)
+    ...
+    engine.stop()
+
+Each iteration admits waiting requests into free KV-cache slots, prefills at most
+`prefill_chunk` prompt tokens (one forward per request), then runs one decode forward over the
+slots of every request whose prompt is cached ([rows, 1] tokens, each row at its own length),
+samples each row with its own parameters and seed, and frees the slots of finished requests. A
+request that arrives while others decode joins at the next iteration. Errors are caught per
+request: a prefill or sampling failure fails that request only. torch releases the GIL in its
+kernels, so the submitting (asyncio) thread stays responsive.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from contextlib import nullcontext
+
+import torch
+
+from kiln.platform.errors import InputError
+from kiln.serving.engine.request import EngineRequest, Listener
+from kiln.serving.engine.scheduler import Scheduler
+from kiln.serving.engine.slots import SlotPool
+from kiln.serving.generate import Generator, _Sequence
+from kiln.serving.sampling import SamplingParams, make_generator, sample_next
+
+log = logging.getLogger("kiln")
+
+_STOP = object()
+
+
+class EngineStopped(RuntimeError):
+    """The engine stopped before this request finished."""
+
+
+class Engine:
+    def __init__(
+        self,
+        generator: Generator,
+        *,
+        max_slots: int = 16,
+        prefill_chunk: int = 64,
+        lock: threading.Lock | None = None,
+    ) -> None:
+        if max_slots < 1 or prefill_chunk < 1:
+            raise InputError("engine: max_slots and prefill_chunk must be >= 1")
+        self.generator = generator
+        model = generator.model
+        self.pool = SlotPool(
+            model.cfg,
+            max_slots,
+            generator.max_seq_len,
+            dtype=model.tok_embeddings.weight.dtype,
+            device=generator.device,
+        )
+        self.scheduler = Scheduler(self.pool, prefill_chunk)
+        self.vocab_size = int(model.tok_embeddings.weight.shape[0])
+        self.steps = 0  # iterations that ran a forward
+        self._lock = lock or nullcontext()
+        self._inbox: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    # ---- any thread ------------------------------------------------------------------------
+
+    def start(self) -> Engine:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, listener: Listener
+    ) -> EngineRequest:
+        """Queue one sequence; `listener` gets its events on the engine thread. Raises
+        InputError here (nothing queued) for a prompt the model cannot take."""
+        ids = list(prompt_ids)
+        if not ids:
+            raise InputError("prompt: no tokens")
+        if len(ids) >= self.pool.max_len:
+            raise InputError(
+                f"prompt has {len(ids)} tokens; the model's context is {self.pool.max_len}"
+            )
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InputError(f"prompt: token id {bad[0]} is outside 0..{self.vocab_size - 1}")
+        seq = _Sequence(ids, params, make_generator(params, self.generator.device))
+        request = EngineRequest(seq, listener)
+        self._inbox.put(request)
+        return request
+
+    def cancel(self, request: EngineRequest) -> None:
+        request.cancelled = True  # the loop frees its slot at the next iteration
+
+    # ---- the engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        sched = self.scheduler
+        while True:
+            if not self._take(block=sched.idle):
+                break
+            try:
+                with self._lock, torch.inference_mode():
+                    self.step()
+            except Exception as e:  # noqa: BLE001 - a failed shared forward: its rows fail
+                log.warning("engine step failed: %s", e)
+                for request in sched.running:
+                    if not request.finished:
+                        request.fail(e)
+            sched.retire()
+        stopped = EngineStopped("the engine stopped")
+        for request in [*sched.running, *sched.waiting]:
+            if not request.finished:
+                request.fail(stopped)
+
+    def _take(self, block: bool) -> bool:
+        """Move submitted requests to the scheduler; False when asked to stop."""
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is _STOP:
+                    return False
+                self._enqueue(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _enqueue(self, request: EngineRequest) -> None:
+        if request.seq.params.max_new_tokens == 0:
+            request.seq.finish_reason = "length"
+            request.emit("finish")
+        else:
+            self.scheduler.add(request)
+
+    def step(self) -> None:
+        """One iteration: admit, prefill within the budget, one decode step, notify."""
+        sched = self.scheduler
+        sched.admit()
+        ran = False
+        for request, n in sched.prefill_plan():
+            ran = True
+            try:
+                self._prefill(request, n)
+            except Exception as e:  # noqa: BLE001 - this request only
+                log.warning("prefill failed: %s", e)
+                request.fail(e)
+        rows = sched.decode_rows()
+        if rows:
+            ran = True
+            self._decode(rows)
+        self.steps += ran
+
+    def _prefill(self, request: EngineRequest, n: int) -> None:
+        slot, start = request.slot, request.prefilled
+        assert slot is not None
+        chunk = torch.tensor([request.prompt_ids[start : start + n]], device=self.generator.device)
+        logits = self.generator.model(chunk, kv_cache=self.pool.view(slot, slot + 1))
+        self.pool.lengths[slot] += n
+        request.prefilled += n
+        if not request.prefill_left:  # the prompt is cached: its first token
+            self._sample([request], logits[:, -1])
+
+    def _decode(self, rows: list[EngineRequest]) -> None:
+        """Feed every row its last token in one [slots, 1] forward over slots 0..max(slot).
+        Slots in that range that do not decode (free, mid-prefill) get a dummy token whose
+        key/value lands past their length, is never attended to and is overwritten later."""
+        device = self.generator.device
+        slots = [r.slot for r in rows]
+        width = max(slots) + 1  # type: ignore[type-var]
+        tokens = torch.zeros(width, 1, dtype=torch.long, device=device)
+        tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
+        logits = self.generator.model(tokens, kv_cache=self.pool.view(0, width))
+        for slot in slots:
+            self.pool.lengths[slot] += 1  # type: ignore[index]
+        self._sample(rows, logits[slots, -1])
+
+    def _sample(self, rows: list[EngineRequest], logits: torch.Tensor) -> None:
+        """Each row's next token with its own parameters; a row that cannot be sampled fails
+        alone (the batch is retried row by row)."""
+        seqs = [r.seq for r in rows]
+        try:
+            tokens = self._sample_rows(seqs, logits)
+        except Exception:  # noqa: BLE001 - find the failing row(s)
+            tokens = []
+            for i, request in enumerate(rows):
+                try:
+                    tokens += self._sample_rows([seqs[i]], logits[i : i + 1])
+                except Exception as e:  # noqa: BLE001
+                    request.fail(e)
+                    tokens.append(None)
+        for request, token in zip(rows, tokens, strict=True):
+            if token is None or request.finished:
+                continue
+            self.generator._push(request.seq, token)
+            request.emit("finish" if request.seq.done else "token")
+
+    @staticmethod
+    def _sample_rows(seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
+        return sample_next(
+            logits,
+            [s.params for s in seqs],
+            [s.rng for s in seqs],
+            [(s.prompt_ids, s.token_ids) for s in seqs],
+        ).tolist()
