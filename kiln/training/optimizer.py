@@ -51,7 +51,7 @@ def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
         span = max(1, total_steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    # WSD: warmup, stable at the peak, then a linear decay over the last decay_fraction of the steps.
+    # WSD: warmup, stable at the peak, then a linear decay over the last decay_fraction of steps.
     decay_steps = max(1, round(total_steps * cfg.decay_fraction))
     decay_start = total_steps - decay_steps
     if step < decay_start:

@@ -1,4 +1,4 @@
-"""Precision: autocast for single-process bf16/fp16, fp8 through Transformer Engine, fp16 loss scaling.
+"""Precision: single-process bf16/fp16 autocast, fp8 through Transformer Engine, fp16 loss scaling.
 
 Distributed runs get bf16/fp16 from FSDP2's MixedPrecisionPolicy instead (see parallelize).
 """
@@ -35,7 +35,8 @@ def check_fp8_available() -> None:
         )
     if torch.cuda.get_device_capability() < (8, 9):
         raise ConfigError(
-            f"precision=fp8 needs compute capability >= 8.9, this GPU has {torch.cuda.get_device_capability()}"
+            "precision=fp8 needs compute capability >= 8.9, this GPU has "
+            f"{torch.cuda.get_device_capability()}"
         )
 
 

@@ -1,4 +1,6 @@
-"""Entry point under torchrun: `python -m torch.distributed.run --nproc-per-node N -m kiln.training.torchrun_main --config FILE`.
+"""Entry point under torchrun.
+
+    python -m torch.distributed.run --nproc-per-node N -m kiln.training.torchrun_main --config FILE
 
 FILE is YAML or JSON holding a TrainConfig (optionally under a `train:` key).
 """

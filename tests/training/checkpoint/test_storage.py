@@ -1,4 +1,4 @@
-"""One-process checkpoints: fsspec URIs, the latest pointer, keep-last-N, intervals, weights-only load."""
+"""One-process checkpoints: fsspec URIs, `latest`, keep-last-N, intervals, weights-only load."""
 
 from __future__ import annotations
 

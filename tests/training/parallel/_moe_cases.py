@@ -1,4 +1,4 @@
-"""Rank functions for the expert-parallel tests (module level so worker processes can import them)."""
+"""Rank functions for the expert-parallel tests (module level: worker processes import them)."""
 
 from __future__ import annotations
 

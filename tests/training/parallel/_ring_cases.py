@@ -1,4 +1,4 @@
-"""Rank functions for the ring-attention tests (module level so worker processes can import them)."""
+"""Rank functions for the ring-attention tests (module level: worker processes import them)."""
 
 from __future__ import annotations
 

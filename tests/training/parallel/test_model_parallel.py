@@ -1,4 +1,4 @@
-"""The Transformer under context parallelism (cp=2, 4) and expert parallelism (ep=2) vs one process."""
+"""The Transformer under context (cp=2, 4) and expert parallelism (ep=2) vs one process."""
 
 from __future__ import annotations
 

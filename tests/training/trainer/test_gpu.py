@@ -1,4 +1,4 @@
-"""CUDA-only checks (skipped without a GPU): attention backends, bf16 and fp8 training on one GPU."""
+"""CUDA-only checks (skipped without a GPU): attention backends, bf16 and fp8 training, one GPU."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ needs_te = pytest.mark.skipif(
 
 def _qkv(hq=8, hkv=2, seq=256, dh=64):
     torch.manual_seed(0)
+
     def make(h):
-        return torch.randn(
-            2, h, seq, dh, device="cuda", dtype=torch.bfloat16, requires_grad=True
-        )
+        return torch.randn(2, h, seq, dh, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
     return make(hq), make(hkv), make(hkv)
 
 
