@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 def world_size_of(cfg: TrainConfig) -> int:
     """The world size a layout names (dp_shard=-1 counts as 1)."""
-    p = cfg.parallel
-    return p.pp * p.dp_replicate * max(p.dp_shard, 1) * p.cp * p.tp
+    from kiln.training.parallel.dims import ParallelDims
+
+    return ParallelDims.from_config(cfg.parallel).world_size
 
 
 def train_configs(path: str) -> list[tuple[str, TrainConfig]]:
