@@ -150,8 +150,10 @@ class Trainer:
         else:
             self.model_parts = [parallelize(model, dims, cfg)]
             self.has_first = self.has_last = True
-        if on_meta:
-            materialize(self.model_parts, cfg.model, self.device, cfg.seed)
+        if on_meta:  # FSDP's CPU offload keeps the sharded parameters on the CPU
+            offload = cfg.optimizer_offload and self.distributed
+            init_device = torch.device("cpu") if offload else self.device
+            materialize(self.model_parts, cfg.model, init_device, cfg.seed, self.device)
 
     def _builds_on_meta(self) -> bool:
         """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass

@@ -44,14 +44,23 @@ def init_full(cfg: ModelConfig, device: torch.device, seed: int) -> Transformer:
 
 
 @torch.no_grad()
-def materialize(parts: list[nn.Module], cfg: ModelConfig, device: torch.device, seed: int) -> None:
+def materialize(
+    parts: list[nn.Module],
+    cfg: ModelConfig,
+    device: torch.device,
+    seed: int,
+    buffer_device: torch.device | None = None,
+) -> None:
     """Allocate `parts` (stages of a meta-built Transformer, parallelized) on `device` and fill
-    them with the weights `init_full(cfg, device, seed)` gives one process, bit for bit."""
+    them with the weights `init_full(cfg, device, seed)` gives one process, bit for bit.
+
+    `buffer_device`: where the RoPE tables go when the parameters live elsewhere (FSDP's CPU
+    offload keeps sharded parameters on the CPU while the model computes on the GPU)."""
     from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
 
     for part in parts:
         _allocate(part, cfg, device)
-        part.init_buffers(device)
+        part.init_buffers(buffer_device or device)
         register_expert_grad_hooks(part)
     local = _local_parameters(parts)
     scratch = build_on_meta(cfg)
