@@ -50,7 +50,10 @@ def test_normalisation_control_chars_and_whitespace():
 
 
 def test_boilerplate_lines_are_removed():
-    text = "A real sentence.\nRead our Privacy Policy here\nThis site uses cookies to work.\nAnother line."
+    text = (
+        "A real sentence.\nRead our Privacy Policy here\nThis site uses cookies to work.\n"
+        "Another line."
+    )
     (out,) = Cleaner(CleanConfig())([text])
     assert out == "A real sentence.\nAnother line."
 

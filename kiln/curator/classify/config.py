@@ -40,11 +40,25 @@ class KeepConfig(_Section):
     )
 
 
+class PerplexityConfig(_Section):
+    """CCNet-style perplexity under a Kiln model (`kind: perplexity`)."""
+
+    model: str | None = Field(None, description="kiln checkpoint, HF folder or exported model")
+    tokenizer: str | None = Field(None, description="the model's tokenizer.json")
+    max_tokens: int = Field(512, gt=1, description="tokens of each document scored")
+    batch_size: int = Field(8, gt=0)
+    head_percent: float = Field(33.3, gt=0, lt=100, description="lowest-perplexity share: head")
+    tail_percent: float = Field(33.3, gt=0, lt=100, description="highest-perplexity share: tail")
+    keep_buckets: list[Literal["head", "middle", "tail"]] = Field(
+        default_factory=lambda: ["head", "middle"]
+    )
+
+
 class ClassifyConfig(StageConfig):
     input: list[str] = Field(
         default_factory=list, description="corpus files or folders (Parquet, JSONL, .txt)"
     )
-    kind: Literal["quality", "domain"] = "quality"
+    kind: Literal["quality", "domain", "perplexity"] = "quality"
     high_quality: list[str] = Field(
         default_factory=list,
         description="quality: 'high quality' texts (files or folders) trained against a random "
@@ -62,6 +76,7 @@ class ClassifyConfig(StageConfig):
     held_out: float = Field(0.1, gt=0, lt=1, description="share of training data held out")
     fasttext: FastTextConfig = Field(default_factory=FastTextConfig)
     keep: KeepConfig = Field(default_factory=KeepConfig)
+    perplexity: PerplexityConfig = Field(default_factory=PerplexityConfig)
     seed: int = 0
     cluster: Literal["local", "ray"] = Field(
         "local", description="score in this process, or in a Ray Data actor pool"

@@ -40,6 +40,8 @@ def keep_mask(
     return scores >= cut
 
 
-def histogram(scores: np.ndarray, bins: int) -> dict:
-    counts, edges = np.histogram(scores, bins=bins, range=(0.0, 1.0))
+def histogram(scores: np.ndarray, bins: int, span: tuple[float, float] | None = None) -> dict:
+    """Counts over `bins` equal bins of [0, 1] (or of `span`); non-finite scores are left out."""
+    scores = scores[np.isfinite(scores)]
+    counts, edges = np.histogram(scores, bins=bins, range=span or (0.0, 1.0))
     return {"edges": [round(float(e), 6) for e in edges], "counts": counts.tolist()}

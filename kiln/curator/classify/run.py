@@ -18,6 +18,7 @@ from kiln.curator.classify.config import ClassifyConfig
 from kiln.curator.classify.data import expand, read_labelled, read_table, read_texts
 from kiln.curator.classify.fasttext_model import FastTextClassifier
 from kiln.curator.classify.keep import cutoff, histogram, keep_mask
+from kiln.curator.classify.perplexity import BUCKETS, bucket_cutoffs, buckets
 from kiln.curator.classify.score import HIGH, LOW, score_files
 from kiln.curator.report import write_report
 from kiln.platform.errors import ConfigError, InputError
@@ -48,49 +49,66 @@ def train(cfg: ClassifyConfig, files: list[str]) -> FastTextClassifier:
     return FastTextClassifier.train(texts, labels, cfg.fasttext, cfg.held_out, cfg.seed)
 
 
+COLUMN = {"quality": "quality_score", "domain": "domain_prob", "perplexity": "perplexity"}
+
+
+def _keep(cfg: ClassifyConfig, table: pa.Table, cut) -> tuple[pa.Table, np.ndarray]:
+    """(the table, with `perplexity_bucket` for perplexity; which rows stay)."""
+    if cfg.kind == "quality":
+        ids = [str(x) for x in table.column("id").to_pylist()]
+        score = table.column("quality_score").to_numpy()
+        return table, keep_mask(score, ids, cfg.keep, cut, cfg.seed)
+    if cfg.kind == "perplexity":
+        bucket = buckets(table.column("perplexity").to_numpy(), cut)
+        table = table.append_column("perplexity_bucket", pa.array(bucket.tolist(), pa.string()))
+        return table, np.isin(bucket, cfg.perplexity.keep_buckets)
+    if cfg.keep.domains is None:
+        return table, np.ones(table.num_rows, dtype=bool)
+    pred = table.column("domain_pred").to_numpy(zero_copy_only=False)
+    return table, np.isin(pred, cfg.keep.domains)
+
+
+def _write(table: pa.Table, keep: np.ndarray, i: int, reason: str, out_dir: str) -> None:
+    if keep.any():
+        path = os.path.join(out_dir, f"shard-{i:05d}.parquet")
+        pq.write_table(table.filter(pa.array(keep)), path, compression="zstd")
+    if not keep.all():
+        rej = table.filter(pa.array(~keep))
+        rej = rej.append_column("reason", pa.array([reason] * rej.num_rows, pa.string()))
+        path = os.path.join(out_dir, "rejected", f"part-{i:05d}.parquet")
+        pq.write_table(rej, path, compression="zstd")
+
+
 def _select(cfg: ClassifyConfig, parts: list[str], out_dir: str) -> tuple[int, int, dict]:
     """Keep or reject every scored document; returns (in, kept, report fields)."""
-    column = "quality_score" if cfg.kind == "quality" else "domain_prob"
+    column = COLUMN[cfg.kind]
     scores = np.concatenate(
         [pq.read_table(p, columns=[column]).column(column).to_numpy() for p in parts] or [[]]
     )
-    cut = cutoff(scores, cfg.keep) if cfg.kind == "quality" else 0.0
-    reason = "quality" if cfg.kind == "quality" else "domain"
+    if cfg.kind == "perplexity":
+        p = cfg.perplexity
+        cut = bucket_cutoffs(scores, p.head_percent, p.tail_percent)
+    else:
+        cut = cutoff(scores, cfg.keep) if cfg.kind == "quality" else 0.0
     n_in = kept = 0
     kept_scores = []
     for i, path in enumerate(parts):
-        table = pq.read_table(path)
-        if cfg.kind == "quality":
-            ids = [str(x) for x in table.column("id").to_pylist()]
-            keep = keep_mask(table.column(column).to_numpy(), ids, cfg.keep, cut, cfg.seed)
-        elif cfg.keep.domains is not None:
-            keep = np.isin(
-                table.column("domain_pred").to_numpy(zero_copy_only=False), cfg.keep.domains
-            )
-        else:
-            keep = np.ones(table.num_rows, dtype=bool)
+        table, keep = _keep(cfg, pq.read_table(path), cut)
         n_in, kept = n_in + table.num_rows, kept + int(keep.sum())
         kept_scores.append(table.column(column).to_numpy()[keep])
-        if keep.any():
-            pq.write_table(
-                table.filter(pa.array(keep)),
-                os.path.join(out_dir, f"shard-{i:05d}.parquet"),
-                compression="zstd",
-            )
-        if not keep.all():
-            rej = table.filter(pa.array(~keep))
-            rej = rej.append_column("reason", pa.array([reason] * rej.num_rows, pa.string()))
-            pq.write_table(
-                rej, os.path.join(out_dir, "rejected", f"part-{i:05d}.parquet"), compression="zstd"
-            )
+        _write(table, keep, i, cfg.kind, out_dir)
     bins = cfg.histogram_bins
+    span = None
+    if cfg.kind == "perplexity":
+        finite = scores[np.isfinite(scores)]
+        span = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     fields = {
-        "keep": cfg.keep.model_dump(),
+        "keep": cfg.perplexity.model_dump() if cfg.kind == "perplexity" else cfg.keep.model_dump(),
         "cutoff": cut,
         "score_column": column,
-        "histogram": histogram(scores, bins),
-        "kept_histogram": histogram(np.concatenate(kept_scores or [[]]), bins),
-        "removed_by_reason": {reason: n_in - kept} if n_in > kept else {},
+        "histogram": histogram(scores, bins, span),
+        "kept_histogram": histogram(np.concatenate(kept_scores or [[]]), bins, span),
+        "removed_by_reason": {cfg.kind: n_in - kept} if n_in > kept else {},
     }
     return n_in, kept, fields
 
@@ -111,12 +129,21 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
     files = expand(cfg.input, "classify.input")
     work = _prepare(output_dir)
     model_dir = os.path.join(output_dir, "model")
-    if cfg.model:
+    meta: dict = {}
+    if cfg.kind == "perplexity":
+        p = cfg.perplexity
+        if not p.model or not p.tokenizer:
+            raise ConfigError("classify.perplexity: model and tokenizer are required")
+        meta = {"path": p.model, "tokenizer": p.tokenizer, "labels": list(BUCKETS)}
+    elif cfg.model:
         clf = FastTextClassifier.load(cfg.model)
         shutil.copytree(cfg.model, model_dir, dirs_exist_ok=True)
+        meta = {**clf.meta, "path": model_dir}
     else:
         clf = train(cfg, files)
         clf.save(model_dir)
+        meta = {**clf.meta, "path": model_dir}
+    spec = {"kind": cfg.kind, "model_dir": model_dir, "perplexity": cfg.perplexity.model_dump()}
     t1 = time.perf_counter()
     started = None
     if cfg.cluster == "ray":
@@ -127,9 +154,7 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
 
             started = Runtime().ensure()
     try:
-        parts = score_files(
-            files, model_dir, work, cfg.kind, cfg.text_field, cfg.cluster, cfg.actors
-        )
+        parts = score_files(files, spec, work, cfg.text_field, cfg.cluster, cfg.actors)
     finally:
         if started is not None:
             started.shutdown()
@@ -144,7 +169,7 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
         "rejected": n_in - kept,
         "invariant_holds": n_in == kept + sum(fields["removed_by_reason"].values()),
         **fields,
-        "model": {**clf.meta, "path": model_dir},
+        "model": meta,
         "cluster": cfg.cluster,
         "seconds": seconds,
         "score_docs_per_s": n_in / seconds["score"] if seconds["score"] else 0.0,

@@ -36,24 +36,39 @@ def score_table(clf: FastTextClassifier, table: pa.Table, kind: str) -> pa.Table
     )
 
 
-def score_file(
-    clf: FastTextClassifier, index: int, path: str, work_dir: str, kind: str, text_field: str
-) -> dict:
-    table = score_table(clf, read_table(path, text_field), kind)
+def make_scorer(spec: dict):
+    """table -> scored table, for `kind` quality / domain (fastText) or perplexity."""
+    if spec["kind"] == "perplexity":
+        from kiln.curator.classify.perplexity import PerplexityScorer
+
+        p = spec["perplexity"]
+        scorer = PerplexityScorer(p["model"], p["tokenizer"], p["max_tokens"], p["batch_size"])
+
+        def score(table: pa.Table) -> pa.Table:
+            ppl = scorer.perplexity(table.column("text").to_pylist())
+            return table.append_column("perplexity", pa.array(ppl, pa.float64()))
+
+        return score
+    clf = FastTextClassifier.load(spec["model_dir"])
+    return lambda table: score_table(clf, table, spec["kind"])
+
+
+def score_file(scorer, index: int, path: str, work_dir: str, text_field: str) -> dict:
+    table = scorer(read_table(path, text_field))
     pq.write_table(table, os.path.join(work_dir, f"scored-{index:05d}.parquet"))
     return {"index": index, "docs": table.num_rows}
 
 
 class ScoreActor:
-    """A Ray Data actor: loads the classifier once, scores whole files."""
+    """A Ray Data actor: loads the classifier (or language model) once, scores whole files."""
 
-    def __init__(self, model_dir: str, work_dir: str, kind: str, text_field: str):
-        self.clf = FastTextClassifier.load(model_dir)
-        self.args = (work_dir, kind, text_field)
+    def __init__(self, spec: dict, work_dir: str, text_field: str):
+        self.scorer = make_scorer(spec)
+        self.args = (work_dir, text_field)
 
     def __call__(self, batch: dict) -> dict:
         out = [
-            score_file(self.clf, int(i), str(p), *self.args)
+            score_file(self.scorer, int(i), str(p), *self.args)
             for i, p in zip(batch["index"], batch["path"], strict=True)
         ]
         return {"index": [o["index"] for o in out], "docs": [o["docs"] for o in out]}
@@ -61,18 +76,17 @@ class ScoreActor:
 
 def score_files(
     files: list[str],
-    model_dir: str,
+    spec: dict,
     work_dir: str,
-    kind: str,
     text_field: str,
     cluster: str,
     actors: int | None = None,
 ) -> list[str]:
     """Score every file; returns the scored parts in input order."""
     if cluster == "local":
-        clf = FastTextClassifier.load(model_dir)
+        scorer = make_scorer(spec)
         for i, p in enumerate(files):
-            score_file(clf, i, p, work_dir, kind, text_field)
+            score_file(scorer, i, p, work_dir, text_field)
     else:
         import ray
 
@@ -83,7 +97,7 @@ def score_files(
         )
         ds.map_batches(
             ScoreActor,
-            fn_constructor_args=(model_dir, work_dir, kind, text_field),
+            fn_constructor_args=(spec, work_dir, text_field),
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=size),
             num_cpus=0.5,

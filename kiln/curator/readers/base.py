@@ -81,13 +81,15 @@ def expand_inputs(inputs: list[str]) -> list[str]:
                 files.append(m)
             else:
                 raise InputError(
-                    f"{m}: unknown input format (expected .jsonl[.gz|.zst], .parquet, .txt or .warc[.gz])"
+                    f"{m}: unknown input format "
+                    "(expected .jsonl[.gz|.zst], .parquet, .txt or .warc[.gz])"
                 )
     return sorted(set(files))
 
 
 def plan_tasks(files: list[str], split_bytes: int, text_files_per_task: int) -> list[ReadTask]:
-    """Split inputs into tasks; plain JSONL by byte range, Parquet by row group, text files in groups."""
+    """Split inputs into tasks; plain JSONL by byte range, Parquet by row group, text files in
+    groups."""
     import pyarrow.parquet as pq
 
     tasks: list[ReadTask] = []

@@ -1,4 +1,5 @@
-"""Parquet reader: one row group per task; rows whose text is missing or not a string are rejected."""
+"""Parquet reader: one row group per task; rows whose text is missing or not a string are
+rejected."""
 
 from __future__ import annotations
 
