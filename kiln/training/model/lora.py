@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from kiln.platform.errors import ConfigError
 
@@ -61,6 +62,13 @@ class LoRAConfig(BaseModel):
         return self.alpha / self.rank
 
 
+def _adapter_placements(weight_placements) -> dict[str, list]:
+    """A's and B's placements, mesh dimension by mesh dimension, for a base weight's."""
+    a = [Shard(1) if p == Shard(1) else Replicate() for p in weight_placements]
+    b = [Shard(0) if p == Shard(0) else Replicate() for p in weight_placements]
+    return {"lora_a": a, "lora_b": b}
+
+
 class LoRALinear(nn.Linear):
     """A linear layer with a low-rank adapter; `weight` stays the (frozen) base weight."""
 
@@ -79,7 +87,8 @@ class LoRALinear(nn.Linear):
         self.rank, self.scaling = rank, alpha / rank
         self.lora_a = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
         self.lora_b = nn.Parameter(torch.empty(out_features, rank, device=device, dtype=dtype))
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        # a float, not an nn.Dropout child: torch's TP styles partition every submodule
+        self.lora_dropout = dropout
         self.merged = False
         self.adapter_enabled = True
         self.reset_lora_parameters()
@@ -108,11 +117,40 @@ class LoRALinear(nn.Linear):
             layer.bias = base.bias
         return layer
 
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
+        """Tensor parallelism (torch's Colwise/RowwiseParallel) re-registers `weight` as a
+        DTensor; the adapters follow it: a column-parallel W [out, in] = Shard(0) gets A
+        replicated and B Shard(0), a row-parallel W = Shard(1) gets A Shard(1) and B replicated,
+        so x A^T B^T has the base output's layout (Shard(-1), or Partial before the reduce)."""
+        super().register_parameter(name, param)
+        weight = self._parameters.get("weight")
+        if "lora_b" not in self._parameters or not isinstance(weight, DTensor):
+            return
+        targets = _adapter_placements(weight.placements)
+        if name == "weight" and Shard(1) in weight.placements:
+            # RowwiseParallel distributes only weight and bias: distribute the adapters here
+            for key in LORA_PARAMS:
+                current = self._parameters[key]
+                if not isinstance(current, DTensor):
+                    dist = distribute_tensor(current.detach(), weight.device_mesh, targets[key])
+                    super().register_parameter(
+                        key, nn.Parameter(dist, requires_grad=current.requires_grad)
+                    )
+        elif (
+            name in LORA_PARAMS
+            and isinstance(param, DTensor)
+            and tuple(param.placements) != tuple(targets[name])  # ColwiseParallel sharded all
+        ):
+            moved = param.detach().redistribute(param.device_mesh, targets[name])
+            super().register_parameter(name, nn.Parameter(moved, requires_grad=param.requires_grad))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
         if self.merged or not self.adapter_enabled:
             return out
-        update = F.linear(F.linear(self.lora_dropout(x), self.lora_a), self.lora_b)
+        if self.lora_dropout > 0:
+            x = F.dropout(x, self.lora_dropout, self.training)
+        update = F.linear(F.linear(x, self.lora_a), self.lora_b)
         return out + update * self.scaling
 
     def delta_weight(self) -> torch.Tensor:

@@ -31,10 +31,6 @@ class PostTrainConfig(TrainConfig):
             raise ConfigError("dpo with parallel.pp > 1 is not supported (use fsdp/tp)")
         if self.objective == "dpo" and p.cp > 1:
             raise ConfigError("dpo with parallel.cp > 1 is not supported (sequences are short)")
-        if self.lora is not None and p.tp > 1:
-            raise ConfigError(
-                "lora with parallel.tp > 1 is not supported yet (fsdp / dp_shard shards adapters)"
-            )
         if self.lora is not None and self.precision == "fp8":
             raise ConfigError("lora with precision fp8 is not supported")
         if self.dpo.reference == "adapters_disabled" and self.lora is None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.model.lora import adapters_disabled, apply_lora
+from kiln.training.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
 from kiln.training.post.chat_dataset import ChatSource
 from kiln.training.post.config import PostTrainConfig
@@ -69,6 +69,16 @@ class PostTrainer(Trainer):
         if self._packed():
             enable_document_masking(model)
         return model
+
+    def _build_model(self) -> None:
+        super()._build_model()
+        if self.cfg.lora is not None:
+            # parallelize re-registers parameters (torch's SequenceParallel makes norm weights
+            # fresh nn.Parameters that require grad): freeze the base again before the
+            # optimizer sees the parameters
+            for part in self.model_parts:
+                for name, p in part.named_parameters():
+                    p.requires_grad_(name.rsplit(".", 1)[-1] in LORA_PARAMS)
 
     def _packed(self) -> bool:
         return self.cfg.objective == "sft" and bool(self._chat_meta().get("packed"))

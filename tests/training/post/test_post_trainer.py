@@ -113,7 +113,6 @@ def test_lora_sft_under_fsdp_equals_one_process(data):
 @pytest.mark.parametrize(
     ("objective", "over", "message"),
     [
-        ("sft", {"parallel": {"tp": 2}}, "lora with parallel.tp"),
         ("dpo", {"parallel": {"pp": 2}}, "dpo with parallel.pp"),
         ("dpo", {"lora": None, "dpo": {"reference": "adapters_disabled"}}, "adapters_disabled"),
     ],
@@ -146,3 +145,27 @@ def test_full_sft_and_dpo_under_tp_equal_one_process(data):
     two = run_distributed(_full_runs, 2, data, 2)
     for objective in ("sft", "dpo"):
         assert two[0][objective] == pytest.approx(one[objective], abs=1e-5), objective
+
+
+def _lora_layout_run(data: dict, parallel: dict, ckpt: str, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    cfg = _cfg(
+        data,
+        steps=steps,
+        parallel=parallel,
+        micro_batch_size=4 // parallel.get("dp_shard", 1),
+        checkpoint={"dir": ckpt} if ckpt else {},
+    )
+    return [m["loss"] for m in PostTrainer(cfg).train()]
+
+
+@pytest.mark.slow
+def test_lora_under_tp_equals_one_process_and_resumes_at_dp_shard(data, tmp_path):
+    """A/B sharded like their base weight at tp=2: the same 3 steps as one process; that
+    checkpoint resumed at dp_shard=2 continues as the uninterrupted run."""
+    one = _lora_layout_run(data, {"dp_shard": 1}, "", 6)
+    ckpt = str(tmp_path / "ckpt")
+    tp = run_distributed(_lora_layout_run, 2, data, {"tp": 2, "dp_shard": 1}, ckpt, 3)
+    assert tp[0] == pytest.approx(one[:3], abs=1e-5)
+    resumed = run_distributed(_lora_layout_run, 2, data, {"dp_shard": 2}, ckpt, 6)
+    assert resumed[0] == pytest.approx(one[3:], abs=1e-5)
