@@ -1,4 +1,8 @@
-"""The local backend: kiln's `Generator` in the Serve replica. Each job is queued on its own and
+"""The local backend: kiln's `Generator` in the Serve replica.
+
+With `engine: continuous` (BatchingConfig) jobs go to the continuous-batching `Engine`
+(kiln.serving.engine): each joins the running batch at the next decoding step, in its own KV-cache
+slot, and fails alone. With `engine: batch` each job is queued on its own and
 a `MicroBatcher` (what `@serve.batch` does, without needing a replica) gathers concurrent jobs,
 from any requests and each with its own parameters, into one batched, KV-cached generate call.
 A batch that fails is re-run one job at a time, so only the job that fails alone gets the error."""
@@ -15,6 +19,7 @@ from kiln.platform.errors import KilnError
 from kiln.serving.backends import BatchingConfig, Job, Prompt, Result
 from kiln.serving.batcher import MicroBatcher
 from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
+from kiln.serving.engine import Engine, complete, stream_events
 from kiln.serving.protocol import RequestError
 
 if TYPE_CHECKING:
@@ -43,6 +48,14 @@ class LocalBackend:
         )
         # one model, one forward at a time: a stream and a batch never interleave in torch
         self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        if batching.engine == "continuous":
+            self._engine = Engine(
+                self.generator,
+                max_slots=batching.max_batch_size,
+                prefill_chunk=batching.prefill_chunk,
+                lock=self._lock,
+            ).start()
         self._inferences = 0  # jobs completed
         self._executions = 0  # generate() calls (batches)
 
@@ -98,8 +111,9 @@ class LocalBackend:
 
     async def complete(self, jobs: list[Job]) -> list[Result]:
         """Each job's result; the first failing job's error is raised (only this request's)."""
+        run = self._batcher.submit if self._engine is None else self._run_continuous
         try:
-            return list(await asyncio.gather(*(self._batcher.submit(j) for j in jobs)))
+            return list(await asyncio.gather(*(run(j) for j in jobs)))
         except KilnError as e:
             raise RequestError(str(e)) from e
 
@@ -113,6 +127,48 @@ class LocalBackend:
         self._inferences += len(jobs)
         self._executions += 1
         return outs
+
+    async def _run_continuous(self, job: Job) -> Result:
+        """One job through the engine; a token-id prompt's stop strings cut it afterwards,
+        as `generate_ids` does on the batch path."""
+        assert self._engine is not None and job.prompt_ids is not None
+        by_ids = not isinstance(job.prompt, str)
+        params = job.params.model_copy(update={"stop": []}) if by_ids else job.params
+        end = await complete(self._engine, job.prompt_ids, params)
+        self._inferences += 1
+        if by_ids:
+            return self._result_from_ids(job, end.token_ids)
+        text = end.text if end.text is not None else self.generator.decode(end.token_ids)
+        reason = end.finish_reason or "length"
+        cut = reason == "stop" and self._has_stop(end.token_ids, job.params.stop)
+        return Result(
+            text,
+            reason,  # type: ignore[arg-type]
+            len(job.prompt_ids),
+            len(end.token_ids),
+            job.prompt_ids,
+            end.token_ids,
+            ended_by_eos=reason == "stop" and not cut,
+        )
+
+    async def _stream_continuous(self, job: Job) -> AsyncIterator[str]:
+        """Text deltas as tokens arrive, held back as `Generator.stream` does (a tail that may
+        become a stop string, half a UTF-8 character)."""
+        from kiln.serving.generate import _hold_back
+
+        assert self._engine is not None and job.prompt_ids is not None
+        decode, sent = self.generator.decode, ""
+        async for event in stream_events(self._engine, job.prompt_ids, job.params):
+            if event.kind == "finish":
+                self._inferences += 1
+                end = event.text if event.text is not None else decode(event.token_ids)
+                if len(end) > len(sent):
+                    yield end[len(sent) :]
+                return
+            text = _hold_back(decode(event.token_ids), job.params.stop)
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :]
+                sent = text
 
     def _generate_isolated(self, jobs: list[Job]) -> list[Result | Exception]:
         try:
@@ -178,6 +234,10 @@ class LocalBackend:
         return any(s in text for s in stops)
 
     async def stream(self, job: Job) -> AsyncIterator[str]:
+        if self._engine is not None and isinstance(job.prompt, str):
+            async for delta in self._stream_continuous(job):
+                yield delta
+            return
         if not isinstance(job.prompt, str):  # token ids: one delta with the whole text
             (result,) = await self.complete([job])
             yield result.text
@@ -219,7 +279,9 @@ class LocalBackend:
         return True
 
     def stats(self) -> dict[str, int]:
-        return {"inference_count": self._inferences, "execution_count": self._executions}
+        executions = self._executions if self._engine is None else self._engine.steps
+        return {"inference_count": self._inferences, "execution_count": executions}
 
     async def close(self) -> None:
-        pass
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.stop)

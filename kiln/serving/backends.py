@@ -47,12 +47,20 @@ class Result:
 
 
 class BatchingConfig(BaseModel):
-    """Dynamic batching of concurrent prompts into one `generate` call (local backend)."""
+    """How the local backend batches concurrent prompts: `continuous` (kiln.serving.engine: rows
+    join and leave the running batch at every decoding step, max_batch_size KV-cache slots) or
+    `batch` (groups of requests gathered for batch_wait_timeout_s into one `generate` call)."""
 
     model_config = ConfigDict(extra="forbid")
 
+    engine: Literal["continuous", "batch"] = Field(
+        "continuous", description="continuous: iteration-level batching; batch: per request group"
+    )
     max_batch_size: int = Field(8, ge=1, description="prompts per generate() call (1: no batching)")
     batch_wait_timeout_s: float = Field(0.01, ge=0.0, description="wait this long to fill a batch")
+    prefill_chunk: int = Field(
+        64, ge=1, description="continuous: prompt tokens prefilled per step (long prompts chunked)"
+    )
 
 
 class Backend(Protocol):

@@ -60,7 +60,6 @@ class Engine:
             device=generator.device,
         )
         self.scheduler = Scheduler(self.pool, prefill_chunk)
-        self.vocab_size = int(model.tok_embeddings.weight.shape[0])
         self.steps = 0  # iterations that ran a forward
         self._lock = lock or nullcontext()
         self._inbox: queue.Queue = queue.Queue()
@@ -83,7 +82,9 @@ class Engine:
         self, prompt_ids: list[int], params: SamplingParams, listener: Listener
     ) -> EngineRequest:
         """Queue one sequence; `listener` gets its events on the engine thread. Raises
-        InputError here (nothing queued) for a prompt the model cannot take."""
+        InputError here (nothing queued) for an empty prompt or one that fills the context.
+        Token ids are the caller's to check (LocalBackend.prepare does): one outside the
+        vocabulary fails its own prefill, and only that request."""
         ids = list(prompt_ids)
         if not ids:
             raise InputError("prompt: no tokens")
@@ -91,9 +92,6 @@ class Engine:
             raise InputError(
                 f"prompt has {len(ids)} tokens; the model's context is {self.pool.max_len}"
             )
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InputError(f"prompt: token id {bad[0]} is outside 0..{self.vocab_size - 1}")
         seq = _Sequence(ids, params, make_generator(params, self.generator.device))
         request = EngineRequest(seq, listener)
         self._inbox.put(request)

@@ -115,17 +115,18 @@ def test_a_bad_request_fails_alone(tokenizer):
     )
     engine = Engine(gen, max_slots=4, prefill_chunk=8).start()
     try:
-        with pytest.raises(InputError, match="outside"):
-            engine.submit([tokenizer.get_vocab_size() + 5], SamplingParams(), Collector())
         with pytest.raises(InputError, match="context"):
             engine.submit([1] * 96, SamplingParams(), Collector())
         good = [Collector() for _ in requests]
-        broken = Collector()
+        broken, outside = Collector(), Collector()
         for i, ((ids, m), c) in enumerate(zip(requests, good, strict=True)):
             engine.submit(ids, SamplingParams(max_new_tokens=m), c)
-            if i == 2:
+            if i == 2:  # fails while sampled beside the others
                 engine.submit(requests[0][0], bad, broken)
-        assert broken.last.kind == "error"
+            if i == 3:  # its prefill fails: a token id outside the embeddings
+                engine.submit([1, tokenizer.get_vocab_size() + 5], SamplingParams(), outside)
+        assert broken.last.kind == "error" and outside.last.kind == "error"
+        assert isinstance(outside.last.error, IndexError)
         assert [c.last.token_ids for c in good] == expected
         assert [c.last.kind for c in good] == ["finish"] * len(good)
     finally:
