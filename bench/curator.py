@@ -250,24 +250,29 @@ def run_kiln(inputs: str, out: str, dedup_only: bool, rows: int = 13) -> dict:
 DATATROVE = """
 import sys, time
 from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.dedup import MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
+from datatrove.pipeline.dedup import (
+    MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter)
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 def run(steps, tasks, name, work):
-    LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=2, logging_dir=f"{work}/logs/{name}").run()
+    LocalPipelineExecutor(
+        pipeline=steps, tasks=tasks, workers=2, logging_dir=f"{work}/logs/{name}").run()
 if __name__ == "__main__":  # datatrove's worker pool spawns: it re-imports this file
     inp, work = sys.argv[1], sys.argv[2]
     cfg = MinhashConfig()  # datatrove defaults: word 5-grams, 14 buckets x 8 hashes
     t0 = time.perf_counter()
-    run([JsonlReader(inp), MinhashDedupSignature(output_folder=f"{work}/sigs", config=cfg)], 8, "sig", work)
-    run([MinhashDedupBuckets(input_folder=f"{work}/sigs", output_folder=f"{work}/buckets", config=cfg)],
-        cfg.num_buckets, "buckets", work)
-    run([MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=cfg)],
-        1, "cluster", work)
-    run([JsonlReader(inp), MinhashDedupFilter(input_folder=f"{work}/remove_ids",
-         exclusion_writer=JsonlWriter(f"{work}/removed", compression=None)), JsonlWriter(f"{work}/kept")],
-        8, "filter", work)
+    sigs = MinhashDedupSignature(output_folder=f"{work}/sigs", config=cfg)
+    run([JsonlReader(inp), sigs], 8, "sig", work)
+    buckets = MinhashDedupBuckets(
+        input_folder=f"{work}/sigs", output_folder=f"{work}/buckets", config=cfg)
+    run([buckets], cfg.num_buckets, "buckets", work)
+    clusters = MinhashDedupCluster(
+        input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=cfg)
+    run([clusters], 1, "cluster", work)
+    dedup = MinhashDedupFilter(input_folder=f"{work}/remove_ids",
+                               exclusion_writer=JsonlWriter(f"{work}/removed", compression=None))
+    run([JsonlReader(inp), dedup, JsonlWriter(f"{work}/kept")], 8, "filter", work)
     print("SECONDS", time.perf_counter() - t0)
 """
 
@@ -312,6 +317,111 @@ def run_venv(script: str, *args: str) -> tuple[str, int]:
     return out, mem.peak
 
 
+# -- classification row ------------------------------------------------------------------------
+
+
+def perplexity_rows(paths: dict[str, str], docs: list[dict], work: str) -> list[tuple]:
+    """Perplexity scoring docs/s on one CPU thread (= per core) with a Llama-style model of
+    4 x 256 (untrained: throughput does not depend on the weights) and a BPE of 8k trained here."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from kiln.curator.classify import ClassifyConfig, classify
+    from kiln.training.model.config import ModelConfig
+    from kiln.training.model.transformer import Transformer
+    from kiln.training.model.weights import write_checkpoint
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(
+        [d["text"] for d in docs],
+        trainers.BpeTrainer(vocab_size=8192, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    tok.save(os.path.join(work, "tokenizer.json"))
+    cfg = ModelConfig(vocab_size=8192, dim=256, n_layers=4, n_heads=8, ffn_hidden_dim=704,
+                      max_seq_len=512)  # fmt: skip
+    ckpt = write_checkpoint(os.path.join(work, "lm"), Transformer(cfg).eval())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    for lang, path in sorted(paths.items()):
+        ppl = {"model": ckpt, "tokenizer": os.path.join(work, "tokenizer.json")}
+        r = classify(
+            ClassifyConfig(input=[path], kind="perplexity", perplexity=ppl),
+            os.path.join(work, f"ppl-{lang}"),
+        )
+        rows.append(
+            (f"perplexity 4x256, 1 core ({lang})", r["documents_in"], r["seconds"]["score"])
+        )
+    torch.set_num_threads(threads)
+    return rows
+
+
+def bench_classify(corpus: str, work: str, copies: int) -> None:
+    """fastText quality scoring and perplexity docs/s on the real English and Japanese text,
+    beside the whole curate pipeline's docs/s, and curate with the quality filter step vs without
+    (one process each: stream inline, Dask threads)."""
+    from kiln.curator import CurateConfig, curate
+    from kiln.curator.classify import ClassifyConfig, classify
+
+    with open(corpus, encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f]
+    by_lang: dict[str, list[dict]] = {}
+    for c in range(copies):  # copies carry a marker line so that dedup keeps them
+        for d in docs:
+            text = d["text"] if c == 0 else f"{d['text']}\n\n(copy {c})"
+            by_lang.setdefault(d["lang"], []).append({"id": f"{d['id']}#{c}", "text": text})
+    paths = {}
+    for lang, rows in by_lang.items():
+        paths[lang] = os.path.join(work, f"real-{lang}.jsonl")
+        with open(paths[lang], "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    hq = os.path.join(work, "hq.jsonl")  # every 4th real document stands in for a reference set
+    with open(hq, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": d["text"]}, ensure_ascii=False) + "\n" for d in docs[::4])
+    trained = classify(  # 5 epochs: training cost is not what this row measures
+        ClassifyConfig(
+            input=list(paths.values()),
+            high_quality=[hq],
+            keep={"method": "all"},
+            fasttext={"epoch": 5},
+            sample_docs=1000,
+        ),
+        os.path.join(work, "cls-train"),
+    )
+    model = trained["model"]["path"]
+    print(
+        f"fastText trained on {trained['model']['train_docs']} docs in "
+        f"{trained['seconds']['train']:.1f}s, held-out accuracy "
+        f"{trained['model']['held_out_accuracy']:.3f} (reference = every 4th doc)"
+    )
+    rows = []
+    for lang, path in sorted(paths.items()):
+        r = classify(
+            ClassifyConfig(input=[path], model=model, keep={"method": "all"}),
+            os.path.join(work, f"cls-{lang}"),
+        )
+        rows.append((f"fastText scoring ({lang})", r["documents_in"], r["seconds"]["score"]))
+    rows += perplexity_rows(paths, docs, work)
+    base = {"input": list(paths.values()), "stream": "inline", "output": {"plot": False}}
+    seconds = {}
+    for name, extra in (("curate", {}), ("curate + quality filter", {"quality_model": model})):
+        cfg = CurateConfig.model_validate(base | {"filters": extra})
+        t0 = time.perf_counter()
+        report = curate(cfg, os.path.join(work, name.replace(" ", "")))
+        seconds[name] = time.perf_counter() - t0
+        rows.append((name, report["documents_in"], seconds[name]))
+    print(f"\n{'step':28} {'docs':>7} {'seconds':>8} {'docs/s':>9}")
+    for name, n, sec in rows:
+        print(f"{name:28} {n:7,} {sec:8.2f} {n / sec:9.0f}")
+    score_s = sum(sec for name, _, sec in rows if name.startswith("fastText scoring"))
+    print(
+        f"fastText scoring alone = {score_s / seconds['curate']:.1%} of curate time; the quality"
+        f" filter step adds {seconds['curate + quality filter'] / seconds['curate'] - 1:+.1%}"
+        " (target <= 25%)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -329,8 +439,18 @@ def main() -> None:
     ap.add_argument(
         "--skip", nargs="*", default=[], choices=["datatrove", "datasketch", "kiln-full"]
     )
+    ap.add_argument(
+        "--classify",
+        action="store_true",
+        help="only the classification row: fastText docs/s on the real text vs curate's",
+    )
+    ap.add_argument("--copies", type=int, default=2, help="--classify: copies of the real corpus")
     args = ap.parse_args()
     import glob
+
+    if args.classify:
+        bench_classify(CORPUS, args.work or tempfile.mkdtemp(prefix="kiln-bench-cls-"), args.copies)
+        return
 
     work = args.work or tempfile.mkdtemp(prefix="kiln-bench-curator-")
     inputs = os.path.join(work, "input")
@@ -338,11 +458,13 @@ def main() -> None:
     docs = make_corpus(args.docs, args.seed, inputs)
     size = sum(len(d["text"]) for d in docs)
     print(
-        f"corpus: {len(docs):,} docs, {size / 1e6:.0f}M chars, in {time.perf_counter() - t:.0f}s -> {inputs}"
+        f"corpus: {len(docs):,} docs, {size / 1e6:.0f}M chars, "
+        f"in {time.perf_counter() - t:.0f}s -> {inputs}"
     )
     sample, pairs = true_pairs(docs, args.sample_groups, args.seed)
     print(
-        f"ground truth: {len(sample):,} sampled docs, {len(pairs):,} pairs with Jaccard >= {THRESHOLD} (brute force)"
+        f"ground truth: {len(sample):,} sampled docs, "
+        f"{len(pairs):,} pairs with Jaccard >= {THRESHOLD} (brute force)"
     )
     import pandas as pd
 
@@ -416,11 +538,13 @@ def main() -> None:
         )
     base = rows[0][1]
     print(
-        f"\n{'tool':32} {'docs/s':>9} {'vs kiln':>8} {'precision':>9} {'recall':>7} {'peak RSS':>9} {'seconds':>8} {'docs':>8}"
+        f"\n{'tool':32} {'docs/s':>9} {'vs kiln':>8} {'precision':>9} {'recall':>7} "
+        f"{'peak RSS':>9} {'seconds':>8} {'docs':>8}"
     )
     for name, rate, p, r, peak, seconds, n in rows:
         print(
-            f"{name:32} {rate:9.0f} {base / rate:7.2f}x {p:9.3f} {r:7.3f} {peak / 2**30:8.2f}G {seconds:8.1f} {n:8,}"
+            f"{name:32} {rate:9.0f} {base / rate:7.2f}x {p:9.3f} {r:7.3f} "
+            f"{peak / 2**30:8.2f}G {seconds:8.1f} {n:8,}"
         )
 
 
