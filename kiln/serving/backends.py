@@ -59,7 +59,7 @@ class BatchingConfig(BaseModel):
     max_batch_size: int = Field(8, ge=1, description="prompts per generate() call (1: no batching)")
     batch_wait_timeout_s: float = Field(0.01, ge=0.0, description="wait this long to fill a batch")
     prefill_chunk: int = Field(
-        64, ge=1, description="continuous: prompt tokens prefilled per step (long prompts chunked)"
+        256, ge=1, description="continuous: prompt tokens prefilled per step (long prompts chunked)"
     )
 
 

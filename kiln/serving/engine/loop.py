@@ -1,6 +1,6 @@
 """The continuous-batching step loop on a background thread.
 
-    engine = Engine(generator, max_slots=16, prefill_chunk=64).start()
+    engine = Engine(generator, max_slots=16, prefill_chunk=256).start()
     request = engine.submit(prompt_ids, SamplingParams(max_new_tokens=32), listener)
     ...
     engine.stop()
@@ -45,7 +45,7 @@ class Engine:
         generator: Generator,
         *,
         max_slots: int = 16,
-        prefill_chunk: int = 64,
+        prefill_chunk: int = 256,
         lock: threading.Lock | None = None,
     ) -> None:
         if max_slots < 1 or prefill_chunk < 1:

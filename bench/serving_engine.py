@@ -1,0 +1,194 @@
+"""Continuous batching vs request batching, and kiln's engine vs `transformers.generate`.
+
+    .venv/bin/python bench/serving_engine.py           # ~3-6 min on 2 loaded CPU cores
+    .venv/bin/python bench/serving_engine.py --quick   # smaller counts, a smoke run
+
+1. The local REST backend (in-process, no Ray) under 16 and 64 concurrent clients, vLLM
+   `benchmark_serving` style: requests arrive as a Poisson process (--rate per client-count per
+   second), at most C in flight, prompts of 8..200 words and outputs of 8..128 tokens, greedy.
+   `engine: continuous` (streams) against `engine: batch` (today's MicroBatcher; non-streamed, so
+   its first token reaches the client with the whole completion) at the same max batch size C.
+   Printed: output tokens/s, TTFT p50/p99 and inter-token latency p50/p99, and the ratios.
+2. Generated tokens/s of the engine against `transformers.generate` (greedy, exactly
+   --gen-tokens new tokens) at batch 1 and 8 on a 125M-shaped Llama (dim 768, 12 layers, vocab
+   32000, random weights), loaded by transformers from kiln's HF export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench.serving import CORPUS, make_model, pct  # noqa: E402
+
+WORDS = " ".join(CORPUS).split()
+
+
+def workload(n: int, seed: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 200))) for _ in range(n)]
+    return [(p, rng.randint(8, 128)) for p in prompts]
+
+
+async def one_request(backend, prompt: str, max_tokens: int, streamed: bool) -> dict:
+    from kiln.serving.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_tokens)
+    job = await backend.prepare(prompt, params, truncate=None, fit_context=False)
+    start = time.perf_counter()
+    if not streamed:
+        (result,) = await backend.complete([job])
+        ttft = time.perf_counter() - start
+        return {"ttft": ttft, "gaps": [], "tokens": result.completion_tokens}
+    stamps = []
+    async for _ in backend.stream(job):
+        stamps.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return {"ttft": stamps[0] - start, "gaps": gaps, "tokens": max_tokens}
+
+
+async def drive(backend, requests, clients: int, rate: float, streamed: bool, seed: int) -> dict:
+    """Poisson arrivals at `rate` requests/s, at most `clients` in flight."""
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(clients)
+
+    async def client(prompt, max_tokens):
+        async with gate:
+            return await one_request(backend, prompt, max_tokens, streamed)
+
+    tasks, start = [], time.perf_counter()
+    for prompt, max_tokens in requests:
+        tasks.append(asyncio.create_task(client(prompt, max_tokens)))
+        await asyncio.sleep(rng.expovariate(rate))
+    outs = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    ttft = [o["ttft"] for o in outs]
+    gaps = [g for o in outs for g in o["gaps"]]
+    return {
+        "tok_s": sum(o["tokens"] for o in outs) / wall,
+        "ttft": (pct(ttft, 50), pct(ttft, 99)),
+        "itl": (pct(gaps, 50), pct(gaps, 99)) if gaps else None,
+    }
+
+
+def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate: float) -> None:
+    from kiln.serving.backend_local import LocalBackend
+    from kiln.serving.backends import BatchingConfig
+
+    print(f"\n1. REST local backend, Poisson arrivals at {rate:g} x C req/s, greedy")
+    head = f"{'C':>3} {'engine':<11} {'out tok/s':>9} {'TTFT p50/p99 s':>16} {'ITL p50/p99 ms':>16}"
+    print(head)
+    for clients in counts:
+        requests = workload(per_client * clients, seed=clients)
+        res = {}
+        for engine in ("continuous", "batch"):
+            cfg = BatchingConfig(engine=engine, max_batch_size=clients, batch_wait_timeout_s=0.01)
+            backend = LocalBackend(model_dir, "bench", cfg)
+            r = asyncio.run(
+                drive(backend, requests, clients, rate * clients, engine == "continuous", 0)
+            )
+            asyncio.run(backend.close())
+            res[engine] = r
+            itl = (
+                f"{r['itl'][0] * 1e3:7.1f}/{r['itl'][1] * 1e3:<7.1f}" if r["itl"] else "n/a (whole)"
+            )
+            ttft = f"{r['ttft'][0]:7.2f}/{r['ttft'][1]:<7.2f}"
+            print(f"{clients:>3} {engine:<11} {r['tok_s']:>9.1f} {ttft:>16} {itl:>16}", flush=True)
+        c, b = res["continuous"], res["batch"]
+        print(
+            f"{clients:>3} ratio       {c['tok_s'] / b['tok_s']:>8.2f}x "
+            f"TTFT p99 continuous/batch {c['ttft'][1] / b['ttft'][1]:.2f}",
+            flush=True,
+        )
+
+
+def generation_comparison(tmp: str, new_tokens: int, prompt_len: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kiln.serving.engine import Engine
+    from kiln.serving.export.hf import export_hf
+    from kiln.serving.generate import Generator
+    from kiln.serving.sampling import SamplingParams
+    from kiln.training.model.config import ModelConfig
+    from kiln.training.model.transformer import Transformer
+    from tests.serving.generate.tiny import train_tokenizer
+
+    cfg = ModelConfig(
+        vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12,
+        ffn_hidden_dim=2048, max_seq_len=1024,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    gen = Generator(Transformer(cfg).eval(), train_tokenizer(), eos_token_ids=[])
+    n_params = sum(p.numel() for p in gen.model.parameters()) / 1e6
+    export_hf(gen, os.path.join(tmp, "hf125m"))
+    hf = AutoModelForCausalLM.from_pretrained(os.path.join(tmp, "hf125m")).eval()
+    print(f"\n2. generation, {n_params:.0f}M params, prompt {prompt_len}, {new_tokens} new tokens")
+    print(f"{'batch':>5} {'kiln engine tok/s':>18} {'transformers tok/s':>19} {'ratio':>6}")
+    rng = random.Random(0)
+    for batch in (1, 8):
+        prompts = [[rng.randrange(cfg.vocab_size) for _ in range(prompt_len)] for _ in range(batch)]
+        engine = Engine(gen, max_slots=batch, prefill_chunk=512).start()
+        params = SamplingParams(max_new_tokens=new_tokens)
+
+        def ours(engine=engine, prompts=prompts, params=params):
+            finished = threading.Semaphore(0)
+            ends = []
+
+            def listener(event):
+                if event.kind != "token":
+                    ends.append(event)
+                    finished.release()
+
+            for p in prompts:
+                engine.submit(p, params, listener)
+            for _ in prompts:
+                finished.acquire()
+            assert all(len(e.token_ids) == new_tokens for e in ends)
+
+        def theirs(prompts=prompts):
+            with torch.inference_mode():
+                out = hf.generate(
+                    torch.tensor(prompts), attention_mask=torch.ones(len(prompts), prompt_len,
+                    dtype=torch.long), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    do_sample=False, pad_token_id=0,
+                )  # fmt: skip
+            assert out.shape[1] == prompt_len + new_tokens
+
+        rates = []
+        for fn in (ours, theirs):
+            fn()  # warm-up
+            t = time.perf_counter()
+            fn()
+            rates.append(batch * new_tokens / (time.perf_counter() - t))
+        engine.stop()
+        print(f"{batch:>5} {rates[0]:>18.1f} {rates[1]:>19.1f} {rates[0] / rates[1]:>5.2f}x")
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rate", type=float, default=1.0, help="arrivals per second per client")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {args.threads} threads")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_model(os.path.join(tmp, "m"), dim=256, layers=4, vocab=1000)
+        serving_comparison(model_dir, [4] if args.quick else [16, 64], 2, args.rate)
+        generation_comparison(tmp, 8 if args.quick else 64, 32)
+
+
+if __name__ == "__main__":
+    main()
