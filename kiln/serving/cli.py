@@ -30,6 +30,12 @@ def register(subparsers) -> None:
     p.add_argument("--triton-model", help="model name in the Triton repository")
     p.add_argument("--max-batch-size", type=int, default=8, help="dynamic batching (local backend)")
     p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument(
+        "--engine",
+        choices=["continuous", "batch"],
+        default="continuous",
+        help="local backend: continuous batching (default) or per request group",
+    )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
@@ -76,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         "batching": {
             "max_batch_size": args.max_batch_size,
             "batch_wait_timeout_s": args.batch_wait_ms / 1000,
+            "engine": args.engine,
         },
         "deployment": deployment,
     }
