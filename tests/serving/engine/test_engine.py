@@ -58,7 +58,7 @@ def submit_at_random_moments(engine, requests, params_of, seed=0):
     return out
 
 
-@pytest.mark.parametrize("shape", ["llama", "mistral"])
+@pytest.mark.parametrize("shape", ["llama", "mistral", "mixtral"])
 def test_greedy_under_continuous_batching_equals_sequential_generate(shape, tokenizer):
     gen = tiny_generator(shape, tokenizer, eos=False)
     requests = random_requests(tokenizer.get_vocab_size(), 24)
