@@ -114,7 +114,8 @@ def _triton_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
         print(
-            f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}",
+            f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
+            f"metrics {server.metrics_url}",
             flush=True,
         )
         print("Ctrl-C to stop", flush=True)

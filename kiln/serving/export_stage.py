@@ -36,7 +36,7 @@ class ExportConfig(StageConfig):
 
 
 class ExportStage(Stage):
-    """Write a checkpoint as a Hugging Face model (`hf/`) and a Triton model repository (`triton/`)."""
+    """Write a checkpoint as a Hugging Face model (`hf/`) and a Triton repository (`triton/`)."""
 
     type_name = "export"
     Config = ExportConfig
@@ -82,7 +82,8 @@ def export_model(
     if "triton" in cfg.formats:
         if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
             raise InputError(
-                "export: the triton format needs a tokenizer (inputs.tokenizer, or tokenizer.json next to the checkpoint)"
+                "export: the triton format needs a tokenizer "
+                "(inputs.tokenizer, or tokenizer.json next to the checkpoint)"
             )
         triton_cfg = cfg.triton.model_copy(
             update={"model_name": cfg.model_name, "dtype": cfg.dtype}

@@ -76,7 +76,7 @@ def run_distributed(
                 if dead:
                     raise RuntimeError(
                         f"ranks {dead} died (exit codes {[procs[r].exitcode for r in dead]})"
-                    )
+                    ) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"run_distributed: no result after {timeout}s") from None
                 continue

@@ -19,7 +19,8 @@ def resolve(path: str) -> str:
     latest = storage.latest_checkpoint(path)
     if latest is None:
         raise InputError(
-            f"{path}: no complete checkpoint here (expected .metadata + kiln.json, or a `latest` pointer)"
+            f"{path}: no complete checkpoint here "
+            "(expected .metadata + kiln.json, or a `latest` pointer)"
         )
     return latest
 

@@ -1,4 +1,4 @@
-"""Data parallelism with FSDP2: fully_shard (ZeRO-2/3 style), replicate (plain DP), or both (HSDP)."""
+"""Data parallelism with FSDP2: fully_shard (ZeRO-2/3 style), replicate (plain DP), or both."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross entropy in fp32; works on vocab-sharded DTensor logits under loss_parallel."""
+    """Mean token cross entropy in fp32; also on vocab-sharded DTensor logits (loss_parallel)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=-100)
 
 

@@ -1,4 +1,4 @@
-"""The exported Triton repository in the real tritonserver (nvidia-pytriton's), over HTTP and gRPC."""
+"""The exported Triton repository in the real tritonserver (nvidia-pytriton's), HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def test_repository_layout_and_config(repo):
         assert os.path.exists(os.path.join(model, "1", "hf", name))
     # the vendored runtime is self-contained: it generates without Ray (or kiln's checkout)
     script = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import kiln; from kiln.serving.generate import Generator; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import kiln; "
+        "from kiln.serving.generate import Generator; "
         "assert kiln.__file__.startswith(sys.argv[1]), kiln.__file__; "
         "g = Generator.load(sys.argv[2]); g.generate(['hi']); "
         "assert not any(m.split('.')[0] in ('ray', 'pandas') for m in sys.modules), 'ray imported'"
