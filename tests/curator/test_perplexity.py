@@ -66,6 +66,8 @@ def test_reference_text_has_lower_perplexity_than_junk(lm):
         good = scorer.perplexity([high_quality(rng, lang) for _ in range(20)])
         junk = scorer.perplexity([low_quality(rng, lang) for _ in range(20)])
         assert np.mean(good[:, None] < junk[None, :]) >= 0.9, lang
+    # Scoring in a driver must not switch autograd off for whatever trains next in the process.
+    assert torch.is_grad_enabled()
 
 
 def test_classify_buckets_by_perplexity(lm, tmp_path):

@@ -13,7 +13,6 @@ class PerplexityScorer:
     """One model per process (a Ray Data actor holds one): batched, right-padded forward."""
 
     def __init__(self, model: str, tokenizer: str, max_tokens: int = 512, batch_size: int = 8):
-        import torch
         from tokenizers import Tokenizer
 
         from kiln.training.model.weights import build_model, read_weights
@@ -24,10 +23,17 @@ class PerplexityScorer:
         self.tok = Tokenizer.from_file(tokenizer)
         self.max_tokens = min(max_tokens, cfg.max_seq_len)
         self.batch_size = batch_size
-        torch.set_grad_enabled(False)
 
     def perplexity(self, texts: list[str]) -> np.ndarray:
         """exp(mean next-token NLL) per text; NaN for texts of fewer than two tokens."""
+        import torch
+
+        # Scoped, never a process-wide set_grad_enabled(False): in a driver or test process that
+        # would leak into every later training step.
+        with torch.inference_mode():
+            return self._perplexity(texts)
+
+    def _perplexity(self, texts: list[str]) -> np.ndarray:
         import torch
         import torch.nn.functional as F
 
