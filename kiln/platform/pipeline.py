@@ -8,6 +8,7 @@ spec after a crash resumes at the first unfinished stage.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -232,7 +233,8 @@ class Pipeline:
 
     def work_dir(self, st: Stage, fingerprint: str) -> Path:
         """A stage's work folder: kept across failed attempts (same fingerprint: a re-run resumes
-        from what it holds), removed once the stage succeeds."""
+        from what it holds), removed once the stage succeeds. Created by the stage that uses it,
+        so a run folder holds `.work` only while such a stage is unfinished."""
         return self.runs_dir / self.name / ".work" / f"{st.name}-{fingerprint}"
 
     @staticmethod
@@ -249,7 +251,6 @@ class Pipeline:
     @staticmethod
     def _execute(st: Stage, ctx: StageContext, entry: dict) -> None:
         """Run the stage's steps, commit its outputs, record the outcome in `entry`."""
-        ctx.work_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
 
         def failed(error: str) -> None:
@@ -277,6 +278,8 @@ class Pipeline:
         for art in ctx.outputs.values():
             art.commit()
         shutil.rmtree(ctx.work_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # `.work` holds only unfinished stages' folders
+            ctx.work_dir.parent.rmdir()
         entry.update(
             status="done",
             ended=_now(),

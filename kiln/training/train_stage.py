@@ -55,6 +55,7 @@ class TrainStage(Stage):
         # folder (kept across failed attempts of the same stage): a re-run after a crash resumes
         # there, under the same Ray run. On success they move into the output artifact (renames).
         work = Path(ctx.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
         ckpt_root = str(work / "checkpoints")
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": ckpt_root})}

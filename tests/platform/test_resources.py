@@ -108,6 +108,7 @@ def test_work_dir_survives_a_failure_and_goes_on_success(tmp_path):
         seen: list = []  # noqa: RUF012
 
         def run(self, ctx: StageContext):
+            ctx.work_dir.mkdir(parents=True, exist_ok=True)  # the stage creates what it uses
             Flaky.seen.append((ctx.work_dir, sorted(p.name for p in ctx.work_dir.iterdir())))
             (ctx.work_dir / "progress").write_text("half")
             if len(Flaky.seen) == 1:
@@ -119,4 +120,4 @@ def test_work_dir_survives_a_failure_and_goes_on_success(tmp_path):
     Pipeline("w", [Flaky()], runs_dir=tmp_path).run()
     (first, files1), (second, files2) = Flaky.seen
     assert first == second and files1 == [] and files2 == ["progress"]  # resumed from it
-    assert not second.exists()
+    assert not second.exists() and not second.parent.exists()  # no empty `.work` left behind

@@ -44,7 +44,9 @@ class ImportModelStage(Stage):
         from kiln.serving.export.hf import export_hf
         from kiln.serving.import_hf import import_hf
 
-        ckpt = str(Path(ctx.work_dir or ctx.stage_dir) / "imported")
+        work = Path(ctx.work_dir or ctx.stage_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        ckpt = str(work / "imported")
         import_hf(self.config.source, ckpt)
         out = ctx.outputs["model"]
         hf = os.path.join(out.path, "hf")
@@ -152,6 +154,7 @@ class _PostStage(Stage):
         if "model" in ctx.inputs:
             update["base"] = os.path.join(ctx.inputs["model"].path, "hf")
         work = ctx.work_dir or ctx.stage_dir
+        os.makedirs(work, exist_ok=True)
         update["checkpoint"] = cfg.checkpoint.model_copy(
             update={"dir": os.path.join(str(work), "checkpoints")}
         )
