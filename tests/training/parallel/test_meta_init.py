@@ -75,18 +75,29 @@ def _setup_peak_mb(meta_init: bool) -> float:
     return peak
 
 
-def _both_paths() -> tuple[float, float]:
-    # Imports and process groups first (a tiny model on both paths), so neither pays for them.
-    for meta_init in (True, False):
-        del_me = _build(meta_init, {"n_layers": 4})
-        del del_me
-    # The meta path first: memory the old path frees and keeps resident can only flatter it.
-    return _setup_peak_mb(meta_init=True), _setup_peak_mb(meta_init=False)
+def _one_path(meta_init: bool) -> float:
+    # A fresh process per path; imports and process groups first (a tiny model on the same
+    # path), so the measurement is the model alone and no other path's freed memory is reused.
+    warm = _build(meta_init, {"n_layers": 4})
+    del warm
+    return _setup_peak_mb(meta_init)
+
+
+def _meta_path() -> float:
+    return _one_path(True)
+
+
+def _full_path() -> float:
+    return _one_path(False)
 
 
 @pytest.mark.slow
 def test_meta_build_lowers_peak_host_memory_tp2_pp2():
-    per_rank = run_distributed(_both_paths, 4, timeout=300)
+    per_rank = zip(
+        run_distributed(_meta_path, 4, timeout=300),
+        run_distributed(_full_path, 4, timeout=300),
+        strict=True,
+    )
     full_model_mb = (
         ModelConfig.preset(
             "tiny",
