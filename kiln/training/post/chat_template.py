@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from kiln.platform.errors import ConfigError, InputError
@@ -40,8 +40,11 @@ SPECIAL_TOKEN_NAMES = (
 )
 
 
+@lru_cache(maxsize=16)
 def _compile(source: str):
-    """The template compiled in the environment `transformers` uses (chat_template_utils.py)."""
+    """The template compiled in the environment `transformers` uses (chat_template_utils.py).
+
+    Cached by source: the serving endpoint renders the same template for every request."""
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -81,7 +84,7 @@ def _compile(source: str):
         raise ConfigError(f"chat_template: not a valid Jinja template ({e})") from None
 
 
-def _token_text(value) -> str | None:
+def token_text(value) -> str | None:
     """A special token as tokenizer_config.json stores it: a string or an AddedToken dict."""
     if isinstance(value, dict):
         return value.get("content")
@@ -125,7 +128,7 @@ class ChatTemplate:
         config_file = d / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         specials = {
-            k: t for k in SPECIAL_TOKEN_NAMES if (t := _token_text(config.get(k))) is not None
+            k: t for k in SPECIAL_TOKEN_NAMES if (t := token_text(config.get(k))) is not None
         }
         source = config.get("chat_template")
         if (d / "chat_template.jinja").is_file():
