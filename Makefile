@@ -25,14 +25,16 @@ $(VENV)/.kiln-test-installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.kiln-installed
 	$(BIN)/kiln run kiln/pipelines/quickstart.yaml
 
-test: $(VENV)/.kiln-test-installed
+test: lint
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=25
 
 test-fast: $(VENV)/.kiln-test-installed
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not slow"
 
+# The rule set (E, F, I, B, UP, SIM, 100 columns) lives in pyproject.toml; `make test` runs this first.
 lint: $(VENV)/.kiln-test-installed
 	$(BIN)/ruff check kiln tests bench
+	$(BIN)/ruff format --check kiln tests bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

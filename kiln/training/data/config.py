@@ -10,7 +10,8 @@ class DataConfig(BaseModel):
 
     paths: list[str] = Field(
         default_factory=list,
-        description="Indexed-dataset prefixes (<prefix>.bin/.idx) or TokenDataset artifact directories.",
+        description="Indexed-dataset prefixes (<prefix>.bin/.idx) "
+        "or TokenDataset artifact directories.",
     )
     weights: list[float] | None = Field(
         None, description="Blend weights, one per path (default: equal)."
@@ -25,7 +26,8 @@ class DataConfig(BaseModel):
     )
     index_cache_dir: str | None = Field(
         None,
-        description="Where document/sample/shuffle indices are cached (default: $KILN_CACHE_DIR/gpt_index).",
+        description="Where document/sample/shuffle indices are cached "
+        "(default: $KILN_CACHE_DIR/gpt_index).",
     )
 
     @model_validator(mode="after")

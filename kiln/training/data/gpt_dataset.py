@@ -72,7 +72,7 @@ def build_sample_index(
 
 
 def build_shuffle_index(num_samples: int, total_size: int, rs: np.random.RandomState) -> np.ndarray:
-    """Megatron's `_build_shuffle_index`: [0, num_samples) and [num_samples, total) shuffled apart."""
+    """Megatron's `_build_shuffle_index`: [0, num_samples), [num_samples, total) shuffled apart."""
     dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
     first = np.arange(num_samples, dtype=dtype)
     rs.shuffle(first)
@@ -86,7 +86,7 @@ def build_shuffle_index(num_samples: int, total_size: int, rs: np.random.RandomS
 def build_indices(
     sizes: np.ndarray, documents: np.ndarray, seq_len: int, seed: int, num_samples: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The three indices, exactly as Megatron's `GPTDataset._build_document_sample_shuffle_indices`."""
+    """The three indices, as Megatron's `GPTDataset._build_document_sample_shuffle_indices`."""
     tokens_per_epoch = int(sizes[documents].sum(dtype=np.int64))
     if tokens_per_epoch <= seq_len:
         raise ValueError(
@@ -120,7 +120,7 @@ def default_cache_dir() -> Path:
 
 
 class GPTDataset:
-    """Fixed-length samples of `seq_len + 1` tokens packed from the documents of one indexed dataset.
+    """Fixed-length samples of `seq_len + 1` tokens packed from one indexed dataset's documents.
 
     `num_samples=None` means one epoch (as in Megatron). `gather(ids)` and `gather_range(first,
     count)` assemble many samples at once: their document pieces are copied out of the memory

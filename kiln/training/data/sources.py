@@ -67,7 +67,8 @@ class IndexedSource:
             v = dataset_vocab_size(path) if os.path.isdir(path) else None
             if vocab_size is not None and v is not None and v > vocab_size:
                 raise ConfigError(
-                    f"data.paths: {path} was tokenised with vocab {v} > model vocab_size {vocab_size}"
+                    f"data.paths: {path} was tokenised with vocab {v} "
+                    f"> model vocab_size {vocab_size}"
                 )
         self.datasets = [IndexedDataset(resolve_prefix(p, cfg.split)) for p in cfg.paths]
         self.weights = cfg.weights or [1.0] * len(self.datasets)

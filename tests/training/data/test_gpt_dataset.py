@@ -1,4 +1,4 @@
-"""Document / sample / shuffle indices as Megatron builds them; packing; blending; the on-disk cache."""
+"""Document/sample/shuffle indices as Megatron builds them; packing; blending; the disk cache."""
 
 from __future__ import annotations
 

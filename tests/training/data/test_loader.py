@@ -1,4 +1,4 @@
-"""The training loader: DP split, determinism, one pass covers the split, exact resume, synthetic data."""
+"""The training loader: DP split, determinism, one pass covers the split, resume, synthetic data."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _loader(data, dp_rank=0, dp_size=1, mbs=2, seed=1, prefetch=2):
 
 
 def _take(loader, n):
-    return [(t.clone(), l.clone()) for t, l in itertools.islice(loader, n)]
+    return [(t.clone(), lab.clone()) for t, lab in itertools.islice(loader, n)]
 
 
 def test_batches_are_shifted_int64_pairs(data):
