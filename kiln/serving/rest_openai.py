@@ -34,14 +34,13 @@ from kiln.serving.protocol_openai import (
     Usage,
 )
 from kiln.serving.rest_params import (
+    SSE_HEADERS,
     backend_of,
     limits_of,
     prepare_jobs,
     require_model,
     sampling_params,
 )
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 router = APIRouter(prefix="/v1")
 

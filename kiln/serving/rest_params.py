@@ -8,6 +8,9 @@ from kiln.serving.backends import Backend, Job, Prompt
 from kiln.serving.protocol import Limits, RequestError, SamplingFields
 from kiln.serving.sampling import SamplingParams
 
+# Server-sent events: no caching, no proxy buffering (each chunk reaches the client at once).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
 
 def backend_of(request: Request) -> Backend:
     return request.app.state.backend

@@ -13,14 +13,13 @@ from kiln.serving.backends import Backend, Job
 from kiln.serving.protocol import RequestError, kserve_error
 from kiln.serving.protocol_kserve import GenerateRequest
 from kiln.serving.rest_params import (
+    SSE_HEADERS,
     backend_of,
     limits_of,
     prepare_jobs,
     require_model,
     sampling_params,
 )
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 router = APIRouter(prefix="/v2")
 

@@ -1,4 +1,4 @@
-"""Launcher decisions both entry points share (torchrun and Ray Train), as pure functions."""
+"""Launcher decisions both entry points share (torchrun and Ray Train)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,28 @@ def local_cuda_index(local_rank: int, local_world_size: int, device_count: int) 
     if not 0 <= local_rank < device_count:
         raise ConfigError(f"LOCAL_RANK={local_rank} but only {device_count} GPU(s) are visible")
     return local_rank
+
+
+def init_process_group_from_env(device: str, optimizer_offload: bool) -> None:
+    """Under torchrun (RANK / WORLD_SIZE set): pin this rank's GPU and join the process group.
+    Both torchrun entry points (pretraining and post-training) start this way."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "RANK" not in os.environ:
+        return
+    cuda = torch.cuda.is_available() and device != "cpu"
+    if cuda:
+        torch.cuda.set_device(
+            local_cuda_index(
+                int(os.environ.get("LOCAL_RANK", "0")),
+                int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                torch.cuda.device_count(),
+            )
+        )
+    dist.init_process_group(process_group_backend(cuda, optimizer_offload))
 
 
 def resolve_auto_precision(cfg, cuda_available: bool):

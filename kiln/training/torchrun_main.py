@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 
@@ -27,27 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    import torch
     import torch.distributed as dist
 
     from kiln.platform.errors import KilnError
+    from kiln.training.launch import init_process_group_from_env
     from kiln.training.trainer import Trainer
 
     try:
         cfg = load_config(args.config)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or "RANK" in os.environ:
-            from kiln.training.launch import local_cuda_index, process_group_backend
-
-            cuda = torch.cuda.is_available() and cfg.device != "cpu"
-            if cuda:
-                torch.cuda.set_device(
-                    local_cuda_index(
-                        int(os.environ.get("LOCAL_RANK", "0")),
-                        int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                        torch.cuda.device_count(),
-                    )
-                )
-            dist.init_process_group(process_group_backend(cuda, cfg.optimizer_offload))
+        init_process_group_from_env(cfg.device, cfg.optimizer_offload)
         Trainer(cfg).train()
     except KilnError as exc:
         print(f"kiln: error: {exc}", file=sys.stderr)

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from kiln.platform.errors import KilnError
+    from kiln.training.launch import init_process_group_from_env
 
     parser = argparse.ArgumentParser(prog="python -m kiln.training.post.run")
     parser.add_argument("--config", required=True)
@@ -132,13 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from kiln.training.launch import process_group_backend
-
-            cuda = torch.cuda.is_available() and cfg.device != "cpu"
-            if cuda:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(process_group_backend(cuda, cfg.optimizer_offload))
+        init_process_group_from_env(cfg.device, cfg.optimizer_offload)
         summary = train_post(cfg, args.export)
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(json.dumps(summary, indent=2, default=str))
