@@ -31,6 +31,7 @@ class ReadConfig(_Section):
     text_field: str = "text"
     id_field: str = "id"
     source_field: str = "source"
+    url_field: str = Field("url", description="the document's URL (filters.url_blocklist)")
     max_doc_chars: int = Field(
         1_000_000, gt=0, description="longer documents go to rejected/ as too_large"
     )
@@ -54,9 +55,58 @@ class CleanConfig(_Section):
     )
 
 
+class CodeFilterConfig(_Section):
+    """Rules for source code (NeMo Curator / StarCoder defaults). `None` disables a rule."""
+
+    min_lines: int | None = 10
+    max_lines: int | None = 20_000
+    max_line_length: int | None = Field(1000, description="characters of the longest line")
+    max_mean_line_length: float | None = 100.0
+    min_alpha_fraction: float | None = Field(0.25, description="letters / characters")
+    min_comment_ratio: float | None = Field(0.01, description="comment characters / characters")
+    max_comment_ratio: float | None = 0.85
+    xml_header: bool = Field(True, description="drop files that start with an XML declaration")
+
+
+# The prose rules `preset: code` switches off (each can still be set explicitly).
+PROSE_RULES = {
+    "min_words": None,
+    "max_words": None,
+    "min_mean_word_length": None,
+    "max_mean_word_length": None,
+    "max_symbol_word_ratio": None,
+    "max_bullet_line_ratio": None,
+    "max_ellipsis_line_ratio": None,
+    "min_alpha_word_ratio": None,
+    "max_non_alnum_ratio": None,
+    "max_digit_ratio": None,
+    "max_dup_line_fraction": None,
+    "max_dup_line_char_fraction": None,
+    "max_dup_para_fraction": None,
+    "max_dup_para_char_fraction": None,
+    "top_ngram_char_fraction": None,
+    "dup_ngram_char_fraction": None,
+    "min_terminal_punct_line_ratio": None,
+    "lorem_ipsum": False,
+    "max_javascript_line_ratio": None,
+    "max_curly_brace_ratio": None,
+    "max_url_char_ratio": None,
+    "languages": None,
+}
+
+
 class FilterConfig(_Section):
     """Gopher quality + repetition rules, C4 rules, URL ratio, langid. `None` disables a rule."""
 
+    preset: Literal["text", "code"] = Field(
+        "text", description="code: prose rules off unless set, `code` rules on"
+    )
+    url_blocklist: list[str] = Field(
+        default_factory=list,
+        description="domains, or files of domains (one a line): drop documents whose "
+        "read.url_field host is one of them or a subdomain",
+    )
+    code: CodeFilterConfig | None = Field(None, description="rules for source code")
     min_words: int | None = 50
     max_words: int | None = 100_000
     min_mean_word_length: float | None = 3.0
@@ -112,6 +162,14 @@ class FilterConfig(_Section):
     quality_pareto_alpha: float | None = Field(
         None, gt=0, description="Pareto sampling instead of the threshold (NeMo Curator's alpha)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data):
+        if isinstance(data, dict) and data.get("preset") == "code":
+            data = {**PROSE_RULES, **data}
+            data.setdefault("code", {})
+        return data
 
 
 class FuzzyConfig(_Section):

@@ -70,7 +70,11 @@ class ChunkProcessor:
         idx = np.array([i for i in idx if reasons[i] is None], dtype=np.int64)
         language = [None] * len(records)
         if len(idx):
-            batch = DocBatch([texts[i] for i in idx], self.cfg.filters.no_space_script_ratio)
+            batch = DocBatch(
+                [texts[i] for i in idx],
+                self.cfg.filters.no_space_script_ratio,
+                urls=[records[i].get("url") for i in idx],
+            )
             failed = np.zeros(len(idx), dtype=bool)
             for f in self.filters:
                 bad = ~np.asarray(f.keep(batch), dtype=bool) & ~failed

@@ -1,6 +1,6 @@
-"""Document filters: Gopher quality and repetition rules, C4 rules, URL ratio, language id,
-eval-set decontamination, plus any user `DocumentFilter`. Each filter is counted under its `name`
-in report.json."""
+"""Document filters: URL blocklists, code rules, Gopher quality and repetition rules, C4 rules,
+URL ratio, language id, eval-set decontamination, plus any user `DocumentFilter`. Each filter is
+counted under its `name` in report.json."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
     def add(cond: bool, f: DocumentFilter) -> None:
         if cond:
             out.append(f)
+
+    if cfg.url_blocklist:
+        from kiln.curator.filters.url_blocklist import UrlBlocklist
+
+        out.append(UrlBlocklist.from_config(cfg.url_blocklist))
+    if cfg.code is not None:
+        from kiln.curator.filters.code import code_filters
+
+        out += code_filters(cfg.code)
 
     add(
         cfg.min_words is not None or cfg.max_words is not None,

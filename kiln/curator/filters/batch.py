@@ -54,8 +54,11 @@ class Segments:
 
 
 class DocBatch:
-    def __init__(self, texts: list[str], no_space_ratio: float = 0.3):
+    def __init__(
+        self, texts: list[str], no_space_ratio: float = 0.3, urls: list[str | None] | None = None
+    ):
         self.texts = texts
+        self.urls = urls  # each document's URL (read.url_field), when the input has one
         self.arr = pa.array(texts, pa.large_string())
         self.no_space_ratio = no_space_ratio
 

@@ -43,8 +43,14 @@ class ReadTask:
         return cls(**d)
 
 
-def record(id_: str | None, text: str | None, source: str, reason: str | None = None) -> dict:
-    return {"id": id_, "text": text, "source": source, "reason": reason}
+def record(
+    id_: str | None,
+    text: str | None,
+    source: str,
+    reason: str | None = None,
+    url: str | None = None,
+) -> dict:
+    return {"id": id_, "text": text, "source": source, "reason": reason, "url": url}
 
 
 def file_kind(path: str) -> str | None:

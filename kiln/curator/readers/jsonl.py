@@ -78,7 +78,8 @@ def parse_line(line: bytes, default_id: str, source: str, cfg: ReadConfig) -> di
         return base.record(id_, None, src, base.MISSING_TEXT)
     if not isinstance(text, str):
         return base.record(id_, json.dumps(text)[:10_000], src, base.NON_STRING_TEXT)
-    return base.record(id_, text, src)
+    url = obj.get(cfg.url_field)
+    return base.record(id_, text, src, url=url if isinstance(url, str) else None)
 
 
 def read_jsonl(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:

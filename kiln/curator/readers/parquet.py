@@ -16,14 +16,17 @@ def read_parquet(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
     name = os.path.basename(task.path)
     pf = pq.ParquetFile(task.path)
     cols = [
-        c for c in (cfg.id_field, cfg.text_field, cfg.source_field) if c in pf.schema_arrow.names
+        c
+        for c in (cfg.id_field, cfg.text_field, cfg.source_field, cfg.url_field)
+        if c in pf.schema_arrow.names
     ]
     table = pf.read_row_group(task.start, columns=cols)
     n = table.num_rows
     ids = table.column(cfg.id_field).to_pylist() if cfg.id_field in cols else [None] * n
     texts = table.column(cfg.text_field).to_pylist() if cfg.text_field in cols else [None] * n
     sources = table.column(cfg.source_field).to_pylist() if cfg.source_field in cols else [None] * n
-    for i, (id_, text, src) in enumerate(zip(ids, texts, sources, strict=True)):
+    urls = table.column(cfg.url_field).to_pylist() if cfg.url_field in cols else [None] * n
+    for i, (id_, text, src, url) in enumerate(zip(ids, texts, sources, urls, strict=True)):
         id_ = str(id_) if id_ is not None else f"{name}:{task.start}:{i}"
         src = src if isinstance(src, str) else name
         if text is None:
@@ -36,4 +39,4 @@ def read_parquet(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
         elif not isinstance(text, str):
             yield base.record(id_, str(text), src, base.NON_STRING_TEXT)
         else:
-            yield base.record(id_, text, src)
+            yield base.record(id_, text, src, url=url if isinstance(url, str) else None)

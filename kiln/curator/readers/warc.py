@@ -44,4 +44,6 @@ def read_warc(task: base.ReadTask, cfg: ReadConfig) -> Iterator[dict]:
             if not text:
                 yield base.record(id_, None, name, base.NO_TEXT_EXTRACTED)
             else:
-                yield base.record(id_, text, name)
+                yield base.record(
+                    id_, text, name, url=rec.rec_headers.get_header("WARC-Target-URI")
+                )
