@@ -223,9 +223,16 @@ class Checkpointer:
             f" (pruned {len(removed)})" if removed else "",
         )
 
+    def _model_state(self) -> tuple[dict[str, Any], list[list[str]]]:
+        """The model entries saved and loaded (post-training's adapter checkpoints narrow it)."""
+        return S.model_state(self.model_parts)
+
+    def _apply_model_state(self, state: dict[str, Any], keys: list[list[str]]) -> None:
+        S.apply_model_state(self.model_parts, state, keys)
+
     def _state_for_save(self, step: int) -> dict[str, Any]:
         state: dict[str, Any] = {
-            "model": S.model_state(self.model_parts)[0],
+            "model": self._model_state()[0],
             "train": {**self.train_state.state_dict(), "step": int(step)},
             "rng": {f"rank{self.rank}": self.train_state.rng_state_dict()},
         }
@@ -271,7 +278,7 @@ class Checkpointer:
         sidecar = storage.read_json(storage.join(path, storage.SIDECAR))
         reader = make_reader(path)
         available = set(reader.read_metadata().state_dict_metadata)
-        model_sd, model_keys = S.model_state(self.model_parts)
+        model_sd, model_keys = self._model_state()
         state: dict[str, Any] = {"model": model_sd}
         has_training_state = any(k.startswith("optimizer.") for k in available)
         full = self.cfg.load_optimizer and has_training_state and not weights_only
@@ -279,7 +286,7 @@ class Checkpointer:
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
         optim_keys = self._request_training_state(state, available, sidecar) if full else None
         dcp.load(state, storage_reader=reader, process_group=self._save_pg)
-        S.apply_model_state(self.model_parts, state["model"], model_keys)
+        self._apply_model_state(state["model"], model_keys)
         if optim_keys is not None:
             self._apply_training_state(state, optim_keys)
         self._last_saved_step = int(sidecar.get("step", -1))

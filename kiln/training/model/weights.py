@@ -64,6 +64,9 @@ def read_checkpoint(path: str) -> tuple[ModelConfig, StateDict]:
     with warnings.catch_warnings():  # one process, no process group: that is the intent
         warnings.filterwarnings("ignore", message="torch.distributed is")
         cfg, state = load_model_state(path)
+    from kiln.training.post.adapter_checkpoint import merge_adapter_checkpoint
+
+    state = merge_adapter_checkpoint(path, state)  # adapter-only LoRA: merged onto its base
     if not cfg:
         raise InputError(f"{path}: the checkpoint's kiln.json has no model config")
     return ModelConfig(**cfg), state

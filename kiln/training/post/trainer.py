@@ -80,6 +80,28 @@ class PostTrainer(Trainer):
                 for name, p in part.named_parameters():
                     p.requires_grad_(name.rsplit(".", 1)[-1] in LORA_PARAMS)
 
+    def build_checkpointer(self, ckpt_cfg=None):
+        """LoRA on a base: adapter-only checkpoints (the base is referenced, not copied)."""
+        if self.cfg.lora is None or not self.cfg.base:
+            return super().build_checkpointer(ckpt_cfg)
+        from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
+
+        cfg = self.cfg
+        return AdapterCheckpointer(
+            ckpt_cfg or cfg.checkpoint,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            dataloader=self.dataloader,
+            train_state=self.train_state,
+            dims=self.dims,
+            total_steps=cfg.steps,
+            model_config=cfg.model.model_dump(mode="json"),
+            train_config=cfg.model_dump(mode="json", by_alias=True),
+            base=cfg.base,
+            lora=cfg.lora.model_dump(mode="json"),
+        )
+
     def _packed(self) -> bool:
         return self.cfg.objective == "sft" and bool(self._chat_meta().get("packed"))
 
