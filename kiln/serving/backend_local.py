@@ -20,6 +20,7 @@ from kiln.serving.backends import BatchingConfig, Job, Prompt, Result
 from kiln.serving.batcher import MicroBatcher
 from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
 from kiln.serving.engine import Engine, complete, stream_events
+from kiln.serving.engine.detokenize import IncrementalText
 from kiln.serving.protocol import RequestError
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ class LocalBackend:
 
         assert self._engine is not None and job.prompt_ids is not None
         decode, sent = self.generator.decode, ""
+        text_so_far = IncrementalText(decode)
         async for event in stream_events(self._engine, job.prompt_ids, job.params):
             if event.kind == "finish":
                 self._inferences += 1
@@ -165,7 +167,7 @@ class LocalBackend:
                 if len(end) > len(sent):
                     yield end[len(sent) :]
                 return
-            text = _hold_back(decode(event.token_ids), job.params.stop)
+            text = _hold_back(text_so_far.update(event.token_ids), job.params.stop)
             if len(text) > len(sent) and text.startswith(sent):
                 yield text[len(sent) :]
                 sent = text

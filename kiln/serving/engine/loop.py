@@ -61,6 +61,8 @@ class Engine:
         )
         self.scheduler = Scheduler(self.pool, prefill_chunk)
         self.steps = 0  # iterations that ran a forward
+        self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
+        self.prefill_chunks = 0
         self._lock = lock or nullcontext()
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -144,29 +146,53 @@ class Engine:
         """One iteration: admit, prefill within the budget, one decode step, notify."""
         sched = self.scheduler
         sched.admit()
-        ran = False
-        for request, n in sched.prefill_plan():
-            ran = True
-            try:
-                self._prefill(request, n)
-            except Exception as e:  # noqa: BLE001 - this request only
-                log.warning("prefill failed: %s", e)
-                request.fail(e)
+        plan = sched.prefill_plan()
+        for group in sched.prefill_groups(plan):
+            self._prefill(group)
         rows = sched.decode_rows()
         if rows:
-            ran = True
             self._decode(rows)
-        self.steps += ran
+        self.steps += bool(plan or rows)
 
-    def _prefill(self, request: EngineRequest, n: int) -> None:
-        slot, start = request.slot, request.prefilled
-        assert slot is not None
-        chunk = torch.tensor([request.prompt_ids[start : start + n]], device=self.generator.device)
-        logits = self.generator.model(chunk, kv_cache=self.pool.view(slot, slot + 1))
-        self.pool.lengths[slot] += n
-        request.prefilled += n
-        if not request.prefill_left:  # the prompt is cached: its first token
-            self._sample([request], logits[:, -1])
+    def _prefill(self, group: list[tuple[EngineRequest, int]]) -> None:
+        """Cache one chunk of each request's prompt in one forward; a failing forward is
+        retried one request at a time, so only a request that fails alone gets the error."""
+        try:
+            self._prefill_forward(group)
+        except Exception as e:  # noqa: BLE001 - this group's requests only
+            if len(group) == 1:
+                log.warning("prefill failed: %s", e)
+                group[0][0].fail(e)
+                return
+            for item in group:
+                self._prefill([item])
+
+    def _prefill_forward(self, group: list[tuple[EngineRequest, int]]) -> None:
+        """Chunks right-padded to the longest, over the request's own slot (one request) or a
+        gathered copy of the group's slots that is written back after the forward."""
+        pool, device = self.pool, self.generator.device
+        slots: list[int] = [r.slot for r, _ in group]  # type: ignore[misc]
+        width = max(n for _, n in group)
+        tokens = torch.zeros(len(group), width, dtype=torch.long)
+        for row, (request, n) in enumerate(group):
+            start = request.prefilled
+            tokens[row, :n] = torch.tensor(request.prompt_ids[start : start + n])
+        single = len(group) == 1
+        cache = pool.view(slots[0], slots[0] + 1) if single else pool.gather(slots, width)
+        logits = self.generator.model(tokens.to(device), kv_cache=cache)
+        self.prefill_forwards += 1
+        self.prefill_chunks += len(group)
+        if not single:
+            pool.scatter(cache, slots)
+        done, last = [], []
+        for row, (request, n) in enumerate(group):
+            pool.lengths[request.slot] += n  # type: ignore[index]
+            request.prefilled += n
+            if not request.prefill_left:  # the prompt is cached: its first token
+                done.append(request)
+                last.append(logits[row, n - 1])
+        if done:
+            self._sample(done, torch.stack(last))
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """Feed every row its last token in one [slots, 1] forward over slots 0..max(slot).

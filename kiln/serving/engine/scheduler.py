@@ -48,6 +48,25 @@ class Scheduler:
                 budget -= n
         return plan
 
+    def prefill_groups(
+        self, plan: list[tuple[EngineRequest, int]]
+    ) -> list[list[tuple[EngineRequest, int]]]:
+        """Split a plan into forwards: chunks right-padded to the group's longest, a chunk
+        joining only while it is at least half that long (padding stays under half the work)
+        and its row has room for the pads; any other chunk runs alone."""
+        groups: list[list[tuple[EngineRequest, int]]] = []
+        for request, n in sorted(plan, key=lambda item: -item[1]):
+            group = groups[-1] if groups else None
+            if (
+                group is not None
+                and 2 * n >= group[0][1]
+                and self.pool.fits(request.slot, group[0][1])  # type: ignore[arg-type]
+            ):
+                group.append((request, n))
+            else:
+                groups.append([(request, n)])
+        return groups
+
     def decode_rows(self) -> list[EngineRequest]:
         """Requests with their prompt cached and a token to feed: one decode step, by slot."""
         rows = [r for r in self.running if not r.prefill_left and not r.finished]

@@ -46,6 +46,10 @@ class SlotPool:
         self.lengths[slot] = 0
         self._free.append(slot)
 
+    def fits(self, slot: int, seq_len: int) -> bool:
+        """Whether `seq_len` more tokens (pads included) fit in this slot's row."""
+        return self.lengths[slot] + seq_len <= self.max_len
+
     def view(self, start: int, stop: int) -> KVCache:
         """A cache over slots start..stop-1 (the same storage), at their current lengths."""
         full = self.cache
@@ -54,3 +58,23 @@ class SlotPool:
         view.v = [t[start:stop] for t in full.v]
         view.lengths = torch.tensor(self.lengths[start:stop], device=full.lengths.device)
         return view
+
+    def gather(self, slots: list[int], seq_len: int) -> KVCache:
+        """A cache holding copies of these slots' rows (only up to the longest + `seq_len`):
+        several prefills in one forward when their slots are not neighbours. Nothing reaches
+        the pool until `scatter`, so a failed forward leaves every slot as it was."""
+        full = self.cache
+        end = max(self.lengths[s] for s in slots) + seq_len
+        rows = torch.tensor(slots, device=full.lengths.device)
+        view = KVCache(0, 0, 1, 1, end, sliding_window=full.sliding_window)
+        view.k = [t[rows, :, :end] for t in full.k]  # advanced indexing: copies
+        view.v = [t[rows, :, :end] for t in full.v]
+        view.lengths = torch.tensor([self.lengths[s] for s in slots], device=rows.device)
+        return view
+
+    def scatter(self, view: KVCache, slots: list[int]) -> None:
+        """Write a `gather`ed cache back into its slots."""
+        rows = torch.tensor(slots, device=self.cache.lengths.device)
+        end = view.max_len
+        for pool, part in zip(self.cache.k + self.cache.v, view.k + view.v, strict=True):
+            pool[rows, :, :end] = part

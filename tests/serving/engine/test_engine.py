@@ -158,3 +158,50 @@ def test_streaming_through_asyncio_and_cancel_frees_the_slot(tokenizer):
         assert engine.pool.free == 2
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize(("chunk", "shape"), [(512, "llama"), (7, "llama"), (7, "mistral")])
+def test_batched_and_chunked_prefill_equal_sequential_generate(chunk, shape, tokenizer):
+    """Prompts queued before the engine starts are prefilled together: several per forward
+    (right-padded, gathered slots), and with a small budget over several steps each (a gathered
+    slot carries its cached prefix); the tokens equal one-at-a-time `generate`."""
+    gen = tiny_generator(shape, tokenizer, eos=False)
+    requests = random_requests(tokenizer.get_vocab_size(), 10, seed=3)
+    expected = [gen.generate_ids([ids], SamplingParams(max_new_tokens=m))[0] for ids, m in requests]
+    engine = Engine(gen, max_slots=5, prefill_chunk=chunk)
+    got = [Collector() for _ in requests]
+    for (ids, m), c in zip(requests, got, strict=True):
+        engine.submit(ids, SamplingParams(max_new_tokens=m), c)
+    engine.start()
+    try:
+        assert [c.last.token_ids for c in got] == expected
+    finally:
+        engine.stop()
+    assert engine.prefill_chunks > engine.prefill_forwards  # forwards carried several prompts
+    if chunk < 40:  # some prompt needed more than one step
+        assert engine.prefill_chunks > len(requests)
+
+
+def test_incremental_text_equals_full_decode(tokenizer):
+    """Streaming decodes a few tokens per step; the text equals decoding the whole list, with
+    multi-byte characters split across tokens held back until complete."""
+    from kiln.serving.engine.detokenize import IncrementalText
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    clean = tokenizer.encode("the quick brown fox: 狐 ü 🦊 jumps — over the lazy dog").ids
+    streamed = IncrementalText(decode)
+    for k in range(1, len(clean) + 1):
+        got = streamed.update(clean[:k])
+        assert got == decode(clean[:k]).rstrip("\ufffd")
+    assert got == "the quick brown fox: 狐 ü 🦊 jumps — over the lazy dog"
+    ids, rng = list(clean), random.Random(4)
+    ids += [rng.randrange(tokenizer.get_vocab_size()) for _ in range(40)]
+    text = IncrementalText(decode)
+    for k in range(1, len(ids) + 1):
+        got = text.update(ids[:k])
+        full = decode(ids[:k])
+        assert full.startswith(got)
+        assert got == full or full[len(got) :].find("\ufffd") >= 0  # only a partial char waits
+    assert "\ufffd" in decode(ids) or text.text == decode(ids)
