@@ -23,16 +23,41 @@ log = logging.getLogger("kiln")
 DEFAULT_APP_NAME = "kiln"
 
 
+class AutoscalingOptions(BaseModel):
+    """Ray Serve's autoscaling_config: replicas follow the ongoing requests per replica."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(1, ge=0, description="fewest replicas (0: scale to zero)")
+    max_replicas: int = Field(1, ge=1, description="most replicas")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="ongoing requests per replica the autoscaler aims for"
+    )
+    initial_replicas: int | None = Field(None, ge=0, description="replicas at start")
+    upscale_delay_s: float = Field(30.0, ge=0, description="load must last this long to add")
+    downscale_delay_s: float = Field(600.0, ge=0, description="idle this long to remove")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas "
+                f"({self.max_replicas})"
+            )
+        start = self.initial_replicas
+        if start is not None and not self.min_replicas <= start <= self.max_replicas:
+            raise ValueError("autoscaling.initial_replicas must lie in min_replicas..max_replicas")
+        return self
+
+
 class DeploymentOptions(BaseModel):
     """Ray Serve deployment settings, passed through."""
 
     model_config = ConfigDict(extra="forbid")
 
     num_replicas: int = Field(1, ge=1, description="fixed replica count (ignored with autoscaling)")
-    autoscaling: dict[str, Any] | None = Field(
-        None,
-        description="Ray Serve autoscaling_config, e.g. {min_replicas: 1, max_replicas: 4, "
-        "target_ongoing_requests: 8}",
+    autoscaling: AutoscalingOptions | None = Field(
+        None, description="autoscale between min_replicas and max_replicas instead"
     )
     num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (torch threads follow)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
@@ -108,7 +133,7 @@ def build_app(settings: AppSettings):
         "ray_actor_options": {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus},
     }
     if opts.autoscaling:
-        options["autoscaling_config"] = opts.autoscaling
+        options["autoscaling_config"] = opts.autoscaling.model_dump(exclude_none=True)
     else:
         options["num_replicas"] = opts.num_replicas
     return KilnServer.options(**options).bind(settings.model_dump(mode="json"))

@@ -38,6 +38,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
+    p.add_argument(
+        "--target-ongoing-requests",
+        type=float,
+        default=2.0,
+        help="autoscaling: ongoing requests per replica to aim for",
+    )
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
     p.add_argument(
         "--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask"
@@ -71,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         deployment["autoscaling"] = {
             "min_replicas": args.replicas,
             "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.target_ongoing_requests,
         }
     settings = {
         "backend": args.backend,

@@ -9,6 +9,14 @@ from tests.serving.rest.tiny_model import make_tiny_model
 
 API_KEY = "test-key"
 MAX_NEW_TOKENS = 64
+# autoscaling the shared endpoint is deployed with (test_autoscaling.py reads it back from Serve);
+# the long upscale delay keeps it at one replica for the tests' duration
+AUTOSCALING = {
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "target_ongoing_requests": 32,
+    "upscale_delay_s": 3600,
+}
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +42,7 @@ def endpoint(ray_session, tiny_model_dir):
         "api_key": API_KEY,
         "limits": {"max_new_tokens": MAX_NEW_TOKENS, "max_prompt_chars": 2000},
         "batching": {"max_batch_size": 16, "batch_wait_timeout_s": 0.02},
-        "deployment": {"num_cpus": 0.5},
+        "deployment": {"num_cpus": 0.5, "autoscaling": AUTOSCALING},
     }
     # under a route prefix of its own: no clash with an app another test left at "/"
     ep = launch(
