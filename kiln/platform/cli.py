@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "kiln.training.post.cli",
     "kiln.serving.export_cli",
     "kiln.serving.cli",
+    "kiln.evaluate.cli",
 ]
 
 

@@ -28,6 +28,7 @@ BUILTIN_STAGES: dict[str, str] = {
     "dpo": "kiln.training.post.stages:DPOStage",
     "export": "kiln.serving.export_stage:ExportStage",
     "serve": "kiln.serving.serve_stage:ServeStage",
+    "evaluate": "kiln.evaluate.stage:EvaluateStage",
 }
 
 _registered: dict[str, type[Stage]] = {}
