@@ -54,14 +54,15 @@ def _ids(paths: list[str], column: str = "id") -> list:
 
 
 @pytest.fixture(scope="module")
-def ray_run(ray_session, planted, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("curator-out") / "ray-local")
-    report = curate(_config(planted[1], stream="ray", cluster="local"), out)
+def inline_run(planted, tmp_path_factory):
+    """No Ray: the quality tests read this run; a slow test shows Ray gives the same bytes."""
+    out = str(tmp_path_factory.mktemp("curator-out") / "inline-local")
+    report = curate(_config(planted[1], stream="inline", cluster="local"), out)
     return out, report
 
 
-def test_invariant_and_report(ray_run, planted):
-    out, report = ray_run
+def test_invariant_and_report(inline_run, planted):
+    out, report = inline_run
     corpus, _ = planted
     n_in = len(corpus.docs) + len(corpus.raw_lines)
     kept = _ids(glob.glob(f"{out}/shard-*.parquet"))
@@ -97,8 +98,8 @@ def test_invariant_and_report(ray_run, planted):
     ]
 
 
-def test_fuzzy_dedup_recall_and_false_positives(ray_run, planted):
-    out, _ = ray_run
+def test_fuzzy_dedup_recall_and_false_positives(inline_run, planted):
+    out, _ = inline_run
     corpus, _ = planted
     rejected = pq.read_table(glob.glob(f"{out}/rejected/*.parquet")).to_pydict()
     fuzzy = {
@@ -116,8 +117,8 @@ def test_fuzzy_dedup_recall_and_false_positives(ray_run, planted):
     }  # nothing else is a near duplicate
 
 
-def test_exact_duplicates_keep_the_smallest_id(ray_run, planted):
-    out, report = ray_run
+def test_exact_duplicates_keep_the_smallest_id(inline_run, planted):
+    out, report = inline_run
     corpus, _ = planted
     kept = set(_ids(glob.glob(f"{out}/shard-*.parquet")))
     for group in corpus.exact_groups:
@@ -125,8 +126,8 @@ def test_exact_duplicates_keep_the_smallest_id(ray_run, planted):
     assert report["dedup"]["exact_duplicates"] == sum(len(g) - 1 for g in corpus.exact_groups)
 
 
-def test_junk_malformed_and_japanese(ray_run, planted):
-    out, _ = ray_run
+def test_junk_malformed_and_japanese(inline_run, planted):
+    out, _ = inline_run
     corpus, _ = planted
     rejected = pq.read_table(glob.glob(f"{out}/rejected/*.parquet")).to_pydict()
     reason = dict(zip(rejected["id"], rejected["reason"], strict=True))
@@ -141,17 +142,25 @@ def test_junk_malformed_and_japanese(ray_run, planted):
     assert all(language.get(i) == "en" for i in corpus.clean_ids)
 
 
-def test_cluster_ray_equals_cluster_local(ray_run, planted, tmp_path):
-    out, _ = ray_run
-    report = curate(_config(planted[1], stream="inline", cluster="ray"), str(tmp_path / "ray-ray"))
-    assert report["cluster"] == "ray"
+@pytest.mark.slow
+def test_ray_data_stream_and_dask_on_ray_give_the_inline_bytes(
+    ray_session, inline_run, planted, tmp_path
+):
+    out, report = inline_run
+    streamed = curate(
+        _config(planted[1], stream="ray", cluster="local"), str(tmp_path / "ray-local")
+    )
+    assert _shards(str(tmp_path / "ray-local")) == _shards(out)  # Ray Data == inline, byte for byte
+    assert streamed["kept"] == report["kept"] and streamed["rejected"] == report["rejected"]
+    on_ray = curate(_config(planted[1], stream="inline", cluster="ray"), str(tmp_path / "ray-ray"))
+    assert on_ray["cluster"] == "ray"
     assert _shards(str(tmp_path / "ray-ray")) == _shards(out)
 
 
-def test_same_seed_gives_byte_identical_shards(ray_run, planted, tmp_path):
-    out, _ = ray_run
+def test_same_seed_gives_byte_identical_shards(inline_run, planted, tmp_path):
+    out, _ = inline_run
     curate(_config(planted[1], stream="inline", cluster="local"), str(tmp_path / "inline"))
-    assert _shards(str(tmp_path / "inline")) == _shards(out)  # inline == Ray Data, byte for byte
+    assert _shards(str(tmp_path / "inline")) == _shards(out)
     other = _config(
         planted[1], stream="inline", cluster="local", output={"shard_docs": 40, "seed": 8}
     )
@@ -163,6 +172,7 @@ def test_same_seed_gives_byte_identical_shards(ray_run, planted, tmp_path):
     assert sorted(a) == sorted(b) and a != b
 
 
+@pytest.mark.slow
 def test_a_ray_curate_started_itself_is_gone_before_dedup_on_dask_threads(tmp_path):
     """Its processes' memory goes to the dedup shuffle (a fresh process: no session Ray here):
     through `curate()`, and as a pipeline stage, where the dedup step declares it needs no Ray

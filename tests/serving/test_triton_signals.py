@@ -13,6 +13,7 @@ import time
 import pytest
 
 pytest.importorskip("pytriton")
+pytestmark = pytest.mark.slow  # kiln and tritonserver processes
 
 
 def _ignore_sigint() -> None:

@@ -22,6 +22,8 @@ from kiln.serving.triton_server import TritonServer
 from tests.conftest import free_port
 from tests.serving.generate.tiny import tiny_generator, train_tokenizer
 
+pytestmark = pytest.mark.slow  # tritonserver and python-backend stub processes
+
 PROMPTS = ["the quick brown fox", "hello world"]
 
 

@@ -8,6 +8,8 @@ import shutil
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # a tritonserver process behind a Serve replica
+
 
 @pytest.fixture
 def exported_model(tiny_model_dir, tmp_path) -> str:

@@ -25,6 +25,7 @@ with warnings.catch_warnings():
     from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
 
 N_DOCS = 400
+pytestmark = pytest.mark.slow  # the stage end to end on Ray Data actors
 
 
 @pytest.fixture(scope="module")

@@ -56,6 +56,7 @@ def hf_model(gguf_path):
     return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice
 def test_config_read_from_gguf_metadata(imported):
     cfg = imported[1].model_config
     assert (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads) == (30, 576, 9, 3)
@@ -63,6 +64,7 @@ def test_config_read_from_gguf_metadata(imported):
     assert abs(cfg.norm_eps - 1e-5) < 1e-9
 
 
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice
 def test_logits_equal_transformers_gguf_load(imported, hf_model):
     gen = imported[1]
     ids = torch.tensor([gen.encode(TEXTS[0])])
@@ -71,6 +73,7 @@ def test_logits_equal_transformers_gguf_load(imported, hf_model):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice
 def test_tokenizer_ids_equal_transformers(imported, gguf_path):
     from transformers import AutoTokenizer
 
@@ -85,6 +88,7 @@ def test_tokenizer_ids_equal_transformers(imported, gguf_path):
     assert ours.eos_token == theirs.eos_token == "<|im_end|>"
 
 
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice
 def test_imported_model_answers_a_chat_question(imported):
     from transformers import AutoTokenizer
 
@@ -98,6 +102,7 @@ def test_imported_model_answers_a_chat_question(imported):
     assert "Paris" in answer.text
 
 
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice
 def test_hf_export_keeps_the_chat_template_and_special_tokens(imported, tmp_path):
     import json
 
