@@ -13,6 +13,7 @@ from kiln.platform.errors import KilnError
 COMMAND_MODULES = [
     "kiln.platform.commands",
     "kiln.platform.reference",
+    "kiln.platform.runs",
     "kiln.curator.cli",
     "kiln.curator.classify.cli",
     "kiln.training.data.cli",

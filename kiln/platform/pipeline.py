@@ -166,6 +166,7 @@ class Pipeline:
         finally:
             record["ended"] = _now()
             self._write(run_dir, record)
+            self._write_report(run_dir)
             if shutdown:
                 runtime.shutdown()
         return result
@@ -309,6 +310,16 @@ class Pipeline:
             else:
                 return outputs, stage_dir
         return None
+
+    @staticmethod
+    def _write_report(run_dir: Path) -> None:
+        """report.html, also after a failure; a report that cannot be drawn never fails a run."""
+        from kiln.platform.report_html import write_report
+
+        try:
+            log.info("report: %s", write_report(run_dir))
+        except Exception as e:  # noqa: BLE001 - the run's outcome matters more than its page
+            log.warning("report.html not written: %s: %s", type(e).__name__, e)
 
     @staticmethod
     def _write(run_dir: Path, record: dict) -> None:

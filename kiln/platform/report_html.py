@@ -1,0 +1,266 @@
+"""`report.html`: one self-contained page per run, written at the end of every `kiln run`.
+
+It reads what the run left behind — `run.json` and, in each stage's folder (or the folder a cached
+stage came from), the files stages write: a curation `report.json` (funnel), `metrics.jsonl`
+(loss curves), `tokens.json` (dataset summary), `completions.json`, `stats.json`, PNG plots and
+`error.txt` — and renders them with inline CSS, inline SVG charts and base64 PNGs. Nothing is
+fetched, so the page opens from a laptop, a bucket or an e-mail attachment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from kiln.platform.report_charts import funnel_chart, line_chart
+
+REPORT_FILE = "report.html"
+SKIP_DIRS = {"ray", "tensorboard", "rejected", "checkpoints", "_work", ".work", "triton"}
+MAX_PNG_BYTES = 3 << 20
+MAX_METRIC_ROWS = 200_000
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;
+max-width:1000px;color:#111;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:16px 0 6px}.meta{color:#555}
+table{border-collapse:collapse;margin:6px 0 12px}td,th{border:1px solid #ddd;padding:3px 8px;
+text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right}
+.status{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;color:#fff}
+.succeeded,.done{background:#16a34a}.cached{background:#0891b2}.failed{background:#dc2626}
+.running,.pending{background:#a3a3a3}
+pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:360px;white-space:pre-wrap}
+img{max-width:100%;border:1px solid #eee}figure{margin:8px 0}figcaption{color:#555}
+svg .title{font-weight:600;font-size:13px}svg .tick{font-size:11px;fill:#333}
+svg .axis{font-size:12px;fill:#333}svg .grid{stroke:#e5e5e5}svg .plot{fill:#fff;stroke:#ccc}
+svg .bar{fill:#2563eb}footer{margin-top:32px;color:#777;font-size:12px}
+"""
+# Reports, in the page itself, whether every <img> decoded (the test reads it from the DOM).
+CHECK_IMAGES = """
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var bad = imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); });
+  var el = document.getElementById('image-check');
+  el.textContent = (imgs.length - bad.length) + ' of ' + imgs.length + ' images loaded';
+  el.setAttribute('data-broken', String(bad.length));
+});
+"""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return escape(str(v))
+
+
+def _table(rows: list[list[Any]], head: list[str] | None = None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>")
+    for r in rows:
+        cells = "".join(
+            f'<td class="num">{_fmt(c)}</td>'
+            if isinstance(c, int | float)
+            else f"<td>{_fmt(c)}</td>"
+            for c in r
+        )
+        out.append(f"<tr>{cells}</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _scalars(d: dict, limit: int = 12) -> list[list[Any]]:
+    return [[k, v] for k, v in d.items() if isinstance(v, int | float | str | bool)][:limit]
+
+
+def _files(root: Path, max_files: int = 400) -> list[Path]:
+    """The files under a stage folder, skipping bulky machine-only folders."""
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        if len(Path(dirpath).relative_to(root).parts) > 3:
+            dirnames[:] = []
+        out += [Path(dirpath) / f for f in sorted(filenames)]
+        if len(out) >= max_files:
+            break
+    return out
+
+
+def _curation(report: dict, chart: bool) -> str:
+    """The funnel (unless the stage drew funnel.png), the counts and the rejection reasons."""
+    if "steps" not in report:
+        return _table(_scalars(report))
+    steps = [(s["step"], int(s["kept"]), int(s["removed"])) for s in report["steps"]]
+    start = ("input", int(report.get("documents_in", 0)), 0)
+    parts = ["<h3>Curation</h3>", funnel_chart([start, *steps], "Curation funnel") if chart else ""]
+    summary = {
+        k: report[k]
+        for k in ("documents_in", "kept", "rejected", "docs_per_s", "seconds", "invariant_holds")
+        if k in report
+    }
+    parts.append(_table(_scalars(summary)))
+    reasons = sorted(report.get("removed_by_reason", {}).items(), key=lambda kv: -kv[1])
+    if reasons:
+        parts.append(_table([[r, n] for r, n in reasons], ["rejection reason", "documents"]))
+    return "\n".join(parts)
+
+
+def _metrics(path: Path) -> str:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= MAX_METRIC_ROWS:
+                break
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    by_step = {int(r["step"]): r for r in rows if "step" in r}  # a re-run step replaces the first
+    steps = sorted(by_step)
+    series = {}
+    for key in ("loss", "val_loss", "valid_loss", "eval_loss"):
+        pts = [(s, by_step[s][key]) for s in steps if isinstance(by_step[s].get(key), int | float)]
+        if pts:
+            series[key] = ([p[0] for p in pts], [float(p[1]) for p in pts])
+    if not series:
+        return ""
+    last = by_step[steps[-1]]
+    summary = {"steps": len(steps), **{k: v for k, v in last.items() if k != "time"}}
+    title = f"Loss ({path.parent.name}/{path.name})"
+    return line_chart(series, title, "step", "loss") + _table(_scalars(summary, 10))
+
+
+def _tokens(meta: dict) -> str:
+    rows = [[k, meta[k]] for k in ("vocab_size", "dtype", "eod_token", "seed") if k in meta]
+    splits = meta.get("splits") or {}
+    split_rows = [[name, c.get("documents", ""), c.get("tokens", "")] for name, c in splits.items()]
+    return "<h3>Dataset</h3>" + _table(rows) + _table(split_rows, ["split", "documents", "tokens"])
+
+
+def _completions(items: list) -> str:
+    rows = [
+        [str(it.get("prompt", "")), str(it.get("completion", ""))]
+        for it in items
+        if isinstance(it, dict)
+    ]
+    return "<h3>Completions</h3>" + _table(rows, ["prompt", "completion"])
+
+
+def _png(path: Path, root: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    caption = escape(str(path.relative_to(root)))
+    return (
+        f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{caption}</figcaption></figure>"
+    )
+
+
+def stage_section(name: str, entry: dict, run_dir: Path) -> str:
+    """Everything the stage's folder holds that a person would look at."""
+    root = Path(entry.get("cached_from") or run_dir / name)
+    parts: list[str] = []
+    if entry.get("error"):
+        parts.append(f"<p><b>error:</b> {escape(str(entry['error']))}</p>")
+    if not root.is_dir():
+        return "\n".join(parts)
+    files = _files(root)
+    plotted = set(files)  # a stage's own plot of the same numbers is shown instead of ours
+    for path in files:
+        kind = path.name
+        if kind == "report.json" and isinstance(rep := _read_json(path), dict):
+            parts.append(_curation(rep, path.with_name("funnel.png") not in plotted))
+        elif kind == "metrics.jsonl" and path.with_name("loss.png") not in plotted:
+            parts.append(_metrics(path))
+        elif kind == "tokens.json" and isinstance(meta := _read_json(path), dict):
+            parts.append(_tokens(meta))
+        elif kind == "completions.json" and isinstance(items := _read_json(path), list):
+            parts.append(_completions(items))
+        elif kind == "stats.json" and isinstance(stats := _read_json(path), dict):
+            parts.append(_table(_scalars(stats)))
+        elif path.suffix == ".png" and path.stat().st_size <= MAX_PNG_BYTES:
+            parts.append(_png(path, root))
+        elif kind == "error.txt":
+            tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]
+            parts.append("<pre>" + escape("\n".join(tail)) + "</pre>")
+    return "\n".join(p for p in parts if p)
+
+
+def _stage_table(stages: dict) -> str:
+    rows = []
+    for name, e in stages.items():
+        metrics = e.get("metrics") or {}
+        key = ", ".join(f"{k}={_fmt(v)}" for k, v in _scalars(metrics, 5))
+        outs = "; ".join(
+            f"{slot}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in o["counts"].items())
+            for slot, o in (e.get("outputs") or {}).items()
+            if o.get("counts")
+        )
+        status = escape(str(e.get("status", "")))
+        rows.append(
+            f"<tr><td>{escape(name)}</td><td>{escape(str(e.get('type', '')))}</td>"
+            f'<td><span class="status {status}">{status}</span></td>'
+            f'<td class="num">{_fmt(float(e.get("duration_s", 0.0)))} s</td>'
+            f"<td>{key}</td><td>{escape(outs)}</td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>" for h in ("stage", "type", "status", "time", "key figures", "outputs")
+    )
+    return f"<table><tr>{head}</tr>" + "\n".join(rows) + "</table>"
+
+
+def render(run_dir: str | os.PathLike) -> str:
+    """The report page of one run folder, as HTML text."""
+    run_dir = Path(run_dir)
+    record = _read_json(run_dir / "run.json") or {}
+    stages = record.get("stages", {})
+    status = escape(str(record.get("status", "unknown")))
+    total = sum(float(e.get("duration_s", 0.0)) for e in stages.values())
+    title = f"{record.get('pipeline', run_dir.parent.name)} / {record.get('run_id', run_dir.name)}"
+    body = [
+        f'<h1>{escape(title)} <span class="status {status}">{status}</span></h1>',
+        f'<p class="meta">started {escape(str(record.get("started", "?")))} · ended '
+        f"{escape(str(record.get('ended', '—')))} · stages {_fmt(total)} s · {escape(str(run_dir))}"
+        "</p>",
+    ]
+    if record.get("error"):
+        body.append(f"<p><b>error:</b> {escape(str(record['error']))}</p>")
+    body += ["<h2>Stages</h2>", _stage_table(stages)]
+    for name, entry in stages.items():
+        section = stage_section(name, entry, run_dir)
+        if section:
+            body += [
+                f"<h2>{escape(name)} <small>({escape(str(entry.get('type', '')))})</small></h2>",
+                section,
+            ]
+    body.append(
+        '<footer>kiln run report · <span id="image-check">images not checked</span></footer>'
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
+        + "\n".join(body)
+        + f"\n<script>{CHECK_IMAGES}</script>\n</body></html>\n"
+    )
+
+
+def write_report(run_dir: str | os.PathLike) -> Path:
+    """Render `<run_dir>/report.html` (replaced atomically) and return its path."""
+    run_dir = Path(run_dir)
+    path = run_dir / REPORT_FILE
+    tmp = run_dir / (REPORT_FILE + ".tmp")
+    tmp.write_text(render(run_dir), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
