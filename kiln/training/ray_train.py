@@ -7,8 +7,11 @@ newly committed checkpoint (so its restore knows it) and the final metrics (`ray
 Train's own per-report log lines go to `<run_dir>/logs/`. DCP writes every rank's shard itself.
 
 Fault tolerance: with `max_failures > 0`, Ray restarts the worker group after a worker dies and
-the loop resumes from the newest complete checkpoint. Resuming a stopped run = running again
-with the same `name` and `storage_path` (Ray Train V2 has no `resume_from_checkpoint`).
+the loop resumes from the newest complete checkpoint. With `elastic: {min_workers, max_workers}`
+kiln restarts the run itself at the largest layout the remaining nodes hold (dp shrinks, see
+`kiln.training.elastic`) and records each change in the metrics and `layout_changes.jsonl`.
+Resuming a stopped run = running again with the same `name` and `storage_path` (Ray Train V2
+has no `resume_from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
+from kiln.training.elastic import (
+    ElasticConfig,
+    plan_workers,
+    read_layout_changes,
+    record_layout_change,
+)
 from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_curve, read_metrics
 from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
 
@@ -47,6 +56,9 @@ class RayOptions(BaseModel):
     name: str = Field("kiln-train", description="Ray Train run name; the same name resumes.")
     storage_path: str | None = Field(
         None, description="Ray Train storage (default: <run_dir>/ray)."
+    )
+    elastic: ElasticConfig | None = Field(
+        None, description="Continue on fewer workers (dp shrinks) when a node is lost."
     )
     callbacks: list[str] = Field(
         default_factory=list,
@@ -80,18 +92,29 @@ def train_on_ray(
     n = world_size(cfg, options)
     use_gpu = options.use_gpu if options.use_gpu is not None else runtime.gpus >= n
     cpus = options.cpus_per_worker or runtime.cpus_per_worker()
+    if options.elastic:
+        n = plan_workers(cfg, options.elastic, cpus, use_gpu)
     cfg = _with_checkpoint_dir(cfg, os.path.join(storage_path, options.name, "checkpoints"))
-    trainer = _torch_trainer(cfg, run_dir, options, storage_path, n, use_gpu, cpus)
-    log.info(
-        "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
-        n,
-        "GPU" if use_gpu else "CPU",
-        cpus,
-        options.name,
-        storage_path,
-    )
     t0 = time.perf_counter()
-    result = trainer.fit()
+    change = None
+    for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
+        trainer = _torch_trainer(cfg, run_dir, options, storage_path, n, use_gpu, cpus, change)
+        log.info(
+            "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
+            n,
+            "GPU" if use_gpu else "CPU",
+            cpus,
+            options.name,
+            storage_path,
+        )
+        try:
+            result = trainer.fit()
+            break
+        except ray_train_failure() as exc:
+            if not options.elastic or restart == options.elastic.max_restarts:
+                raise
+            change = _elastic_change(cfg, options, run_dir, n, cpus, use_gpu, exc)
+            n = change["to_workers"]
     history = read_metrics(run_dir)
     plot = plot_loss_curve(history, os.path.join(run_dir, "loss.png")) if history else None
     from kiln.training.checkpoint import latest_checkpoint
@@ -104,7 +127,38 @@ def train_on_ray(
         "loss_curve": plot,
         "wall_s": time.perf_counter() - t0,
         "world_size": n,
+        "layout_changes": read_layout_changes(run_dir),
     }
+
+
+def _failure_reason(exc: Exception) -> str:
+    """One line: the error type and the most telling line of Ray's report (a dead node first)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    telling = [line for line in lines if "node" in line.lower() and "died" in line.lower()]
+    detail = (telling or lines or [""])[0]
+    return f"{type(exc).__name__}: {detail[:300]}"
+
+
+def ray_train_failure() -> type[Exception]:
+    from ray.train import TrainingFailedError
+
+    return TrainingFailedError
+
+
+def _elastic_change(cfg, options, run_dir, n, cpus, use_gpu, exc) -> dict[str, Any]:
+    """Re-plan after a failed attempt: the new worker count and why, recorded in the run."""
+    from kiln.training.checkpoint import latest_checkpoint, read_sidecar
+
+    latest = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+    new_n = plan_workers(cfg, options.elastic, cpus, use_gpu)
+    change = {
+        "from_workers": n,
+        "to_workers": new_n,
+        "resume_step": read_sidecar(latest)["step"] if latest else 0,
+        "reason": _failure_reason(exc),
+    }
+    record_layout_change(run_dir, change)
+    return change
 
 
 def _with_checkpoint_dir(cfg, default_dir: str):
@@ -117,7 +171,14 @@ def _with_checkpoint_dir(cfg, default_dir: str):
 
 
 def _torch_trainer(
-    cfg, run_dir: str, options: RayOptions, storage_path: str, n: int, use_gpu: bool, cpus: float
+    cfg,
+    run_dir: str,
+    options: RayOptions,
+    storage_path: str,
+    n: int,
+    use_gpu: bool,
+    cpus: float,
+    layout_change: dict | None = None,
 ):
     """A TorchTrainer running `_train_loop` on n workers (gloo on CPU, NCCL on GPU)."""
     import ray.train
@@ -130,6 +191,7 @@ def _torch_trainer(
         "run_dir": os.path.abspath(run_dir),
         "threads": max(1, int(cpus)),
         "callbacks": options.callbacks,
+        "layout_change": layout_change,
     }
     return TorchTrainer(
         _train_loop,
@@ -143,7 +205,10 @@ def _torch_trainer(
         run_config=ray.train.RunConfig(
             name=options.name,
             storage_path=storage_path,
-            failure_config=ray.train.FailureConfig(max_failures=options.max_failures),
+            # elastic runs restart in kiln (at a new size), so a failure ends Ray's attempt
+            failure_config=ray.train.FailureConfig(
+                max_failures=0 if options.elastic else options.max_failures
+            ),
             # Ray keeps as many checkpoint pointers as kiln keeps checkpoints (ray_report)
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
         ),
@@ -173,7 +238,19 @@ def _train_loop(config: dict) -> None:
     callbacks = [_import(path) for path in config["callbacks"]]
     writer = MetricsWriter(config["run_dir"]) if rank == 0 else None
 
+    layout_note = config.get("layout_change")
+
     def on_step(metrics: dict[str, Any]) -> None:
+        nonlocal layout_note
+        metrics = {
+            **metrics,
+            "world_size": trainer.dims.world_size,
+            "dp_size": trainer.dims.dp_size,
+            "grad_accum": trainer.grad_accum,
+        }
+        if layout_note:  # the first step after an elastic restart says when and why
+            metrics["layout_change"] = layout_note
+            layout_note = None
         if writer:
             writer.write(metrics)
         for fn in callbacks:

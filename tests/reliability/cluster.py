@@ -1,0 +1,88 @@
+"""A 2-node Ray cluster on 127.0.0.1 (head + one worker node, real raylets, as Ray's own
+`cluster_utils` tests do), separate from the session's `ray_session`: drivers reach it from
+subprocesses through RAY_ADDRESS, so the pytest process's own Ray is never touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+# Ray notices a dead raylet in ~1.5 s instead of ~30 s
+FAST_HEALTH_CHECK = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+# A driver resolves "127.0.0.1" in RAY_ADDRESS to the machine's outward IP (where nothing of this
+# cluster listens) unless Ray is told to stay on loopback, as it does on macOS/Windows.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+class TwoNodeCluster:
+    """Head (`head_cpus`) + one worker node (`worker_cpus`); `kill_worker_node()` SIGKILLs the
+    worker node's raylet and everything on it."""
+
+    def __init__(self, head_cpus: float = 1, worker_cpus: float = 1) -> None:
+        from ray._private.utils import read_ray_address
+        from ray.cluster_utils import Cluster
+
+        previous = read_ray_address()
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
+        try:  # the raylets (and so every worker) import kiln and tests from this checkout
+            self.cluster = Cluster(
+                initialize_head=True,
+                head_node_args={
+                    "num_cpus": head_cpus,
+                    "gcs_server_port": free_port(),
+                    "dashboard_agent_listen_port": None,
+                    "include_dashboard": False,
+                    "node_ip_address": "127.0.0.1",
+                    "_system_config": FAST_HEALTH_CHECK,
+                },
+            )
+            self.worker = self.cluster.add_node(num_cpus=worker_cpus, node_ip_address="127.0.0.1")
+        finally:
+            _restore_ray_address_file(previous)
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
+        self.address = self.cluster.address
+
+    def kill_worker_node(self) -> None:
+        self.cluster.remove_node(self.worker, allow_graceful=False)
+
+    def driver(self, args: list[str], log_path: str) -> subprocess.Popen:
+        """Start `python *args` as a driver of this cluster, its output in `log_path` (a file, not
+        a pipe: Ray's log lines would fill a pipe nobody reads and block the driver)."""
+        env = {**os.environ, "RAY_ADDRESS": self.address, "PYTHONPATH": str(REPO), **LOOPBACK}
+        with open(log_path, "w") as log:
+            return subprocess.Popen(
+                [sys.executable, *args],
+                cwd=str(REPO),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+def _restore_ray_address_file(previous: str | None) -> None:
+    """`Cluster` advertises itself in /tmp/ray for `ray.init()`; other clusters run here."""
+    from ray._private.utils import get_ray_address_file
+
+    path = get_ray_address_file(None)
+    if previous:
+        with open(path, "w") as f:
+            f.write(previous)
+    elif os.path.exists(path):
+        os.remove(path)
