@@ -27,6 +27,7 @@ from kiln.training.data.tokenizer import (
     EOD_TOKEN,
     eod_id,
     load_tokenizer,
+    model_eod_token,
     save_tokenizer,
     tokenizer_file,
     train_tokenizer,
@@ -36,8 +37,9 @@ from kiln.training.data.tokenizer import (
 class TokenizeConfig(StageConfig):
     tokenizer: str | None = Field(
         None,
-        description="An existing tokenizer.json (or a directory holding one) instead of training"
-        " one.",
+        description="An existing tokenizer instead of training one: a tokenizer.json, a folder "
+        "holding one (HF model, `kiln import-hf` output, Tokenizer or ExportedModel artifact). "
+        "Wiring a `model` input (e.g. an import-model stage) does the same.",
     )
     vocab_size: int = Field(
         32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens)."
@@ -45,8 +47,10 @@ class TokenizeConfig(StageConfig):
     special_tokens: list[str] = Field(
         default_factory=list, description="Extra special tokens (after the EOD token)."
     )
-    eod_token: str = Field(
-        EOD_TOKEN, description="End-of-document token appended to every document."
+    eod_token: str | None = Field(
+        None,
+        description=f"End-of-document token appended to every document (default {EOD_TOKEN}; "
+        "a model's tokenizer: that token if it has it, else its eos_token).",
     )
     min_frequency: int = Field(
         2, ge=1, description="BPE merges need at least this many occurrences."
@@ -87,11 +91,20 @@ def _corpus_texts(files: list[str], limit: int | None):
                 yield text
 
 
-def obtain_tokenizer(cfg: TokenizeConfig, corpus_files: list[str]):
-    """The configured tokenizer.json, or byte-level BPE trained on (a prefix of) the corpus."""
-    if cfg.tokenizer:
-        return load_tokenizer(cfg.tokenizer)
-    specials = [cfg.eod_token, *[s for s in cfg.special_tokens if s != cfg.eod_token]]
+def resolve_eod_token(cfg: TokenizeConfig, source: str | None) -> str:
+    if cfg.eod_token:
+        return cfg.eod_token
+    return model_eod_token(source) if source else EOD_TOKEN
+
+
+def obtain_tokenizer(cfg: TokenizeConfig, corpus_files: list[str], source: str | None = None):
+    """The given tokenizer (`source`, else `cfg.tokenizer`), or byte-level BPE trained on (a
+    prefix of) the corpus."""
+    source = source or cfg.tokenizer
+    if source:
+        return load_tokenizer(source)
+    eod = resolve_eod_token(cfg, None)
+    specials = [eod, *[s for s in cfg.special_tokens if s != eod]]
     texts = _corpus_texts(corpus_files, cfg.train_max_documents)
     return train_tokenizer(texts, cfg.vocab_size, specials, cfg.min_frequency)
 
@@ -125,7 +138,8 @@ class TokenizeStage(Stage):
 
     type_name = "tokenize"
     Config = TokenizeConfig
-    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus", "model": "ExportedModel"}
+    optional_inputs = frozenset({"model"})  # a model's tokenizer (import-model, sft, ...)
     output_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
     resources: ClassVar[Resources] = Resources(ray=True)  # Ray Data tokenizer actors
 
@@ -145,7 +159,7 @@ class TokenizeStage(Stage):
             corpus,
             tokens_out.path,
             tok.to_str(),
-            eod_id=eod_id(tok, cfg.eod_token),
+            eod_id=ctx.outputs["tokenizer"].meta["eod_id"],
             vocab_size=tok.get_vocab_size(),
             seed=cfg.seed,
             valid_fraction=cfg.valid_fraction,
@@ -167,17 +181,24 @@ class TokenizeStage(Stage):
     def _tokenizer(self, ctx: StageContext, files: list[str]):
         """Load or train the tokenizer and write it as the Tokenizer artifact."""
         cfg: TokenizeConfig = self.config
-        tok = obtain_tokenizer(cfg, files)
+        source = cfg.tokenizer or (ctx.inputs["model"].path if "model" in ctx.inputs else None)
+        tok = obtain_tokenizer(cfg, files, source)
+        eod_token = resolve_eod_token(cfg, source)
         ctx.log.info(
-            "tokenize: %s tokenizer, vocab %d",
-            "loaded" if cfg.tokenizer else "trained",
+            "tokenize: %s tokenizer, vocab %d, end of document %s",
+            "the model's" if source else "trained",
             tok.get_vocab_size(),
+            eod_token,
         )
         tok_out = ctx.outputs["tokenizer"]
-        save_tokenizer(tok, tok_out.path, cfg.eod_token)
-        eod = eod_id(tok, cfg.eod_token)
+        source_dir = tokenizer_file(source).parent if source else None
+        save_tokenizer(tok, tok_out.path, eod_token, source=source_dir)
         tok_out.counts = {"vocab_size": tok.get_vocab_size()}
-        tok_out.meta = {"eod_token": cfg.eod_token, "eod_id": eod, "trained": not cfg.tokenizer}
+        tok_out.meta = {
+            "eod_token": eod_token,
+            "eod_id": eod_id(tok, eod_token),
+            "trained": not source,
+        }
         return tok
 
     def _describe(self, ctx: StageContext, tok, counts: dict[str, dict[str, int]]) -> None:
@@ -189,8 +210,8 @@ class TokenizeStage(Stage):
         vocab_size = tok.get_vocab_size()
         meta = {
             "vocab_size": vocab_size,
-            "eod_token": cfg.eod_token,
-            "eod_id": eod_id(tok, cfg.eod_token),
+            "eod_token": tok_out.meta["eod_token"],
+            "eod_id": tok_out.meta["eod_id"],
             "dtype": indexed_dataset.token_dtype(vocab_size).name,
             "splits": counts,
             "seed": cfg.seed,

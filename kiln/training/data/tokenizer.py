@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -73,10 +74,14 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
 
 
 def tokenizer_file(path: str | os.PathLike) -> Path:
-    """`path` itself, or `path/tokenizer.json` for a Tokenizer artifact / HF model directory."""
+    """`path` itself, or the `tokenizer.json` of a Tokenizer artifact, a HF model folder, a
+    `kiln import-hf` output or an ExportedModel artifact (`<path>/hf/tokenizer.json`)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "tokenizer.json"
+        p = next(
+            (f for f in (p / "tokenizer.json", p / "hf" / "tokenizer.json") if f.is_file()),
+            p / "tokenizer.json",
+        )
     if not p.is_file():
         raise InputError(
             f"{path}: no tokenizer.json here (expected a file or a directory holding one)"
@@ -94,6 +99,24 @@ def load_tokenizer(path: str | os.PathLike):
         raise InputError(f"{file}: not a Hugging Face tokenizer.json ({e})") from None
 
 
+def model_eod_token(path: str | os.PathLike) -> str:
+    """The end-of-document token of a model's tokenizer: `<|endoftext|>` when the vocabulary has
+    it (GPT-2, SmolLM2, Qwen, ... separate pretraining documents with it), else the tokenizer
+    config's `eos_token`."""
+    from tokenizers import Tokenizer
+
+    file = tokenizer_file(path)
+    if Tokenizer.from_file(str(file)).token_to_id(EOD_TOKEN) is not None:
+        return EOD_TOKEN
+    config = file.with_name("tokenizer_config.json")
+    eos = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
+    if isinstance(eos, dict):  # AddedToken serialised
+        eos = eos.get("content")
+    if not eos:
+        raise InputError(f"{file}: no {EOD_TOKEN!r} token and no eos_token in its config")
+    return eos
+
+
 def eod_id(tok, eod_token: str = EOD_TOKEN) -> int:
     i = tok.token_to_id(eod_token)
     if i is None:
@@ -101,11 +124,18 @@ def eod_id(tok, eod_token: str = EOD_TOKEN) -> int:
     return i
 
 
-def save_tokenizer(tok, out_dir: str | os.PathLike, eod_token: str = EOD_TOKEN) -> Path:
-    """`tokenizer.json` plus a `tokenizer_config.json`, so `transformers.AutoTokenizer` loads it."""
+def save_tokenizer(
+    tok, out_dir: str | os.PathLike, eod_token: str = EOD_TOKEN, source: Path | None = None
+) -> Path:
+    """`tokenizer.json` plus a `tokenizer_config.json`, so `transformers.AutoTokenizer` loads it.
+    A loaded tokenizer's own config (`source` folder: special tokens, chat template) is kept."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
+    source_config = (source / "tokenizer_config.json") if source else None
+    if source_config is not None and source_config.is_file():  # a model's: keep its template
+        shutil.copy(source_config, out / "tokenizer_config.json")
+        return out / "tokenizer.json"
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": eod_token,
