@@ -25,6 +25,8 @@ def find_hf_dir(model_dir: str) -> str:
     for cand in (os.path.join(model_dir, "hf"), model_dir):
         if os.path.exists(os.path.join(cand, "config.json")):
             return cand
+    if os.path.exists(os.path.join(model_dir, "adapter_config.json")):  # PEFT LoRA on its base
+        return model_dir
     raise InputError(f"{model_dir}: no exported Hugging Face model (config.json) here or in hf/")
 
 

@@ -105,6 +105,10 @@ def read_weights(path: str) -> tuple[str, ModelConfig, StateDict]:
     if os.path.exists(os.path.join(path, "config.json")):
         _, cfg, state = read_hf_dir(path)
         return path, cfg, state
+    if os.path.exists(os.path.join(path, "adapter_config.json")):  # PEFT LoRA: merged onto base
+        from kiln.training.post.lora_export import read_peft_adapter
+
+        return (path, *read_peft_adapter(path))
     return (path, *read_checkpoint(path))
 
 

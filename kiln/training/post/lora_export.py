@@ -102,3 +102,68 @@ def export_merged_hf(
     with tempfile.TemporaryDirectory(prefix="kiln-lora-merge-") as tmp:
         write_model_checkpoint(tmp, model_cfg, merged)
         return export_hf(tmp, out_dir, tokenizer=tokenizer, dtype=dtype)
+
+
+_KILN_MODULE = {hf: kiln for kiln, hf in HF_MODULE.items()}
+_KILN_BLOCK = {hf: kiln for kiln, hf in _HF_BLOCK.items()}
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def is_peft_adapter(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+        os.path.join(path, "config.json")
+    )
+
+
+def _kiln_adapter_name(peft_name: str, folder: str) -> str:
+    """`base_model.model.model.layers.0.self_attn.q_proj.lora_A[.default].weight` ->
+    `layers.0.attention.wq.lora_a`."""
+    parts = peft_name.removeprefix("base_model.model.model.").split(".")
+    parts = [p for p in parts if p not in ("default", "weight")]
+    if len(parts) != 5 or parts[0] != "layers" or parts[4] not in ("lora_A", "lora_B"):
+        raise InputError(f"{folder}: adapter tensor {peft_name!r} is not a Llama LoRA A/B")
+    _, index, block, module, ab = parts
+    if block not in _KILN_BLOCK or module not in _KILN_MODULE:
+        raise InputError(f"{folder}: adapter tensor {peft_name!r} targets no dense Llama linear")
+    return f"layers.{index}.{_KILN_BLOCK[block]}.{_KILN_MODULE[module]}.{ab.lower()}"
+
+
+def read_peft_adapter(folder: str, base: str | None = None):
+    """(config, kiln state dict) of `base` (default: the adapter's `base_model_name_or_path`)
+    with a PEFT LoRA adapter folder merged in: what serving base + adapter loads."""
+    from safetensors.torch import load_file
+
+    from kiln.training.model.weights import read_weights
+
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        config = json.load(f)
+    unsupported = [
+        key
+        for key in (
+            "modules_to_save",
+            "rank_pattern",
+            "alpha_pattern",
+            "use_dora",
+            "fan_in_fan_out",
+        )
+        if config.get(key)
+    ]
+    if config.get("peft_type", "LORA") != "LORA" or config.get("bias", "none") != "none":
+        unsupported.append("peft_type/bias")
+    if unsupported:
+        raise InputError(f"{folder}/adapter_config.json: unsupported LoRA options {unsupported}")
+    base = base or config.get("base_model_name_or_path")
+    if not base or not os.path.exists(base):
+        raise InputError(
+            f"{folder}/adapter_config.json: base_model_name_or_path {base!r} is not a local model"
+        )
+    rank, alpha = config["r"], config["lora_alpha"]
+    scaling = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
+    tensors = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    adapters = {_kiln_adapter_name(k, folder): v for k, v in tensors.items()}
+    _, cfg, state = read_weights(base)
+    missing = {k.rsplit(".", 1)[0] + ".weight" for k in adapters} - set(state)
+    if missing:
+        raise InputError(f"{folder}: the base {base} has no layer {sorted(missing)[0]}")
+    return cfg, merged_state_dict({**state, **adapters}, scaling)

@@ -46,8 +46,9 @@ def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     lora = cfg.lora
     if lora is not None:
+        base = os.path.abspath(cfg.base) if cfg.base and os.path.exists(cfg.base) else cfg.base
         summary["adapter"] = export_peft_adapter(
-            state, lora, os.path.join(out_dir, "adapter"), cfg.base
+            state, lora, os.path.join(out_dir, "adapter"), base
         )
     else:
         state = {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] not in LORA_PARAMS}
@@ -60,6 +61,14 @@ def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
     )
     if tokenizer is not None:
         _add_chat_template(hf_dir, chat_dir, cfg.data.split)
+    if lora is not None:  # `kiln serve out/adapter` (base + adapter) renders chats as hf/ does
+        import shutil
+
+        from kiln.training.post.lora_export import TOKENIZER_FILES
+
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(hf_dir, name)):
+                shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, "adapter", name))
     return summary
 
 

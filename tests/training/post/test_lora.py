@@ -101,3 +101,37 @@ def test_peft_adapter_folder_loads_in_peft_and_equals_merged_export(base_export,
         want = model(tokens)
         torch.testing.assert_close(merged(tokens).logits, want, rtol=0, atol=1e-4)
         torch.testing.assert_close(with_adapter(tokens).logits, want, rtol=0, atol=1e-4)
+
+
+def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_path):
+    """An adapter folder written by `peft` itself (save_pretrained), served as base + adapter by
+    the local backend (the base named in adapter_config.json): the merged export's logits."""
+    import asyncio
+
+    from kiln.serving.backend_local import LocalBackend
+    from kiln.serving.backends import BatchingConfig
+    from kiln.serving.generate import Generator
+    from kiln.serving.rest_launch import find_hf_dir
+    from tests.training.post.helpers import chat_tokenizer, save_hf_tokenizer
+
+    base, hf_dir = base_export
+    cfg = LoRAConfig(rank=4, alpha=16, targets=["wq", "wv", "w2"])
+    model = copy.deepcopy(base)
+    apply_lora(model, cfg)
+    random_adapters(model, seed=7)
+    adapter_dir = str(tmp_path / "adapter")
+    peft_model(hf_dir, cfg, model).save_pretrained(adapter_dir)
+    save_hf_tokenizer(chat_tokenizer(), adapter_dir, None)
+    export_merged_hf(model.cfg.model_dump(), model.state_dict(), cfg, str(tmp_path / "merged"))
+    assert find_hf_dir(adapter_dir) == adapter_dir
+
+    backend = LocalBackend(adapter_dir, "tiny", BatchingConfig(engine="batch"))
+    merged = Generator.load(str(tmp_path / "merged"), tokenizer=adapter_dir, device="cpu").model
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    try:
+        with torch.no_grad():
+            served = backend.generator.model(tokens)
+            torch.testing.assert_close(served, merged(tokens), rtol=0, atol=1e-4)
+            torch.testing.assert_close(served, model(tokens), rtol=0, atol=1e-4)
+    finally:
+        asyncio.run(backend.close())
