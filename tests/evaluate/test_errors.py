@@ -1,0 +1,37 @@
+"""What a user gets wrong is one line naming it, before any endpoint is started."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.evaluate import EvaluateConfig, evaluate
+from kiln.platform.errors import InputError
+from tests.conftest import free_port
+
+
+def test_unreachable_endpoint_is_a_one_line_error(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = EvaluateConfig(tasks=["kiln_qa_gen"])
+    with pytest.raises(InputError, match=rf"evaluate\.url: cannot reach {url} \(Connect") as e:
+        evaluate(cfg, tmp_path, url=url)
+    assert "\n" not in str(e.value)
+
+
+def test_log_likelihood_tasks_need_completions_and_a_tokenizer(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # never reached: the checks come first
+    with pytest.raises(InputError, match="chat completions cannot score log-likelihood"):
+        evaluate(EvaluateConfig(tasks=["kiln_mc_en"], api="chat"), tmp_path, url=url)
+    with pytest.raises(InputError, match="kiln_mc_ja needs the model's tokenizer"):
+        evaluate(EvaluateConfig(tasks=["kiln_mc_ja"]), tmp_path, url=url)
+
+
+def test_nothing_to_evaluate_against(tmp_path):
+    with pytest.raises(InputError, match="give an endpoint .* or a model"):
+        evaluate(EvaluateConfig(tasks=["kiln_qa_gen"]), tmp_path)
+
+
+def test_bad_task_file_fails_before_the_endpoint_is_contacted(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: x\ndataset_path: json\n")
+    with pytest.raises(InputError, match="bad.yaml: dataset_path 'json' needs data_files"):
+        evaluate(EvaluateConfig(tasks=[str(bad)]), tmp_path, url="http://127.0.0.1:1")
