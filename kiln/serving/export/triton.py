@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Literal
@@ -18,7 +19,8 @@ from kiln.platform.errors import InputError
 
 _INPUTS = [
     # name, type, dims, optional
-    ("text_input", "TYPE_STRING", "[ 1 ]", False),
+    ("text_input", "TYPE_STRING", "[ 1 ]", True),  # this or `messages`
+    ("messages", "TYPE_STRING", "[ 1 ]", True),  # JSON [{role, content}]: the chat template
     ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
     ("temperature", "TYPE_FP32", "[ 1 ]", True),
     ("top_k", "TYPE_INT32", "[ 1 ]", True),
@@ -27,6 +29,13 @@ _INPUTS = [
     ("stop", "TYPE_STRING", "[ -1 ]", True),
     ("stream", "TYPE_BOOL", "[ 1 ]", True),
 ]
+# what model.py imports: generation, the engine and the chat-template renderer
+RUNTIME_ROOTS = (
+    "kiln.serving.generate",
+    "kiln.serving.engine",
+    "kiln.serving.engine.detokenize",
+    "kiln.training.post.chat_template",
+)
 _OUTPUTS = [
     ("text_output", "TYPE_STRING"),
     ("finish_reason", "TYPE_STRING"),
@@ -56,10 +65,16 @@ class TritonExportConfig(BaseModel):
     torch_threads: int = Field(
         0, ge=0, description="torch threads per instance (0: torch's default)."
     )
+    engine_slots: int = Field(
+        8, ge=1, description="KV-cache slots of the continuous-batching engine (rows at once)."
+    )
+    prefill_chunk: int = Field(
+        256, ge=1, description="Prompt tokens the engine prefills per step (long ones chunked)."
+    )
 
 
-def config_pbtxt(cfg: TritonExportConfig) -> str:
-    """The model configuration Triton reads."""
+def config_pbtxt(cfg: TritonExportConfig, end_of_turn: list[str] | None = None) -> str:
+    """The model configuration Triton reads (`end_of_turn`: the chat template's markers)."""
     inputs = ",\n".join(
         f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if o else ""} }}'
         for n, t, d, o in _INPUTS
@@ -70,9 +85,13 @@ def config_pbtxt(cfg: TritonExportConfig) -> str:
         "max_tokens_limit": cfg.max_tokens_limit,
         "dtype": cfg.dtype,
         "torch_threads": cfg.torch_threads,
+        "engine_slots": cfg.engine_slots,
+        "prefill_chunk": cfg.prefill_chunk,
+        "end_of_turn": json.dumps(end_of_turn or []),
     }
+    quoted = {json.dumps(k): json.dumps(str(v), ensure_ascii=False) for k, v in params.items()}
     parameters = "\n".join(
-        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()
+        f"parameters {{ key: {k} value: {{ string_value: {v} }} }}" for k, v in quoted.items()
     )
     return f"""name: "{cfg.model_name}"
 backend: "python"
@@ -97,6 +116,7 @@ def export_triton(
 
     An already exported HF directory is copied as is. Returns the model directory.
     """
+    from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
     from kiln.serving.export.hf import export_hf
     from kiln.serving.export.runtime import copy_runtime
 
@@ -118,7 +138,8 @@ def export_triton(
         raise InputError("Triton export needs a tokenizer (text in, text out): pass tokenizer=")
     here = os.path.dirname(os.path.abspath(__file__))
     shutil.copyfile(os.path.join(here, "triton_model.py"), os.path.join(version_dir, "model.py"))
-    copy_runtime(os.path.join(version_dir, "runtime"))
+    copy_runtime(os.path.join(version_dir, "runtime"), roots=RUNTIME_ROOTS)
+    end_of_turn = end_of_turn_markers(*load_chat_config(hf_dir))
     with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
-        f.write(config_pbtxt(cfg))
+        f.write(config_pbtxt(cfg, end_of_turn))
     return model_dir

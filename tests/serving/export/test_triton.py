@@ -25,6 +25,11 @@ from tests.serving.generate.tiny import tiny_generator, train_tokenizer
 pytestmark = pytest.mark.slow  # tritonserver and python-backend stub processes
 
 PROMPTS = ["the quick brown fox", "hello world"]
+# the model's own template (not ChatML): the Triton model must render `messages` with it
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +41,9 @@ def repo(tmp_path_factory):
     )  # MoE: the vendored runtime must carry moe.py
     repo = str(root / "repo")
     export_triton(gen, repo, model_name="tiny", max_batch_size=4, torch_threads=1)
+    config_file = Path(repo, "tiny", "1", "hf", "tokenizer_config.json")
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
     export_triton(
         os.path.join(repo, "tiny", "1", "hf"),
         repo,
@@ -87,6 +95,7 @@ def test_repository_layout_and_config(repo):
         "dynamic_batching",
         "KIND_CPU",
         '"text_input"',
+        '"messages"',
         "TYPE_STRING",
         '"text_output"',
         '"max_tokens"',
@@ -234,3 +243,61 @@ def test_kiln_triton_up_serves_until_interrupted(repo, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_chat_messages_are_rendered_with_the_models_template(server, reference):
+    """`messages` rows (JSON) come back as kiln's greedy completion of the rendered prompt."""
+    import tritonclient.http as httpclient
+
+    from kiln.serving.chat_template import render_chat
+
+    chats = [
+        [{"role": "user", "content": "the quick brown fox"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+    ]
+    prompts = [render_chat(c, CHAT_TEMPLATE, {}) for c in chats]
+    assert prompts[0] == "user: the quick brown fox\nassistant:"
+    expected = [c.text for c in reference.generate(prompts, SamplingParams(max_new_tokens=10))]
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        messages = httpclient.InferInput("messages", [2, 1], "BYTES")
+        messages.set_data_from_numpy(
+            np.array([json.dumps(c).encode() for c in chats], dtype=np.object_).reshape(-1, 1)
+        )
+        max_tokens = httpclient.InferInput("max_tokens", [2, 1], "INT32")
+        max_tokens.set_data_from_numpy(np.array([[10], [10]], dtype=np.int32))
+        assert _texts(client.infer("tiny", [messages, max_tokens])) == expected
+    finally:
+        client.close()
+
+
+def test_decoupled_model_batches_at_every_step(server, reference):
+    """Behind Triton the engine batches per decoding step: a short request sent after a long
+    one joins the running batch and finishes first, each with kiln's greedy text."""
+    import tritonclient.grpc as grpcclient
+
+    lengths = {"long": 70, "short": 2}
+    expected = {
+        k: reference.generate([PROMPTS[1]], SamplingParams(max_new_tokens=n))[0].text
+        for k, n in lengths.items()
+    }
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        for name, n in lengths.items():
+            client.async_stream_infer(
+                "tiny_stream", _http_inputs(grpcclient, [PROMPTS[1]], n), request_id=name
+            )
+        order, texts = [], {}
+        while len(order) < 2:
+            result, error = responses.get(timeout=60)
+            assert error is None, error
+            name = result.get_response().id
+            order.append(name)
+            texts[name] = _texts(result)[0]
+        client.stop_stream()
+    finally:
+        client.close()
+    assert order == ["short", "long"]
+    assert texts == expected
