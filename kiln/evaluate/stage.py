@@ -1,7 +1,6 @@
 """The `evaluate` stage: lm-evaluation-harness tasks against an endpoint, plus held-out perplexity.
 
-    - name: evaluate
-      type: evaluate
+    - stage: evaluate
       config: {tasks: [kiln_mc_en, kiln_mc_ja, kiln_qa_gen], api: completions}
 
 Inputs (all optional, wired to the latest earlier output of their kind): `endpoint` (a running
