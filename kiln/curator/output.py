@@ -21,6 +21,7 @@ from kiln.curator.process import REJECTED_SCHEMA
 CORPUS_COLUMNS = ["id", "text", "source", "language"]
 EXACT_DUPLICATE = "exact_duplicate"
 FUZZY_DUPLICATE = "fuzzy_duplicate"
+SEMANTIC_DUPLICATE = "semantic_duplicate"
 
 
 def write_outputs(
@@ -31,13 +32,15 @@ def write_outputs(
     rejected_dir: str,
     spill_dir: str,
     cfg: OutputConfig,
+    semantic_rows: np.ndarray | None = None,
 ) -> int:
     """Write the kept documents as shards and the duplicates to rejected/; returns how many
     documents were kept."""
     staging_files = sorted(staging_files)
     exact_rows, fuzzy_rows = np.sort(exact_rows), np.sort(fuzzy_rows)
     kept_per_file = [
-        reject_duplicates(path, exact_rows, fuzzy_rows, rejected_dir, cfg) for path in staging_files
+        reject_duplicates(path, exact_rows, fuzzy_rows, rejected_dir, cfg, semantic_rows)
+        for path in staging_files
     ]
     total = int(sum(k.sum() for k in kept_per_file))
     if total == 0:
@@ -55,14 +58,20 @@ def reject_duplicates(
     fuzzy_rows: np.ndarray,
     rejected_dir: str,
     cfg: OutputConfig,
+    semantic_rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """Pass 1: write one staging part's duplicates to rejected/; returns its keep mask."""
     table = pq.read_table(path, columns=["_row", *CORPUS_COLUMNS])
     rows = table.column("_row").to_numpy()
     is_exact, is_fuzzy = np.isin(rows, exact_rows), np.isin(rows, fuzzy_rows)
-    dup = is_exact | is_fuzzy
+    is_semantic = np.isin(rows, semantic_rows if semantic_rows is not None else [])
+    dup = is_exact | is_fuzzy | is_semantic
     if dup.any():
-        reason = np.where(is_exact[dup], EXACT_DUPLICATE, FUZZY_DUPLICATE)
+        reason = np.where(
+            is_exact[dup],
+            EXACT_DUPLICATE,
+            np.where(is_fuzzy[dup], FUZZY_DUPLICATE, SEMANTIC_DUPLICATE),
+        )
         rejected = (
             table.filter(pa.array(dup))
             .select(CORPUS_COLUMNS)

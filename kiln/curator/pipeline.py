@@ -106,6 +106,7 @@ class Curation:
             self.rejected_dir,
             os.path.join(self.work_dir, "spill"),
             self.cfg.output,
+            dedup.semantic_rows,
         )
         self.seconds["output"] = time.perf_counter() - t
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -68,6 +68,12 @@ def funnel_steps(
         candidate_pairs=dedup_counts.get("candidate_pairs", 0),
         duplicate_pairs=dedup_counts.get("duplicate_pairs", 0),
     )
+    if "semantic_duplicates" in dedup_counts:  # opt-in: absent from other runs' funnels
+        step(
+            "semantic_dedup",
+            dedup_counts["semantic_duplicates"],
+            clusters=dedup_counts.get("semantic_clusters", 0),
+        )
     return steps
 
 
@@ -77,6 +83,7 @@ def removed_by_reason(reasons: Counter, dedup_counts: dict) -> dict[str, int]:
         {
             "exact_duplicate": dedup_counts.get("exact_duplicates", 0),
             "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0),
+            "semantic_duplicate": dedup_counts.get("semantic_duplicates", 0),
         }
     )
     return dict(sorted((reasons + dedup).items()))

@@ -19,6 +19,7 @@ from kiln.curator.process import band_columns
 class DedupResult:
     exact_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     fuzzy_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    semantic_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     counts: dict = field(default_factory=dict)
 
 
@@ -31,6 +32,22 @@ ROWS_PER_PARTITION = 250_000  # ~50 MB of dedup keys per pandas partition
 
 def run_dedup(
     staging_files: list[str], cfg: CurateConfig, backend: str = "pandas", n_docs: int = 0
+) -> DedupResult:
+    result = exact_and_fuzzy(staging_files, cfg, backend, n_docs)
+    if cfg.dedup.semantic.enabled and staging_files:  # opt-in, on what exact/fuzzy kept
+        from kiln.curator.dedup.semantic import semantic_duplicate_rows
+
+        skip = np.concatenate([result.exact_rows, result.fuzzy_rows])
+        result.semantic_rows, clusters = semantic_duplicate_rows(
+            staging_files, skip, cfg.dedup.semantic
+        )
+        result.counts["semantic_duplicates"] = len(result.semantic_rows)
+        result.counts["semantic_clusters"] = clusters
+    return result
+
+
+def exact_and_fuzzy(
+    staging_files: list[str], cfg: CurateConfig, backend: str, n_docs: int
 ) -> DedupResult:
     import dask.dataframe as dd
 
