@@ -18,8 +18,10 @@ class PerplexityConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     split: Literal["valid", "test", "train"] = Field("valid", description="split to score")
-    seq_len: int | None = Field(None, ge=1, description="window length (default: model context)")
-    batch_size: int = Field(8, ge=1, description="windows per forward")
+    seq_len: int | None = Field(
+        None, ge=1, description="window length (default: the model's context, at most 1024)"
+    )
+    batch_size: int = Field(4, ge=1, description="windows per forward")
     max_tokens: int | None = Field(
         262_144, ge=2, description="score at most this many tokens of the split (None: all)"
     )

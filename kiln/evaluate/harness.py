@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -133,15 +134,19 @@ def run_harness(run: HarnessRun, out_dir: Path, log_path: Path) -> dict[str, Any
     request_path = out_dir / "lm_eval_request.json"
     request_path.write_text(json.dumps(request, indent=2))
     env = {**os.environ, **OFFLINE_ENV, "OPENAI_API_KEY": run.api_key or ""}
-    env.setdefault("HF_DATASETS_CACHE", str(out_dir / ".datasets-cache"))
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "kiln.evaluate.harness_main", str(request_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            check=False,
-        )
+    cache = out_dir / ".datasets-cache"  # datasets' Arrow copies of the task data: dropped after
+    env.setdefault("HF_DATASETS_CACHE", str(cache))
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            proc = subprocess.run(
+                [sys.executable, "-m", "kiln.evaluate.harness_main", str(request_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                check=False,
+            )
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0:
         raise EvalError(f"lm-eval failed: {_last_error(log_path)} (log: {log_path})")
     return json.loads(Path(request["output"]).read_text(encoding="utf-8"))

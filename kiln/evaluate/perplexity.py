@@ -19,6 +19,9 @@ import torch.nn.functional as F
 
 from kiln.platform.errors import InputError
 
+# the default window: the model's context, but no longer than this (logits are [B, S, vocab])
+DEFAULT_MAX_WINDOW = 1024
+
 
 @dataclass(frozen=True)
 class Perplexity:
@@ -99,14 +102,14 @@ def dataset_perplexity(
     *,
     split: str = "valid",
     seq_len: int | None = None,
-    batch_size: int = 8,
+    batch_size: int = 4,
     max_tokens: int | None = None,
 ) -> Perplexity:
     """Load the model (exported HF folder, ExportedModel or kiln checkpoint) and score a split."""
     from kiln.serving.generate import Generator
 
     model = Generator.load(model_dir).model
-    seq_len = seq_len or model.cfg.max_seq_len
+    seq_len = seq_len or min(model.cfg.max_seq_len, DEFAULT_MAX_WINDOW)
     if seq_len > model.cfg.max_seq_len:
         raise InputError(
             f"evaluate.perplexity.seq_len: {seq_len} exceeds the model's context "
