@@ -36,6 +36,7 @@ from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_cur
 from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
 
 log = logging.getLogger("kiln.train")
+TRAINER, CONFIG = "kiln.training.trainer:Trainer", "kiln.training.config:TrainConfig"
 
 
 class RayOptions(BaseModel):
@@ -80,9 +81,10 @@ def world_size(cfg, options: RayOptions) -> int:
 
 
 def train_on_ray(
-    cfg, run_dir: str, options: RayOptions | None = None, runtime=None
+    cfg, run_dir: str, options: RayOptions | None = None, runtime=None, trainer: str = TRAINER
 ) -> dict[str, Any]:
-    """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (metrics, checkpoint, paths)."""
+    """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (metrics, checkpoint, paths).
+    `trainer` ('module:Class', a Trainer subclass taking cfg's config class) runs on each worker."""
     from kiln.platform.runtime import Runtime
 
     options = options or RayOptions()
@@ -98,7 +100,9 @@ def train_on_ray(
     t0 = time.perf_counter()
     change = None
     for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
-        trainer = _torch_trainer(cfg, run_dir, options, storage_path, n, use_gpu, cpus, change)
+        trainer = _torch_trainer(
+            cfg, run_dir, options, storage_path, n, use_gpu, cpus, change, trainer_path=trainer
+        )
         log.info(
             "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
             n,
@@ -179,6 +183,7 @@ def _torch_trainer(
     use_gpu: bool,
     cpus: float,
     layout_change: dict | None = None,
+    trainer_path: str = "",
 ):
     """A TorchTrainer running `_train_loop` on n workers (gloo on CPU, NCCL on GPU)."""
     import ray.train
@@ -192,6 +197,8 @@ def _torch_trainer(
         "threads": max(1, int(cpus)),
         "callbacks": options.callbacks,
         "layout_change": layout_change,
+        "trainer": trainer_path or TRAINER,
+        "config_class": f"{type(cfg).__module__}:{type(cfg).__name__}",
     }
     return TorchTrainer(
         _train_loop,
@@ -222,11 +229,9 @@ def _train_loop(config: dict) -> None:
     import ray.train
     import torch
 
-    from kiln.training.config import TrainConfig
-    from kiln.training.trainer import Trainer
-
     torch.set_num_threads(config["threads"])
-    cfg = TrainConfig.model_validate(config["train"])
+    Trainer = _import(config.get("trainer", TRAINER))  # noqa: N806 - a class
+    cfg = _import(config.get("config_class", CONFIG)).model_validate(config["train"])
     resume = _resume_point(cfg.checkpoint.dir, ray.train.get_checkpoint())
     if resume:
         cfg = cfg.model_copy(

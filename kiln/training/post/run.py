@@ -31,10 +31,6 @@ def _full_state(trainer) -> dict[str, torch.Tensor]:
 
 def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
     """Merged HF folder (+ PEFT adapter folder for LoRA) of a trained PostTrainer; rank 0 writes."""
-    from kiln.training.model.lora import LORA_PARAMS
-    from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
-
-    cfg = trainer.cfg
     if trainer.dims.pp_enabled:
         from kiln.platform.errors import ConfigError
 
@@ -42,6 +38,32 @@ def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
     state = _full_state(trainer)
     if trainer.rank != 0:
         return {}
+    return export_state(trainer.cfg, state, out_dir, chat_dir)
+
+
+def export_checkpoint(cfg: PostTrainConfig, ckpt: str, out_dir: str, chat_dir: str | None):
+    """The same export from a run's checkpoint (full, or adapter-only on its referenced base)."""
+    from kiln.training.checkpoint.offline import load_model_state, read_sidecar
+    from kiln.training.model.weights import read_weights
+
+    model_cfg, state = load_model_state(ckpt)
+    ref = read_sidecar(ckpt).get("adapter_only")
+    if ref:  # the adapters, on the base they were trained on
+        from kiln.training.post.adapter_checkpoint import check_base
+
+        check_base(read_sidecar(ckpt), ckpt, ref["base"])
+        state = {**read_weights(ref["base"])[2], **state}
+    from kiln.training.model.config import ModelConfig
+
+    cfg = cfg.model_copy(update={"model": ModelConfig(**model_cfg)})
+    return export_state(cfg, state, out_dir, chat_dir)
+
+
+def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None) -> dict:
+    """Write `<out>/hf` (adapters merged, chat template) and, for LoRA, `<out>/adapter`."""
+    from kiln.training.model.lora import LORA_PARAMS
+    from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
+
     state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
     summary: dict[str, Any] = {}
     lora = cfg.lora
@@ -115,6 +137,36 @@ def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None
     if export_dir:
         chat_dir = os.path.dirname(chat_prefix(trainer.cfg))
         summary["export"] = export_post(trainer, export_dir, chat_dir)
+    return summary
+
+
+def train_post_on_ray(
+    cfg: PostTrainConfig, run_dir: str, options=None, export_dir: str | None = None, runtime=None
+) -> dict:
+    """The same run on Ray Train (one worker per rank, as `train` runs), then the export from
+    its final checkpoint (in the driver: adapter-only checkpoints merge onto their base)."""
+    from kiln.training.post.trainer import chat_prefix
+    from kiln.training.ray_train import train_on_ray
+
+    absolute = {"paths": [os.path.abspath(p) for p in cfg.data.paths]}
+    update: dict[str, Any] = {"data": cfg.data.model_copy(update=absolute)}
+    if cfg.base and os.path.exists(cfg.base):  # workers may run elsewhere on this node
+        update["base"] = os.path.abspath(cfg.base)
+    cfg = cfg.model_copy(update=update)
+    result = train_on_ray(
+        cfg, run_dir, options, runtime, trainer="kiln.training.post.trainer:PostTrainer"
+    )
+    final = result["final"] or {}
+    summary: dict[str, Any] = {
+        "objective": cfg.objective,
+        "steps": final.get("step", 0),
+        "final": final,
+        "checkpoint": result["checkpoint"],
+        "world_size": result["world_size"],
+    }
+    if export_dir:
+        chat_dir = os.path.dirname(chat_prefix(cfg))
+        summary["export"] = export_checkpoint(cfg, result["checkpoint"], export_dir, chat_dir)
     return summary
 
 

@@ -18,6 +18,7 @@ from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.post.config import PostTrainConfig
+from kiln.training.ray_train import RayOptions
 
 
 class ImportModelConfig(StageConfig):
@@ -132,6 +133,12 @@ class PrepareChatStage(Stage):
 class PostStageConfig(PostTrainConfig, StageConfig):
     """PostTrainConfig fields; `data.paths` and `base` come from the inputs when wired."""
 
+    ray: RayOptions | None = Field(
+        None,
+        description="Run the workers on Ray Train as `train` does (`ray: {}` for the defaults: "
+        "one worker per rank); omitted: in the stage's process.",
+    )
+
 
 class _PostStage(Stage):
     Config = PostStageConfig
@@ -141,11 +148,22 @@ class _PostStage(Stage):
     output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
     resources: ClassVar[Resources] = Resources(ray=False)
 
+    def needs(self) -> Resources:
+        """In-process by default; with `ray:`, Ray (and a GPU per worker with ray.use_gpu)."""
+        options = self.config.ray
+        if options is None:
+            return self.resources
+        from kiln.training.ray_train import world_size
+
+        cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
+        return Resources(ray=True, gpus=world_size(cfg, options) if options.use_gpu else 0)
+
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.training.post.run import train_post
+        from kiln.training.post.run import train_post, train_post_on_ray
 
         update: dict[str, Any] = {"objective": self.objective}
-        cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True))
+        dump = self.config.model_dump(by_alias=True, exclude={"ray"})
+        cfg = PostTrainConfig.model_validate(dump)
         if "data" in ctx.inputs:
             data = cfg.data.model_copy(
                 update={"paths": [ctx.inputs["data"].path], "synthetic": False}
@@ -160,7 +178,15 @@ class _PostStage(Stage):
         )
         cfg = PostTrainConfig.model_validate({**cfg.model_dump(by_alias=True), **update})
         out = ctx.outputs["model"]
-        summary = train_post(cfg, export_dir=out.path)
+        options = self.config.ray
+        if options is None:
+            summary = train_post(cfg, export_dir=out.path)
+        else:
+            if options.storage_path is None:
+                options = options.model_copy(update={"storage_path": os.path.join(work, "ray")})
+            summary = train_post_on_ray(
+                cfg, str(ctx.stage_dir), options, export_dir=out.path, runtime=ctx.ray()
+            )
         final = summary["final"] or {}
         out.counts = {"steps": summary["steps"]}
         out.meta = {"objective": self.objective, "lora": cfg.lora is not None, "final": final}
