@@ -4,6 +4,10 @@ Every rank writes its own shard; rank 0 then writes the `kiln.json` sidecar and 
 `latest` pointer. DCP's save ends in an all-reduce after the coordinator wrote `.metadata`, so
 once it returns every rank's shard is on storage: a crash at any earlier point leaves `latest`
 naming the previous complete checkpoint.
+
+A save that fails (a full disk, a lost mount) removes its half-written folder and leaves `latest`
+alone: a synchronous one stops training with a one-line `CheckpointWriteError`; a background one
+is logged as a warning and training goes on (the next save tries again), except the final save.
 """
 
 from __future__ import annotations
@@ -18,11 +22,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
-from kiln.platform.errors import InputError
+from kiln.platform.errors import InputError, KilnError
 from kiln.training.checkpoint import state as S
 from kiln.training.checkpoint import storage
 from kiln.training.checkpoint.config import CheckpointConfig
+
+# DCP gathers the ranks' write errors into a CheckpointException, a BaseException
+WRITE_ERRORS = (Exception, CheckpointException)
+
+
+class CheckpointWriteError(KilnError):
+    """A checkpoint could not be written (disk full, storage gone); `latest` is unchanged."""
+
 
 if TYPE_CHECKING:
     from torch import nn
@@ -109,7 +122,7 @@ class Checkpointer:
         if self.root is None or not self._due(step, force):
             return False
         t_wait = time.perf_counter()
-        self.wait()  # at most one save in flight
+        self.wait(raise_errors=False)  # at most one save in flight
         path = storage.join(self.root, storage.step_dir_name(step))
         self._prepare(path)
         state = self._state_for_save(step)
@@ -129,9 +142,12 @@ class Checkpointer:
         writer = make_writer(path, self.cfg.thread_count)
         t0 = time.perf_counter()
         if not self.cfg.async_save:
-            dcp.save(state, storage_writer=writer, process_group=self._save_pg)
-            log.info("checkpoint step %d: written in %.2fs", step, time.perf_counter() - t0)
-            self._commit(step, path, sidecar)
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self._save_pg)
+                log.info("checkpoint step %d: written in %.2fs", step, time.perf_counter() - t0)
+                self._commit(step, path, sidecar)
+            except WRITE_ERRORS as exc:
+                raise self._failed(step, path, exc) from exc
             return
         response = dcp.async_save(
             state, storage_writer=writer, process_group=self._save_pg, async_stager=self._stager()
@@ -147,19 +163,40 @@ class Checkpointer:
     def poll(self) -> None:
         """Commit a finished background save (non-blocking)."""
         if self._inflight is not None and self._inflight[0].done():
-            self.wait()
+            self.wait(raise_errors=False)
 
-    def wait(self) -> None:
-        """Block until the background save (if any) finished, then commit it."""
+    def wait(self, raise_errors: bool = True) -> None:
+        """Block until the background save (if any) finished, then commit it. A failed one is
+        raised, or only logged when training can go on (`raise_errors=False`)."""
         if self._inflight is None:
             return
         future, step, path, sidecar = self._inflight
         self._inflight = None
-        future.result()
-        self._commit(step, path, sidecar)
+        try:
+            future.result()
+            self._commit(step, path, sidecar)
+        except WRITE_ERRORS as exc:
+            error = self._failed(step, path, exc)
+            if raise_errors:
+                raise error from exc
+            log.warning("%s; training goes on", error)
+
+    def _failed(self, step: int, path: str, exc: Exception) -> CheckpointWriteError:
+        """Remove the half-written folder (rank 0) and say in one line what failed."""
+        cause = storage.write_failure(path, exc)  # before the removal frees the disk again
+        if self.rank == 0:
+            try:
+                storage.remove(path)
+            except OSError as cleanup:
+                log.warning("could not remove the unfinished %s: %s", path, cleanup)
+        latest = storage.latest_checkpoint(self.root)
+        return CheckpointWriteError(
+            f"checkpoint step {step}: writing {path} failed ({cause}); "
+            f"latest is still {latest or 'none'}"
+        )
 
     def close(self) -> None:
-        self.wait()
+        self.wait()  # the final save must not fail quietly
         if self._staging is not None:
             self._staging.close()
             self._staging = None

@@ -3,9 +3,12 @@ pointer, the `kiln.json` sidecar and keep-last-N pruning. No torch here."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import shutil
 import uuid
 from typing import Any
 
@@ -43,11 +46,16 @@ def write_text_atomic(uri: str, text: str) -> None:
     fs, path = fs_and_path(uri)
     if is_local(uri):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
     else:  # object stores make a single-object put atomic
         fs.pipe_file(path, text.encode())
 
@@ -115,3 +123,21 @@ def prune(root: str, keep_last: int) -> list[str]:
     for d in removed:
         remove(d)
     return removed
+
+
+def write_failure(uri: str, exc: BaseException) -> str:
+    """Why writing under `uri` failed, in a few words: "no space left on device" when the error
+    (or, as torch's zip writer hides errno, the free space of a local disk) says so."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "errno", None) == errno.ENOSPC or "No space left" in str(seen):
+            return "no space left on device"
+        seen = seen.__cause__ or seen.__context__
+    if is_local(uri):
+        _, path = fs_and_path(uri)
+        while path and not os.path.exists(path):
+            path = os.path.dirname(path)
+        if path and shutil.disk_usage(path).free < 1 << 20:
+            return f"no space left on device: {shutil.disk_usage(path).free} bytes free"
+    first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {first.strip()[:200]}"
