@@ -29,7 +29,7 @@ max-width:1000px;color:#111;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:16px 0 6px}.meta{color:#555}
 table{border-collapse:collapse;margin:6px 0 12px}td,th{border:1px solid #ddd;padding:3px 8px;
-text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right}
+text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;white-space:nowrap}
 .status{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;color:#fff}
 .succeeded,.done{background:#16a34a}.cached{background:#0891b2}.failed{background:#dc2626}
 .running,.pending{background:#a3a3a3}
