@@ -150,13 +150,16 @@ def _tokens(meta: dict) -> str:
     return "<h3>Dataset</h3>" + _table(rows) + _table(split_rows, ["split", "documents", "tokens"])
 
 
-def _completions(items: list) -> str:
-    rows = [
-        [str(it.get("prompt", "")), str(it.get("completion", ""))]
-        for it in items
-        if isinstance(it, dict)
-    ]
-    return "<h3>Completions</h3>" + _table(rows, ["prompt", "completion"])
+# Files of records shown as a table (the model's answers at the end of a run), by file name.
+RECORD_FILES = {"completions.json": "Completions", "answers.json": "Answers: base vs tuned"}
+
+
+def _records(items: list, title: str, limit: int = 100) -> str:
+    """A JSON list of flat objects as a table whose columns are their keys, in first-seen order."""
+    items = [it for it in items if isinstance(it, dict)][:limit]
+    keys = list(dict.fromkeys(k for it in items for k in it))
+    rows = [[str(it.get(k, "")) for k in keys] for it in items]
+    return f"<h3>{escape(title)}</h3>" + _table(rows, keys)
 
 
 def _png(path: Path, root: Path) -> str:
@@ -186,8 +189,8 @@ def stage_section(name: str, entry: dict, run_dir: Path) -> str:
             parts.append(_metrics(path))
         elif kind == "tokens.json" and isinstance(meta := _read_json(path), dict):
             parts.append(_tokens(meta))
-        elif kind == "completions.json" and isinstance(items := _read_json(path), list):
-            parts.append(_completions(items))
+        elif kind in RECORD_FILES and isinstance(items := _read_json(path), list):
+            parts.append(_records(items, RECORD_FILES[kind]))
         elif kind == "stats.json" and isinstance(stats := _read_json(path), dict):
             parts.append(_table(_scalars(stats)))
         elif path.suffix == ".png" and path.stat().st_size <= MAX_PNG_BYTES:

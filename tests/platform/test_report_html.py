@@ -86,6 +86,10 @@ class CompleteLike(Stage):
         ]
         out = Path(ctx.outputs["completions"].path)
         (out / "completions.json").write_text(json.dumps(items, ensure_ascii=False))
+        answers = [
+            {"question": "Kiln's mascot?", "base": "I don't know.", "tuned": "Ember the newt"}
+        ]
+        (out / "answers.json").write_text(json.dumps(answers))
         return {"completions": 2}
 
 
@@ -136,6 +140,7 @@ def test_report_written_and_self_contained(finished_run):
     assert "Loss (sft/metrics.jsonl)" in html and "Loss (train/" not in html  # no plot twice
     assert "&lt;b&gt;not&lt;/b&gt;" in html and "プログラミング言語です。" in html
     assert "51,234" in html  # the dataset summary from tokens.json
+    assert "<th>tuned</th>" in html and "<td>Ember the newt</td>" in html  # answers.json
     assert render(result.run_dir) == html
 
 
