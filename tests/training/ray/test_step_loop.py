@@ -37,16 +37,20 @@ CONFIG = {
 STEP_LINE = re.compile(r"(?<!checkpoint )\bstep (\d+)\b")
 
 
-def _console_after(capfd, done: re.Pattern, timeout: float = 20.0) -> str:
-    """Everything printed so far, waiting for Ray's forwarded worker lines to catch up."""
+def _console_after(capfd, done: re.Pattern, timeout: float = 60.0, quiet_s: float = 1.0) -> str:
+    """Everything printed so far: waits for Ray's forwarded worker lines to reach `done`, then
+    until nothing new arrives for `quiet_s` (a duplicate would come right behind the original)."""
     out, deadline = "", time.monotonic() + timeout
-    while time.monotonic() < deadline and not done.search(out):
+    last_news = time.monotonic()
+    while time.monotonic() < deadline:
         captured = capfd.readouterr()
-        out += captured.out + captured.err
-        time.sleep(0.2)
-    time.sleep(1.0)  # a duplicate would come from the same worker right behind the original
-    captured = capfd.readouterr()
-    return out + captured.out + captured.err
+        if captured.out or captured.err:
+            out += captured.out + captured.err
+            last_news = time.monotonic()
+        elif done.search(out) and time.monotonic() - last_news >= quiet_s:
+            return out
+        time.sleep(0.1)
+    return out
 
 
 @pytest.mark.slow
