@@ -16,6 +16,7 @@ import httpx
 from tests.conftest import free_port
 
 BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 240  # a head node with its dashboard, on 2 cores shared with a busy machine
 
 
 class HeadNode:
@@ -65,7 +66,7 @@ class HeadNode:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + START_TIMEOUT_S  # fails at once if `ray start` exits
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}")
@@ -76,7 +77,7 @@ class HeadNode:
                 pass
             time.sleep(0.5)
         self.__exit__(None, None, None)
-        raise RuntimeError("Ray head node did not come up within 90 s")
+        raise RuntimeError(f"Ray head node did not come up within {START_TIMEOUT_S} s")
 
     def __exit__(self, *exc) -> None:
         if self.proc is None:

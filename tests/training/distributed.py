@@ -50,9 +50,12 @@ def _worker(fn, rank: int, world_size: int, port: int, args, queue) -> None:
 
 
 def run_distributed(
-    fn: Callable[..., Any], world_size: int, *args, timeout: float = 180.0
+    fn: Callable[..., Any], world_size: int, *args, timeout: float = 600.0
 ) -> list[Any]:
-    """fn(*args) on every rank of a fresh gloo group; returns the per-rank results in rank order."""
+    """fn(*args) on every rank of a fresh gloo group; returns the per-rank results in rank order.
+
+    A rank that dies fails the call at once; `timeout` only bounds a hang, so it is generous:
+    8 ranks on 2 loaded cores can take minutes."""
     port = _free_port()
     queue = _CTX.Queue()
     procs = [
