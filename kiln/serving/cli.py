@@ -70,6 +70,7 @@ def register(subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from kiln.platform.runtime import Runtime
+    from kiln.serving.exposure import public_bind_warning
     from kiln.serving.rest_launch import launch
 
     deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
@@ -93,6 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
         },
         "deployment": deployment,
     }
+    if warning := public_bind_warning(args.host, args.api_key):
+        print(warning, file=sys.stderr, flush=True)
     runtime = Runtime(address=args.address).ensure()
     try:
         endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)

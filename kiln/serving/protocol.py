@@ -44,6 +44,9 @@ class Limits(BaseModel):
     max_new_tokens: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
     max_prompt_chars: int = Field(16_384, ge=1, description="longest prompt, in characters")
     max_prompts_per_request: int = Field(64, ge=1, description="prompts in one request (batch)")
+    max_body_bytes: int = Field(
+        8 << 20, ge=1, description="largest request body, in bytes (413 beyond)"
+    )
 
     def check(
         self, prompts: list, max_new_tokens: int, field: str = "max_tokens", minimum: int = 1

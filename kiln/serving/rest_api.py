@@ -44,6 +44,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.include_router(rest_triton_generate.router)
     if api_key is not None:
         api.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    api.add_middleware(BodySizeMiddleware, max_bytes=limits.max_body_bytes)  # outermost
     return api
 
 
@@ -117,3 +118,44 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         response = error_response(Request(scope), message, 401)
         await response(scope, receive, send)
+
+
+class BodySizeMiddleware:
+    """413 for a body over `max_bytes`: by its Content-Length before reading it, or (chunked,
+    no length) as soon as the bytes received pass the bound; a body is never held past it."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                return await self._reject(scope, receive, send)
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:  # chunked: read up to the bound, then hand the app the whole body
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._reject(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope, receive, send) -> None:
+        message = f"request body is larger than {self.max_bytes} bytes (limits.max_body_bytes)"
+        await error_response(Request(scope), message, 413)(scope, receive, send)

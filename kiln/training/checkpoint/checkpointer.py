@@ -314,7 +314,10 @@ class Checkpointer:
         t0 = time.perf_counter()
         sidecar = storage.read_json(storage.join(path, storage.SIDECAR))
         reader = make_reader(path)
-        available = set(reader.read_metadata().state_dict_metadata)
+        try:
+            available = set(reader.read_metadata().state_dict_metadata)
+        except WRITE_ERRORS as exc:
+            raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         model_sd, model_keys = self._model_state()
         state: dict[str, Any] = {"model": model_sd}
         has_training_state = any(k.startswith("optimizer.") for k in available)
@@ -322,7 +325,10 @@ class Checkpointer:
         if self.cfg.load_optimizer and not has_training_state:
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
         optim_keys = self._request_training_state(state, available, sidecar) if full else None
-        dcp.load(state, storage_reader=reader, process_group=self._save_pg)
+        try:
+            dcp.load(state, storage_reader=reader, process_group=self._save_pg)
+        except WRITE_ERRORS as exc:  # a truncated or corrupt shard file: one line, no traceback
+            raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         self._apply_model_state(state["model"], model_keys)
         if optim_keys is not None:
             self._apply_training_state(state, optim_keys)

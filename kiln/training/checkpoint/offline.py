@@ -31,14 +31,19 @@ def read_sidecar(path: str) -> dict[str, Any]:
 
 def load_state(path: str, prefix: str | None = None) -> dict[str, Any]:
     """Full (unsharded) tensors of every key under `prefix` ("model", "optimizer", ...) or all."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     from kiln.training.checkpoint.checkpointer import make_reader
 
     ckpt = resolve(path)
-    reader = make_reader(ckpt)
-    keys = set(reader.read_metadata().state_dict_metadata)
-    if prefix is not None:
-        keys = {k for k in keys if k.startswith(prefix + ".")}
-    state = _load_state_dict_from_keys(keys, storage_reader=make_reader(ckpt))
+    try:
+        reader = make_reader(ckpt)
+        keys = set(reader.read_metadata().state_dict_metadata)
+        if prefix is not None:
+            keys = {k for k in keys if k.startswith(prefix + ".")}
+        state = _load_state_dict_from_keys(keys, storage_reader=make_reader(ckpt))
+    except (Exception, CheckpointException) as exc:  # truncated/corrupt files: one line
+        raise InputError(f"{ckpt}: {storage.read_failure(exc)}") from exc
     return state[prefix] if prefix is not None else state
 
 

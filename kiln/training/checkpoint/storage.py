@@ -141,3 +141,13 @@ def write_failure(uri: str, exc: BaseException) -> str:
             return f"no space left on device: {shutil.disk_usage(path).free} bytes free"
     first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return f"{type(exc).__name__}: {first.strip()[:200]}"
+
+
+def read_failure(exc: BaseException) -> str:
+    """A checkpoint that cannot be read, in one line: DCP nests each rank's traceback in its
+    message, so name the innermost cause (e.g. a truncated shard) instead."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "~"))]
+    last = causes[-1] if causes else type(exc).__name__
+    return f"unreadable checkpoint (truncated or corrupt file?): {last[:200]}"

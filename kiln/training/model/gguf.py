@@ -121,7 +121,10 @@ def read_header(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], i
             raise InputError(f"{path}: not a GGUF file")
         cur = _Cursor(buf)
         cur.pos = 4
-        return _parse(cur, path)
+        try:
+            return _parse(cur, path)
+        except (struct.error, KeyError, OverflowError, MemoryError) as exc:
+            raise InputError(f"{path}: truncated or malformed GGUF header ({exc})") from exc
 
 
 def _parse(cur: _Cursor, path: str):
@@ -218,6 +221,11 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         row_bytes = shape[-1] // block * block_bytes
         rows = int(np.prod(shape[:-1], dtype=np.int64))
+        if offset + rows * row_bytes > buf.size:
+            raise InputError(
+                f"{path}: truncated GGUF: tensor {gguf_name} ends at byte "
+                f"{offset + rows * row_bytes}, the file has {buf.size}"
+            )
         raw = buf[offset : offset + rows * row_bytes].reshape(*shape[:-1], row_bytes)
         array = dequantize(raw, qtype).reshape(shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))

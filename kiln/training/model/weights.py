@@ -74,6 +74,7 @@ def read_checkpoint(path: str) -> tuple[ModelConfig, StateDict]:
 
 def read_hf_dir(hf_dir: str) -> tuple[dict, ModelConfig, StateDict]:
     """(HF config.json, kiln config, kiln-named state dict) of a folder of (sharded) safetensors."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     config_path = os.path.join(hf_dir, "config.json")
@@ -91,7 +92,12 @@ def read_hf_dir(hf_dir: str) -> tuple[dict, ModelConfig, StateDict]:
         raise InputError(f"{hf_dir}: no model.safetensors (only safetensors weights are read)")
     state: StateDict = {}
     for name in files:
-        state.update(load_file(os.path.join(hf_dir, name)))
+        try:
+            state.update(load_file(os.path.join(hf_dir, name)))
+        except SafetensorError as exc:  # truncated or corrupt: one line, never a crash
+            raise InputError(
+                f"{os.path.join(hf_dir, name)}: unreadable safetensors ({exc})"
+            ) from exc
     cfg = from_hf_config(hf)
     return hf, cfg, from_hf_state(state, cfg)
 
