@@ -70,6 +70,7 @@ def register(subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from kiln.platform.runtime import Runtime
+    from kiln.platform.signals import stop_on_signals
     from kiln.serving.exposure import public_bind_warning
     from kiln.serving.rest_launch import launch
 
@@ -96,6 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if warning := public_bind_warning(args.host, args.api_key):
         print(warning, file=sys.stderr, flush=True)
+    stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored
     runtime = Runtime(address=args.address).ensure()
     try:
         endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)
@@ -109,6 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         endpoint.wait()
     finally:
         runtime.shutdown()
+    print(f"kiln: stopped serving at {endpoint.url} (replicas and Ray shut down)", flush=True)
     return 0
 
 
