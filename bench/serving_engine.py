@@ -111,7 +111,7 @@ def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate:
         )
 
 
-def generation_comparison(tmp: str, new_tokens: int, prompt_len: int) -> None:
+def generation_comparison(tmp: str, new_tokens: int, prompt_len: int, repeats: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -164,12 +164,14 @@ def generation_comparison(tmp: str, new_tokens: int, prompt_len: int) -> None:
                 )  # fmt: skip
             assert out.shape[1] == prompt_len + new_tokens
 
-        rates = []
-        for fn in (ours, theirs):
-            fn()  # warm-up
-            t = time.perf_counter()
-            fn()
-            rates.append(batch * new_tokens / (time.perf_counter() - t))
+        best = [float("inf"), float("inf")]
+        ours(), theirs()  # warm-up
+        for _ in range(repeats):  # interleaved, best of each: the shared machine's load varies
+            for k, fn in enumerate((ours, theirs)):
+                t = time.perf_counter()
+                fn()
+                best[k] = min(best[k], time.perf_counter() - t)
+        rates = [batch * new_tokens / b for b in best]
         engine.stop()
         print(f"{batch:>5} {rates[0]:>18.1f} {rates[1]:>19.1f} {rates[0] / rates[1]:>5.2f}x")
 
@@ -187,7 +189,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model(os.path.join(tmp, "m"), dim=256, layers=4, vocab=1000)
         serving_comparison(model_dir, [4] if args.quick else [16, 64], 2, args.rate)
-        generation_comparison(tmp, 8 if args.quick else 64, 32)
+        generation_comparison(tmp, 8 if args.quick else 64, 32, 1 if args.quick else 3)
 
 
 if __name__ == "__main__":

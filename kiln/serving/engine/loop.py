@@ -60,6 +60,7 @@ class Engine:
             device=generator.device,
         )
         self.scheduler = Scheduler(self.pool, prefill_chunk)
+        self._decode_tokens = torch.zeros(max_slots, 1, dtype=torch.long, device=generator.device)
         self.steps = 0  # iterations that ran a forward
         self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
         self.prefill_chunks = 0
@@ -201,7 +202,7 @@ class Engine:
         device = self.generator.device
         slots = [r.slot for r in rows]
         width = max(slots) + 1  # type: ignore[type-var]
-        tokens = torch.zeros(width, 1, dtype=torch.long, device=device)
+        tokens = self._decode_tokens[:width]  # allocated once; idle rows keep a stale token
         tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
         logits = self.generator.model(tokens, kv_cache=self.pool.view(0, width))
         for slot in slots:
