@@ -8,6 +8,8 @@
 3. p50/p99 latency of one request (greedy, --max-tokens new tokens), sequentially:
    in-process `Generator.generate`, Triton directly (tritonclient gRPC to the real tritonserver
    over the exported repository) and REST (Ray Serve, local backend).
+The continuous-batching engine (Poisson arrivals at 16/64 clients against the request batcher,
+and against `transformers.generate` at batch 1/8 on a 125M shape) is bench/serving_engine.py.
 The model is a random Llama of --dim/--layers with a byte-level BPE tokenizer trained here;
 torch uses one thread everywhere (the Serve replica and the Triton instance get one CPU each).
 """
