@@ -84,6 +84,8 @@ def evaluate(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = _hf_dir(model_dir)
+    if not cfg.tasks and not (cfg.perplexity is not None and tokens_dir):
+        raise InputError("evaluate: no tasks and no TokenDataset for perplexity: nothing to do")
     if cfg.perplexity is not None and tokens_dir and model_dir is None:
         raise InputError("evaluate.perplexity: needs a model (an ExportedModel) beside the tokens")
     result: dict[str, Any] = {"tasks": {}, "perplexity": None, "lm_eval_version": None}

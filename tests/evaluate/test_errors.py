@@ -28,6 +28,10 @@ def test_log_likelihood_tasks_need_completions_and_a_tokenizer(tmp_path):
 def test_nothing_to_evaluate_against(tmp_path):
     with pytest.raises(InputError, match="give an endpoint .* or a model"):
         evaluate(EvaluateConfig(tasks=["kiln_qa_gen"]), tmp_path)
+    with pytest.raises(InputError, match="no tasks and no TokenDataset"):
+        evaluate(EvaluateConfig(tasks=[]), tmp_path, url="http://127.0.0.1:1")
+    with pytest.raises(InputError, match="perplexity: needs a model"):
+        evaluate(EvaluateConfig(tasks=[]), tmp_path, tokens_dir=str(tmp_path))
 
 
 def test_bad_task_file_fails_before_the_endpoint_is_contacted(tmp_path):
