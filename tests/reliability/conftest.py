@@ -3,8 +3,10 @@ that asks for it; shut down in the finalizer even when a test fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import subprocess
 
 import pytest
 
@@ -20,25 +22,29 @@ def two_nodes():
         cluster.shutdown()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs mounted for the test (root only: skipped where mounting is not allowed),
-    unmounted in the finalizer even when the test fails."""
-    import subprocess
-
-    mount = tmp_path / "disk"
-    mount.mkdir()
+@contextlib.contextmanager
+def tmpfs(path, size: str):
+    """A tmpfs of `size` mounted at `path` (root only: the test is skipped where mounting is not
+    allowed), unmounted on exit even when the test fails."""
+    path.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
-        yield mount
+        yield path
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs for the test."""
+    with tmpfs(tmp_path / "disk", "16m") as path:
+        yield path
 
 
 def fill_disk(path) -> None:

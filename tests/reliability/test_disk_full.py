@@ -66,3 +66,32 @@ def test_async_save_on_full_disk_warns_and_training_goes_on(small_disk, caplog):
     root = str(small_disk / "ckpt")
     assert latest_checkpoint(root).endswith("step-00000006")  # the disk had room again
     assert "step-00000004" not in os.listdir(root)
+
+
+def test_curator_output_on_full_disk_fails_clearly_without_artifact(tmp_path):
+    import json
+    import random
+
+    from kiln.curator.stage import CurateStage
+    from kiln.platform.errors import StageFailed
+    from kiln.platform.pipeline import Pipeline
+    from tests.curator.corpus import prose
+    from tests.reliability.conftest import tmpfs
+
+    rng = random.Random(0)
+    source = tmp_path / "in.jsonl"
+    with open(source, "w") as f:  # ~0.5 MB of distinct documents for a 128 KiB disk
+        for i in range(500):
+            f.write(json.dumps({"id": f"d{i}", "text": prose(rng)}) + "\n")
+    with tmpfs(tmp_path / "runs", "128k") as runs:
+        stage = CurateStage({"input": [str(source)], "stream": "inline"})
+        with pytest.raises(StageFailed) as err:
+            Pipeline("cur", [stage], runs_dir=runs).run(shutdown=False)
+        message = str(err.value)
+        assert "\n" not in message and "No space left on device" in message, message
+        assert not list(runs.rglob("artifact.json"))  # no artifact claims a complete corpus
+        (run_json,) = runs.rglob("run.json")
+        stages = json.loads(run_json.read_text())["stages"]
+        assert [s["status"] for s in (stages.values() if isinstance(stages, dict) else stages)] == [
+            "failed"
+        ]
