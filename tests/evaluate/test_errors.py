@@ -39,3 +39,23 @@ def test_bad_task_file_fails_before_the_endpoint_is_contacted(tmp_path):
     bad.write_text("task: x\ndataset_path: json\n")
     with pytest.raises(InputError, match="bad.yaml: dataset_path 'json' needs data_files"):
         evaluate(EvaluateConfig(tasks=[str(bad)]), tmp_path, url="http://127.0.0.1:1")
+
+
+@pytest.mark.slow
+def test_lm_eval_failing_is_one_line_naming_its_log(tmp_path):
+    """The endpoint goes away after the check: lm-eval's own exception, one line, and the log."""
+    from kiln.evaluate.harness import EvalError, HarnessRun, run_harness
+    from kiln.evaluate.task_files import prepare_tasks
+
+    tasks = prepare_tasks(["kiln_qa_gen"], tmp_path / "tasks")
+    run = HarnessRun(
+        url=f"http://127.0.0.1:{free_port()}",
+        model_name="gone",
+        tasks=tasks,
+        include_path=tmp_path / "tasks",
+        limit=1,
+    )
+    with pytest.raises(
+        EvalError, match=r"lm-eval failed: .*Cannot connect .*\(log: .*lm_eval\.log\)"
+    ):
+        run_harness(run, tmp_path, tmp_path / "lm_eval.log")
