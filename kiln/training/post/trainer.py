@@ -9,6 +9,7 @@ model in memory) or, with LoRA, taken from the same model with its adapters disa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -16,12 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from kiln.platform.errors import ConfigError, InputError
 from kiln.training.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
-from kiln.training.post.chat_dataset import ChatSource
+from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
 from kiln.training.post.config import PostTrainConfig
 from kiln.training.post.dpo import dpo_loss, split_pairs
 from kiln.training.post.objectives import sequence_logps
@@ -42,6 +44,7 @@ def chat_prefix(cfg: PostTrainConfig) -> str:
 
 class PostTrainer(Trainer):
     cfg: PostTrainConfig
+    trained_tokens_only = True  # SFT's output layer on labelled positions only (one process)
 
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         self._base_state = None
@@ -182,8 +185,6 @@ class PostTrainer(Trainer):
     # -- one optimizer step -----------------------------------------------------------------
 
     def _contexts(self):
-        import contextlib
-
         cfg = self.cfg
         stack = contextlib.ExitStack()
         stack.enter_context(autocast_context(cfg.precision, self.device.type, self.distributed))
@@ -203,7 +204,40 @@ class PostTrainer(Trainer):
                 loss_sum += self._sft_step(*batch).float()
         return loss_sum / self.grad_accum
 
+    def _head_on_trained_tokens(self) -> bool:
+        """One process, a plain model: the output layer (the largest matmul) runs only on the
+        positions that carry a label; distributed layouts keep the trainer's full-logits path
+        (FSDP/TP own the head's parameters inside the model's forward)."""
+        model = self.model_parts[0]
+        return (
+            self.trained_tokens_only
+            and not self.distributed
+            and not self.cfg.model.n_experts
+            and isinstance(getattr(model, "output", None), nn.Linear)
+        )
+
+    def _trained_token_loss(self, model, tokens, labels, positions) -> torch.Tensor:
+        """Mean cross entropy over labelled positions, the head applied to those rows only: the
+        same value and gradients as the full logits with -100 ignored."""
+        head, trained = model.output, labels != IGNORE_INDEX
+        model.output = None  # the model then returns the final norm's hidden states
+        try:
+            hidden = model(tokens, positions=positions)
+        finally:
+            model.output = head
+        return F.cross_entropy(head(hidden[trained]).float(), labels[trained])
+
     def _sft_step(self, tokens, labels, positions, document_ids) -> torch.Tensor:
+        if self._head_on_trained_tokens():
+            model = self.model_parts[0]
+            packed = self._packed()
+            masking = document_masking(model, document_ids) if packed else contextlib.nullcontext()
+            with self._contexts(), masking:
+                loss = self._trained_token_loss(
+                    model, tokens, labels, positions if packed else None
+                )
+                (loss * (self.scaler.scale / self.grad_accum)).backward()
+            return loss.detach()
         if not self._packed():  # plain rows: exactly pretraining's masked cross entropy
             if self.dims.cp_enabled:
                 from kiln.training.parallel.context_parallel import shard_for_context_parallel

@@ -169,3 +169,20 @@ def test_lora_under_tp_equals_one_process_and_resumes_at_dp_shard(data, tmp_path
     assert tp[0] == pytest.approx(one[:3], abs=1e-5)
     resumed = run_distributed(_lora_layout_run, 2, data, {"dp_shard": 2}, ckpt, 6)
     assert resumed[0] == pytest.approx(one[3:], abs=1e-5)
+
+
+@pytest.mark.parametrize("lora", [{"rank": 4, "alpha": 8}, None], ids=["lora", "full"])
+def test_head_on_trained_tokens_only_equals_full_logits(data, lora, monkeypatch):
+    """The output layer run on labelled positions only gives the full-logits run's losses and
+    weights (packed rows, tied embeddings: the head's gradient is the embedding's too)."""
+    runs = {}
+    for only in (True, False):
+        monkeypatch.setattr(PostTrainer, "trained_tokens_only", only)
+        torch.manual_seed(0)
+        trainer = PostTrainer(_cfg(data, steps=2, lora=lora))
+        losses = [m["loss"] for m in trainer.train()]
+        assert trainer._head_on_trained_tokens() is only
+        runs[only] = losses, trainer.model_parts[0].state_dict()
+    assert runs[True][0] == pytest.approx(runs[False][0], abs=1e-5)
+    for name, tensor in runs[False][1].items():
+        torch.testing.assert_close(runs[True][1][name], tensor, rtol=0, atol=1e-5, msg=name)
