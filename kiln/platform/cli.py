@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from kiln.platform.errors import KilnError
@@ -33,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kiln", description="Raw text to a served language model, on Ray."
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show Ray's, libraries' and debug output too"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -49,12 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        force=True,  # log to the current stderr even if a library configured logging first
-    )
+    from kiln.platform import console
+
+    console.configure(verbose=args.verbose)  # quiet terminal; the rest in <run>/logs/ (-v: all)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -20,12 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.platform import console
 from kiln.platform.artifact import MANIFEST, Artifact
 from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
 from kiln.platform.runtime import RayConfig, Runtime
 from kiln.platform.stage import Stage, StageContext, run_steps
 
 log = logging.getLogger("kiln")
+
+
+def key_figures(metrics: Any, limit: int = 4) -> str:
+    """` (name value, ...)`: a stage's first few scalar metrics, for its one-line summary."""
+    if not isinstance(metrics, dict):
+        return ""
+    shown = []
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or k.endswith("_s"):
+            continue
+        shown.append(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}")
+    return f" ({', '.join(shown[:limit])})" if shown else ""
 
 
 def _now() -> str:
@@ -153,6 +166,7 @@ class Pipeline:
         }
         result = RunResult(run_dir=run_dir, record=record)
         self._write(run_dir, record)
+        run_log = console.attach_run_log(run_dir)
         log.info("run %s: %s", run_id, run_dir)
         try:
             for st in self.stages:
@@ -167,6 +181,8 @@ class Pipeline:
             record["ended"] = _now()
             self._write(run_dir, record)
             self._write_report(run_dir)
+            console.link_ray_logs(run_dir)
+            console.detach_run_log(run_log)
             if shutdown:
                 runtime.shutdown()
         return result
@@ -215,7 +231,8 @@ class Pipeline:
             outputs = self._fresh_outputs(st, stage_dir, fp)
             entry.update(status="running", started=_now())
             self._write(run_dir, record)
-            log.info("stage %s: running", st.name)
+            log.info("stage %s: started", st.name)
+            console.route_library_loggers()
             ctx = StageContext(
                 stage=st,
                 run_dir=run_dir,
@@ -287,7 +304,7 @@ class Pipeline:
             duration_s=round(time.perf_counter() - t0, 3),
             metrics=metrics,
         )
-        log.info("stage %s: done in %.1fs", st.name, entry["duration_s"])
+        log.info("stage %s: done in %.1fs%s", st.name, entry["duration_s"], key_figures(metrics))
 
     def _find_cached(self, st: Stage, fp: str) -> tuple[dict[str, Artifact], Path] | None:
         """Complete outputs of an earlier run with the same fingerprint, newest first."""

@@ -18,6 +18,7 @@ BUILTIN_STAGES: dict[str, str] = {
     "noop": "kiln.platform.builtin_stages:Noop",
     "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
     "complete": "kiln.pipelines.complete_stage:CompleteStage",
+    "compare": "kiln.pipelines.compare_stage:CompareStage",
     "curate": "kiln.curator.stage:CurateStage",
     "classify": "kiln.curator.classify.stage:ClassifyStage",
     "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",

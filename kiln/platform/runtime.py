@@ -78,10 +78,13 @@ class Runtime:
 
         if ray.is_initialized():
             return self
+        from kiln.platform import console
+
         address = self.address or os.environ.get("RAY_ADDRESS")
+        to_driver = console.verbose()  # quiet: workers' output stays in Ray's logs (<run>/logs/ray)
         if address:
             log.info("attaching to Ray at %s", address)
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=to_driver)
         else:
             ray.init(
                 address="local",
@@ -90,9 +93,10 @@ class Runtime:
                 include_dashboard=self.dashboard,
                 _node_ip_address="127.0.0.1",
                 configure_logging=False,
-                log_to_driver=True,
+                log_to_driver=to_driver,
             )
             self._started_here = True
+        console.route_library_loggers()
         return self
 
     def provide(self, needs: Resources, who: str = "stage") -> None:

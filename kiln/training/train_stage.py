@@ -25,11 +25,25 @@ class TrainStageConfig(TrainConfig, StageConfig):
         return TrainConfig.model_validate(self.model_dump(exclude={"ray"}, by_alias=True))
 
 
+def continue_from_model(cfg: TrainConfig, model_dir: str, init_dir: Path) -> TrainConfig:
+    """Continued pretraining of an ExportedModel (import-model, export, sft): its `hf/` weights
+    as a kiln checkpoint to start from (`checkpoint.init_from`) and its shape as `model:`."""
+    from kiln.serving.import_hf import write_model_checkpoint
+    from kiln.training.model.weights import read_hf_dir
+
+    _, model_cfg, state = read_hf_dir(os.path.join(model_dir, "hf"))
+    if model_cfg.max_seq_len < cfg.seq_len:
+        model_cfg = model_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
+    write_model_checkpoint(str(init_dir), model_cfg, state)
+    checkpoint = cfg.checkpoint.model_copy(update={"init_from": str(init_dir)})
+    return cfg.model_copy(update={"model": model_cfg, "checkpoint": checkpoint})
+
+
 class TrainStage(Stage):
     type_name = "train"
     Config = TrainStageConfig
-    input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset"}
-    optional_inputs = frozenset({"tokens"})
+    input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "model": "ExportedModel"}
+    optional_inputs = frozenset({"tokens", "model"})  # model: continue pretraining it
     output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
 
     def needs(self) -> Resources:
@@ -56,6 +70,8 @@ class TrainStage(Stage):
         # there, under the same Ray run. On success they move into the output artifact (renames).
         work = Path(ctx.work_dir)
         work.mkdir(parents=True, exist_ok=True)
+        if "model" in ctx.inputs:
+            cfg = continue_from_model(cfg, ctx.inputs["model"].path, work / "init")
         ckpt_root = str(work / "checkpoints")
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": ckpt_root})}
@@ -63,7 +79,14 @@ class TrainStage(Stage):
         options = self.config.ray
         if options.storage_path is None:
             options = options.model_copy(update={"storage_path": str(work / "ray")})
-        summary = train_on_ray(cfg, run_dir=str(ctx.stage_dir), options=options, runtime=ctx.ray())
+        from kiln.platform.console import follow_metrics
+        from kiln.training.metrics_log import METRICS_FILE
+
+        # quiet mode: the workers' step lines stay in their logs; progress comes from their JSONL
+        with follow_metrics(str(ctx.stage_dir / METRICS_FILE), cfg.steps, self.name):
+            summary = train_on_ray(
+                cfg, run_dir=str(ctx.stage_dir), options=options, runtime=ctx.ray()
+            )
         for entry in sorted(Path(ckpt_root).iterdir()):
             os.replace(entry, Path(out.path) / entry.name)
 

@@ -1,0 +1,92 @@
+"""Time `make demo` (kiln run kiln/pipelines/quickstart.yaml) after the install, as a user runs it.
+
+    .venv/bin/python bench/demo.py [--set sft.steps=8 ...] [--runs-dir DIR]
+
+Prints the wall time against the 6-minute target and the ratio, the terminal's line count
+(target < 60), and checks what the demo promises: the run succeeded, the tuned answers hold the
+taught facts, and the terminal shows no traceback or warning. Exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_S = 360.0
+MAX_LINES = 60
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_demo(runs_dir: str, overrides: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    cmd = [str(REPO / ".venv" / "bin" / "kiln"), "run", "kiln/pipelines/quickstart.yaml"]
+    cmd += ["--runs-dir", runs_dir]
+    for o in overrides:
+        cmd += ["--set", o]
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ)
+    )
+    return time.perf_counter() - t0, out
+
+
+def check(runs_dir: str, out: subprocess.CompletedProcess) -> list[str]:
+    """What the demo promises, as a list of failures (empty: all held)."""
+    text = out.stdout + out.stderr
+    failures = []
+    if out.returncode != 0:
+        failures.append(f"exit code {out.returncode}")
+    lines = text.count("\n")
+    if lines >= MAX_LINES:
+        failures.append(f"{lines} terminal lines (target < {MAX_LINES})")
+    for word in ("Traceback", "Warning"):
+        if word in text:
+            failures.append(f"{word!r} in the terminal output")
+    answers = sorted(Path(runs_dir).glob("quickstart/*/compare/answers/answers.json"))
+    if not answers:
+        failures.append("no compare/answers/answers.json")
+    else:
+        rows = json.loads(answers[-1].read_text())
+        failures += [
+            f"not taught: {r['question']} -> {r['tuned']!r}" for r in rows if not r["taught"]
+        ]
+    return failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--runs-dir", default=None)
+    args = ap.parse_args()
+    runs_dir = args.runs_dir or tempfile.mkdtemp(prefix="kiln-demo-")
+    overrides = list(args.overrides)
+    if not any(o.startswith("serve.port=") for o in overrides):  # a shared machine: a free port
+        overrides.append(f"serve.port={free_port()}")
+    wall, out = run_demo(runs_dir, overrides)
+    sys.stdout.write(out.stdout + out.stderr)
+    lines = (out.stdout + out.stderr).count("\n")
+    print("\n| figure | kiln demo | target | ratio |\n| --- | --- | --- | --- |")
+    print(f"| wall time after install (s) | {wall:.0f} | {TARGET_S:.0f} | {wall / TARGET_S:.2f} |")
+    print(f"| terminal lines | {lines} | < {MAX_LINES} | {lines / MAX_LINES:.2f} |")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (2 cores); runs: {runs_dir}")
+    failures = check(runs_dir, out)
+    for f in failures:
+        print(f"FAILED: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""What a `kiln` command prints, and where everything else goes.
+
+Quiet (the default): the terminal shows kiln's own INFO lines (a stage's start and end, the
+trainer's progress) in a short `HH:MM:SS message` form, warnings and errors from anyone, and the
+final table. Ray's, Ray Data's, Ray Train's and Serve's output, Python warnings and debug lines
+go to `<run>/logs/kiln.log` (every record, full format) and Ray's own session logs, which
+`<run>/logs/ray` links to. `-v` (verbose) prints all of it on the terminal as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+FULL_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_state = {"verbose": False}
+# Libraries whose INFO lines are theirs, not the user's: they reach the terminal only with -v.
+LIBRARY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.serve", "ray.tune", "torch", "filelock")
+
+
+def verbose() -> bool:
+    return _state["verbose"]
+
+
+# kiln loggers whose INFO lines the terminal shows: stage start/end and training progress.
+CONSOLE_INFO_LOGGERS = frozenset({"kiln", "kiln.training", "kiln.train"})
+
+
+class _QuietFilter(logging.Filter):
+    """Stage lines and training progress; kiln's other warnings; anyone's errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in CONSOLE_INFO_LOGGERS:
+            return record.levelno >= logging.INFO
+        if record.name.startswith("kiln."):
+            return record.levelno >= logging.WARNING
+        return record.levelno >= logging.ERROR
+
+
+def configure(verbose: bool = False) -> None:
+    """Console logging for a `kiln` command (called once by the CLI)."""
+    _state["verbose"] = verbose
+    handler = logging.StreamHandler(sys.stderr)
+    if verbose:
+        handler.setFormatter(logging.Formatter(FULL_FORMAT, datefmt="%H:%M:%S"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+        handler.addFilter(_QuietFilter())
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ core: errors only
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    logging.basicConfig(level=logging.DEBUG, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # warnings.warn -> the `py.warnings` logger -> the run log
+    for name in ("urllib3", "matplotlib", "PIL", "asyncio", "fsspec", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def route_library_loggers() -> None:
+    """Ray configures its loggers with their own terminal handlers when imported: in quiet mode
+    they hand their records to the root logger instead (the run log keeps them)."""
+    if verbose():
+        return
+    for name in LIBRARY_LOGGERS:
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                lg.removeHandler(h)
+        lg.propagate = True
+
+
+def attach_run_log(run_dir: Path) -> logging.Handler:
+    """Every record of this process, full format, to `<run_dir>/logs/kiln.log`."""
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(logs / "kiln.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(FULL_FORMAT))
+    handler.setLevel(logging.DEBUG)
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def detach_run_log(handler: logging.Handler) -> None:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
+
+
+def link_ray_logs(run_dir: Path) -> None:
+    """`<run_dir>/logs/ray` -> this Ray session's log folder (workers' output, Ray Data, Serve)."""
+    try:
+        import ray
+
+        session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - an attached or finished Ray: nothing to link
+        return
+    link = Path(run_dir) / "logs" / "ray"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(Path(session) / "logs", target_is_directory=True)
+
+
+class Progress:
+    """Long work's progress: a live bar with ETA on a terminal, else one plain line at most
+    every `every_s` seconds (and at the end) through the `kiln` logger."""
+
+    def __init__(self, total: int, desc: str, unit: str = "it", every_s: float = 15.0) -> None:
+        import time
+
+        self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.done, self._t0, self._last = 0, time.monotonic(), 0.0
+        self._bar = None
+        if sys.stderr.isatty() and not verbose():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+
+    def update(self, done: int, postfix: str = "") -> None:
+        import time
+
+        step, self.done = done - self.done, done
+        if self._bar is not None:
+            self._bar.update(step)
+            if postfix:
+                self._bar.set_postfix_str(postfix, refresh=False)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s or done >= self.total:
+            self._last = now
+            logging.getLogger("kiln").info(
+                "%s: %d/%d %s%s, ETA %s",
+                self.desc,
+                done,
+                self.total,
+                self.unit,
+                f" ({postfix})" if postfix else "",
+                self._eta(now),
+            )
+
+    def _eta(self, now: float) -> str:
+        if not self.done:
+            return "?"
+        s = int((now - self._t0) / self.done * max(self.total - self.done, 0))
+        return f"{s // 60}:{s % 60:02d}"
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class follow_metrics:  # noqa: N801 - used as a context manager, like contextlib's
+    """Progress of a training job running elsewhere (Ray Train workers, whose own lines stay in
+    their logs in quiet mode), read from the metrics JSONL its rank 0 appends to per step."""
+
+    def __init__(self, path: str, total_steps: int, desc: str) -> None:
+        import threading
+
+        self.path, self.progress = Path(path), None
+        self.total, self.desc = total_steps, desc
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True, name="kiln-progress")
+
+    def __enter__(self) -> follow_metrics:
+        if not verbose():
+            self.progress = Progress(self.total, self.desc, unit="steps")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self.progress.close()
+
+    def _follow(self) -> None:
+        import json
+
+        offset = 0
+        while not self._stop.wait(1.0):
+            if not self.path.is_file():
+                continue
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written: next time
+            offset += len(complete)
+            for line in complete.splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                loss = row.get("loss")
+                self.progress.update(
+                    int(row.get("step", 0)), f"loss {loss:.3f}" if loss is not None else ""
+                )
