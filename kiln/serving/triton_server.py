@@ -30,6 +30,7 @@ from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
 from kiln.platform.signals import stop_on_signals
+from kiln.serving.stale import clean_stale, shm_prefix, workdir_prefix
 
 log = logging.getLogger("kiln.triton")
 
@@ -119,7 +120,8 @@ class TritonServer:
         stub = os.path.join(dist, "python_backend_stubs", version, "triton_python_backend_stub")
         if not os.path.exists(stub):
             raise KilnError(f"nvidia-pytriton has no python-backend stub for Python {version}")
-        self._workdir = tempfile.mkdtemp(prefix="kiln-triton-")
+        clean_stale()  # folders and shm segments a SIGKILLed kiln left behind
+        self._workdir = tempfile.mkdtemp(prefix=workdir_prefix())
         backends = os.path.join(self._workdir, "backends")
         shutil.copytree(os.path.join(dist, "backends", "python"), os.path.join(backends, "python"))
         shutil.copy(stub, os.path.join(backends, "python", "triton_python_backend_stub"))
@@ -128,12 +130,12 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = ":".join(p for p in lib_dirs if p)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         # each server gets its own shared-memory names, so servers running side by side never clash
-        shm_prefix = f"kiln{os.getpid()}{uuid.uuid4().hex[:6]}"
+        shm = shm_prefix(uuid.uuid4().hex[:6])
         cmd = [
             os.path.join(dist, "bin", "tritonserver"),
             f"--model-repository={self.repo_dir}",
             f"--backend-directory={backends}",
-            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            f"--backend-config=python,shm-region-prefix-name={shm}",
             f"--http-address={self.host}",
             f"--http-port={self.http_port}",
             f"--grpc-address={self.host}",
