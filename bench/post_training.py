@@ -149,6 +149,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--pack-seq-lens",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[256, 512, 1024],
+        help="also report packing's padding at these seq_lens",
+    )
+    p.add_argument("--padding-only", action="store_true", help="skip the throughput runs")
     args = p.parse_args()
 
     import torch
@@ -159,19 +166,26 @@ def main() -> int:
     root = tempfile.mkdtemp(prefix="kiln-bench-post-")
     hf_dir, tok_dir = base_model(args.model, root)
     template = tok_dir if args.model == "smollm2" else "chatml"
-    pad = padding(tok_dir, template, args.seq_len, root)
-    removed = 1 - pad["padding_packed"] / pad["padding_unpacked"]
-    print(
-        f"padding, shipped set ({pad['documents']} conversations, seq_len {args.seq_len}): "
-        f"one per row {pad['padding_unpacked']:.1%}, packed {pad['padding_packed']:.1%} "
-        f"-> {removed:.1%} of the padding removed (target >= 80%)"
-    )
+    # conversations stay whole: how much packing removes depends on seq_len vs their lengths
+    for seq_len in sorted({args.seq_len, *args.pack_seq_lens}):
+        pad = padding(tok_dir, template, seq_len, os.path.join(root, f"pad{seq_len}"))
+        removed = 1 - pad["padding_packed"] / pad["padding_unpacked"]
+        print(
+            f"padding, shipped set ({pad['documents']} conversations, seq_len {seq_len}): "
+            f"one per row {pad['padding_unpacked']:.1%}, packed {pad['padding_packed']:.1%} "
+            f"-> {removed:.1%} of the padding removed (target >= 80%)"
+        )
+        if seq_len == args.seq_len:
+            results_pad = (pad, removed)
+    pad, removed = results_pad
     data_dir = os.path.join(root, "rows")
     prepare_chat(
         SHIPPED, data_dir, tokenizer=tok_dir, template=template, seq_len=args.seq_len, packing=False
     )
     results = {"padding": pad, "padding_removed": removed}
     for name, lora in (("LoRA r=16", {"rank": 16, "alpha": 32}), ("full", None)):
+        if args.padding_only:
+            break
         ours = kiln_tokens_per_s(hf_dir, data_dir, lora, args)
         theirs = hf_tokens_per_s(hf_dir, data_dir, lora, args)
         results[name] = {"kiln": ours, "transformers+peft": theirs, "ratio": ours / theirs}
