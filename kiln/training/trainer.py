@@ -155,7 +155,12 @@ class Trainer:
         if on_meta:  # FSDP's CPU offload keeps the sharded parameters on the CPU
             offload = cfg.optimizer_offload and self.distributed
             init_device = torch.device("cpu") if offload else self.device
-            materialize(self.model_parts, cfg.model, init_device, cfg.seed, self.device)
+            self._materialize(materialize, init_device)
+
+    def _materialize(self, materialize: Callable, init_device: torch.device) -> None:
+        """Allocate and initialise the meta-built local shards (`kiln plan` does it on fake
+        tensors)."""
+        materialize(self.model_parts, self.cfg.model, init_device, self.cfg.seed, self.device)
 
     def _builds_on_meta(self) -> bool:
         """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass

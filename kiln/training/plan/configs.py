@@ -1,24 +1,9 @@
-"""Build a training config's model and layout as rank R of a real-size job, on one CPU.
-
-PyTorch's fake process-group backend stands in for the other ranks (collectives return at once),
-so `Trainer.setup()` runs the same mesh, pipeline carving, TP/FSDP sharding, batch arithmetic and
-config checks a 32- or 512-rank job runs, and fails with the same one-line error.
-
-    kiln plan kiln/pipelines/pretrain_gpt.yaml --ranks 0,31
-    python -m kiln.training.plan kiln/pipelines/pretrain_gpt.yaml    # the same
-
-The shape is shrunk by default (`--full` keeps it): the same heads and KV heads, enough layers
-for every pipeline stage, a small head and FFN, and a vocabulary with the same remainder mod 8192,
-so the build fits a laptop until the trainer builds on the meta device. Hardware-only choices
-(flash-attn, TE fp8) become SDPA / bf16 here.
-"""
+"""The train configs a spec names, their world size, and the config as one CPU can build it."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kiln.training.config import TrainConfig
@@ -46,10 +31,11 @@ def train_configs(path: str) -> list[tuple[str, TrainConfig]]:
     return [(Path(path).stem, load_config(path))]
 
 
-def cpu_stand_in(cfg: TrainConfig, shrink: bool = True) -> TrainConfig:
+def cpu_stand_in(cfg: TrainConfig, shrink: bool = False) -> TrainConfig:
     """The config as this CPU can build it: SDPA attention, bf16 for fp8, no checkpoint I/O.
 
-    Layout rules of the hardware-only choices are still checked (fp8's, here)."""
+    Layout rules of the hardware-only choices are still checked (fp8's, here). `shrink` keeps
+    the heads, KV heads and stage count but makes every matrix small (a quick layout check)."""
     if cfg.precision == "fp8":
         from kiln.training.precision import check_fp8_layout
 
@@ -72,84 +58,9 @@ def cpu_stand_in(cfg: TrainConfig, shrink: bool = True) -> TrainConfig:
         update={
             "model": model,
             "device": "cpu",
-            "precision": "bf16" if cfg.precision == "fp8" else cfg.precision,
+            "precision": "bf16" if cfg.precision in ("fp8", "auto") else cfg.precision,
             "checkpoint": cfg.checkpoint.model_copy(
                 update={"dir": None, "load_from": None, "init_from": None}
             ),
         }
     )
-
-
-def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
-    """Set up rank `rank` of `world` on the fake backend; its local parameters and batch figures."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from kiln.training.trainer import Trainer
-
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        trainer = Trainer(cfg).setup()
-        shards = [
-            p.to_local() if hasattr(p, "to_local") else p
-            for part in trainer.model_parts
-            for p in part.parameters()
-        ]
-        local = sum(t.numel() for t in shards)
-        param_bytes = sum(t.numel() * t.element_size() for t in shards)
-        return {
-            "rank": rank,
-            "world": world,
-            "local_params": local,
-            "grad_accum": trainer.grad_accum,
-            "tokens_per_step": cfg.global_batch_size * cfg.seq_len,
-            "model_parts": len(trainer.model_parts),
-            # sharded fp32 master weights + gradients + AdamW's two moments; activations and the
-            # all-gathered bf16 compute copies come on top
-            "states_gb": round(4 * param_bytes / 1e9, 3),
-        }
-    finally:
-        dist.destroy_process_group()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("specs", nargs="+", help="pipeline specs or TrainConfig YAMLs")
-    parser.add_argument("--world", type=int, help="world size (default: the layout's product)")
-    parser.add_argument("--ranks", default="0,-1", help="ranks to build (-1: the last)")
-    parser.add_argument("--full", action="store_true", help="the configured shape, not shrunk")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print one line per planned rank; a KilnError propagates as the real run's one-liner."""
-    for name, cfg in (c for spec in args.specs for c in train_configs(spec)):
-        world = args.world or world_size_of(cfg)
-        stand_in = cpu_stand_in(cfg, shrink=not args.full)
-        for r in (int(x) for x in args.ranks.split(",")):
-            info = plan_rank(stand_in, r % world, world)
-            print(f"{name}: " + " ".join(f"{k}={v}" for k, v in info.items()), flush=True)
-    return 0
-
-
-def register(subparsers) -> None:
-    """`kiln plan`: build a layout as chosen ranks of its real world size on fake ranks."""
-    p = subparsers.add_parser(
-        "plan", help="build a training layout as any rank of its world size, on one CPU"
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from kiln.platform.errors import KilnError
-
-    parser = argparse.ArgumentParser(prog="python -m kiln.training.plan")
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except KilnError as exc:
-        print(f"kiln: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
 """Every shipped pipeline YAML validates, and its train stage builds its model and layout as the
-first and last rank of the real world size, on PyTorch's fake process-group backend."""
+first and last rank of the real world size, on PyTorch's fake process-group backend, and steps
+once on fake tensors (shrunk matrices: the layout, not the size, is under test here)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ def test_there_are_shipped_yamls():
 def test_shipped_yaml_builds_on_fake_ranks(spec):
     for name, cfg in train_configs(str(spec)):
         world = world_size_of(cfg)
-        stand_in = cpu_stand_in(cfg)
+        stand_in = cpu_stand_in(cfg, shrink=True)
         for rank in (0, world - 1):  # first and last pipeline stage
             info = plan_rank(stand_in, rank, world)
             assert info["grad_accum"] >= 1 and info["local_params"] > 0, (name, info)
+            assert info["activations_gib"] > 0 and info["peak_gib"] > 0, (name, info)
 
 
 def test_pretrain_gpt_is_a_32_rank_layout():
@@ -36,7 +38,7 @@ def test_pretrain_gpt_is_a_32_rank_layout():
 
 def test_pipeline_micro_batch_mismatch_fails_like_a_real_run():
     [(_, cfg)] = train_configs(str(PIPELINES / "pretrain_gpt.yaml"))
-    bad = cpu_stand_in(cfg.model_copy(update={"micro_batch_size": 1}))
+    bad = cpu_stand_in(cfg.model_copy(update={"micro_batch_size": 1}), shrink=True)
     with pytest.raises(ConfigError, match="pp_microbatches"):
         plan_rank(bad, 0, world_size_of(cfg))
 

@@ -1,0 +1,5 @@
+import sys
+
+from kiln.training.plan.cli import main
+
+sys.exit(main())
