@@ -59,3 +59,14 @@ def test_lm_eval_failing_is_one_line_naming_its_log(tmp_path):
         EvalError, match=r"lm-eval failed: .*Cannot connect .*\(log: .*lm_eval\.log\)"
     ):
         run_harness(run, tmp_path, tmp_path / "lm_eval.log")
+
+
+def test_kiln_eval_cli_prints_one_line_and_exits_2(tmp_path, capsys):
+    from kiln.platform.cli import main
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["eval", "--url", url, "--tasks", "kiln_qa_gen", "--out", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kiln: error: evaluate.url: cannot reach {url} (ConnectError")
+    assert main(["eval", "--url", url, "--tasks", "kiln_mc_en", "--api", "chat"]) == 2
+    assert "chat completions cannot score" in capsys.readouterr().err
