@@ -5,11 +5,19 @@ client.health()                                   # True when /v2/health/ready s
 client.complete("Once upon a time", max_tokens=32, temperature=0)
 for delta in client.stream("Once upon a time"): print(delta, end="")
 client.chat([{"role": "user", "content": "Hi"}], max_tokens=32)   # the model's chat template
+
+Retry policy (completions and chat are idempotent: nothing on the server changes): a request that
+fails to connect, or is answered 502/503/504 (a replica restarting, a proxy without a healthy
+replica) or a 500 that is not the endpoint's own JSON error (Ray Serve's proxy answers a plain
+500 when the replica died mid-request: the request never completed), is retried up to `retries`
+times, waiting `Retry-After` when the server sends one (at most 5 s) or 0.2 s doubling. A
+streamed request is not retried. `client.retried` counts retries.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any, Self
 
@@ -22,14 +30,44 @@ class EndpointError(KilnError):
     """The endpoint answered with an error (the message is the server's)."""
 
 
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
 class KilnClient:
     def __init__(
-        self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = 120.0
+        self,
+        url: str,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float = 120.0,
+        retries: int = 3,
     ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
         self.model = model
+        self.retries = retries
+        self.retried = 0
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST under the retry policy (module docstring)."""
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                r = self._http.post(path, json=body)
+            except httpx.TransportError as e:
+                if last:
+                    raise EndpointError(f"{self.url}: {e}") from None
+                retry_after = None
+            except httpx.HTTPError as e:
+                raise EndpointError(f"{self.url}: {e}") from None
+            else:
+                if not _transient(r) or last:
+                    return r
+                retry_after = r.headers.get("retry-after")
+            self.retried += 1
+            time.sleep(_backoff(attempt, retry_after))
+        raise AssertionError("unreachable")
 
     def _body(self, prompt: str, fields: dict[str, Any]) -> dict[str, Any]:
         body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}
@@ -51,10 +89,7 @@ class KilnClient:
     def complete(self, prompt: str, **fields: Any) -> str:
         """The completion text. Fields as OpenAI's (max_tokens, temperature, top_p, stop, seed,
         top_k, presence_penalty, ...)."""
-        try:
-            r = self._http.post("/v1/completions", json=self._body(prompt, fields))
-        except httpx.HTTPError as e:
-            raise EndpointError(f"{self.url}: {e}") from None
+        r = self._post("/v1/completions", self._body(prompt, fields))
         self._raise_for(r)
         return r.json()["choices"][0]["text"]
 
@@ -63,10 +98,7 @@ class KilnClient:
         body = {"messages": messages, **{k: v for k, v in fields.items() if v is not None}}
         if self.model:
             body["model"] = self.model
-        try:
-            r = self._http.post("/v1/chat/completions", json=body)
-        except httpx.HTTPError as e:
-            raise EndpointError(f"{self.url}: {e}") from None
+        r = self._post("/v1/chat/completions", body)
         self._raise_for(r)
         return r.json()["choices"][0]["message"]["content"]
 
@@ -112,3 +144,25 @@ class KilnClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _transient(r: httpx.Response) -> bool:
+    """An answer from the infrastructure, not the endpoint's verdict on the request."""
+    if r.status_code in RETRY_STATUSES:
+        return True
+    if r.status_code != 500:
+        return False
+    try:
+        return "error" not in r.json()  # kiln's own 500s are JSON errors: not retried
+    except ValueError:
+        return True
+
+
+def _backoff(attempt: int, retry_after: str | None) -> float:
+    """Seconds before retry `attempt + 1`: the server's Retry-After (capped), else 0.2 s x 2^n."""
+    if retry_after is not None:
+        try:
+            return min(max(float(retry_after), 0.0), 5.0)
+        except ValueError:
+            pass
+    return min(0.2 * 2**attempt, 5.0)
