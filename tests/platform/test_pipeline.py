@@ -123,13 +123,15 @@ stages:
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert proc.poll() is None, "pipeline exited before reaching the second stage"
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:  # killed on every path: a failed wait must not leave a `kiln run` sleeping in HangOnce
+        deadline = time.monotonic() + 240  # a bound only: an early exit fails at once
+        while not marker.exists():
+            assert proc.poll() is None, "pipeline exited before reaching the second stage"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     assert log.read_text().split() == ["first", "second"]
     killed_run = next((tmp_path / "runs" / "resume").iterdir())
     assert _run_json(killed_run)["stages"]["second"]["status"] == "running"
