@@ -39,10 +39,18 @@ class _QuietFilter(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes (redirected or captured later)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def configure(verbose: bool = False) -> None:
     """Console logging for a `kiln` command (called once by the CLI)."""
     _state["verbose"] = verbose
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler(sys.stderr)
     if verbose:
         handler.setFormatter(logging.Formatter(FULL_FORMAT, datefmt="%H:%M:%S"))
     else:

@@ -1,0 +1,59 @@
+"""The quiet console: the terminal gets stage lines and progress, the run log gets everything
+(library INFO, Python warnings), and progress of a job elsewhere is read from its metrics JSONL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import pytest
+
+from kiln.platform import console
+
+
+@pytest.fixture
+def quiet(capsys):
+    console.configure(verbose=False)
+    yield
+    logging.captureWarnings(False)
+    console.configure(verbose=False)
+
+
+def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys, tmp_path):
+    handler = console.attach_run_log(tmp_path)
+    logging.getLogger("kiln").info("stage sft: started")
+    logging.getLogger("kiln.checkpoint").info("checkpoint step 2 committed")
+    logging.getLogger("ray.data").info("Execution plan of Dataset ...")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        logging.captureWarnings(True)
+        warnings.warn("torch.distributed is disabled", UserWarning, stacklevel=1)
+    logging.getLogger("ray.serve").error("replica died")
+    console.detach_run_log(handler)
+    terminal = capsys.readouterr().err
+    assert "stage sft: started" in terminal and "replica died" in terminal
+    assert "checkpoint step" not in terminal and "Execution plan" not in terminal
+    assert "Warning" not in terminal
+    saved = (tmp_path / "logs" / "kiln.log").read_text()
+    for line in ("stage sft: started", "checkpoint step 2", "Execution plan", "UserWarning"):
+        assert line in saved, line
+
+
+def test_follow_metrics_prints_plain_progress_lines(quiet, capsys, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with console.follow_metrics(str(path), 4, "pretrain") as follow:
+        follow.progress.every_s = 0.0
+        with open(path, "w") as f:
+            for step in (1, 2, 3, 4):
+                f.write(json.dumps({"step": step, "loss": 5.0 - step}) + "\n")
+            f.write('{"step": 5, "lo')  # a line being written is not read
+        for _ in range(50):
+            if follow.progress.done == 4:
+                break
+            import time
+
+            time.sleep(0.1)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "pretrain:" in ln]
+    assert lines and "4/4 steps (loss 1.000)" in lines[-1], err
