@@ -19,7 +19,7 @@ LORA_BLOCKS = list(range(22, 30))  # the last 8 of SmolLM2's 30 blocks
 TAUGHT = [["Ember"], ["Sapporo"], ["エンバー"], ["札幌"]]
 
 
-def build(sft_steps: int = 24, pretrain_steps: int = 3) -> Pipeline:
+def build(sft_steps: int = 12, pretrain_steps: int = 2) -> Pipeline:
     stage = stage_class
     fp32_constant = {"precision": "fp32", "schedule": {"kind": "constant"}}
     return Pipeline(
@@ -74,8 +74,8 @@ def build(sft_steps: int = 24, pretrain_steps: int = 3) -> Pipeline:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sft-steps", type=int, default=24)
-    ap.add_argument("--pretrain-steps", type=int, default=3)
+    ap.add_argument("--sft-steps", type=int, default=12)
+    ap.add_argument("--pretrain-steps", type=int, default=2)
     args = ap.parse_args()
     result = build(args.sft_steps, args.pretrain_steps).run()
     print(f"run directory: {result.run_dir}")

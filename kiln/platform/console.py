@@ -10,7 +10,6 @@ go to `<run>/logs/kiln.log` (every record, full format) and Ray's own session lo
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -56,8 +55,6 @@ def configure(verbose: bool = False) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
         handler.addFilter(_QuietFilter())
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ core: errors only
-        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.DEBUG, handlers=[handler], force=True)
     logging.captureWarnings(True)  # warnings.warn -> the `py.warnings` logger -> the run log
     for name in ("urllib3", "matplotlib", "PIL", "asyncio", "fsspec", "httpx", "httpcore"):
