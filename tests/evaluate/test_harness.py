@@ -1,6 +1,8 @@
 """lm-evaluation-harness end to end against `kiln serve`: a log-likelihood task and a generation
-task score what the model itself says they should, a second run (the `evaluate` stage starting
-its own endpoint, in a pipeline) gives the same numbers, and chat completions work too."""
+task score what the model itself says they should, a second run (the `evaluate` stage in a
+pipeline, after a serve stage's Endpoint) gives the same numbers, and chat completions work too.
+The stage starting its own endpoint for a model is the same `launch` the serve stage uses; it is
+run by `kiln eval MODEL_DIR` and kiln/pipelines/evaluate_smollm2.yaml."""
 
 from __future__ import annotations
 
@@ -158,17 +160,19 @@ def test_lm_eval_scores_the_endpoint_and_a_rerun_agrees(endpoint, model_dir, tas
         "kiln_qa_gen": 20,
     }
     assert (tmp_path / "first" / "lm_eval.log").stat().st_size > 0
-    # the second run: the evaluate stage in a pipeline, its own endpoint started for the model
+    # the second run: the evaluate stage in a pipeline, after a serve stage's Endpoint artifact
+    served = Artifact(uri=str(tmp_path / "endpoint"), kind="Endpoint", meta=endpoint.meta)
+    served.commit()
     Evaluate = stage_class("evaluate")
     pipeline = Pipeline(
         "evaltest",
-        [Evaluate(cfg, inputs={"model": model_dir})],
+        [Evaluate(cfg, inputs={"endpoint": served.uri, "model": model_dir})],
         runs_dir=tmp_path / "runs",
     )
     result = pipeline.run(runtime=Runtime(), shutdown=False)
     out = Path(result.outputs["evaluate.metrics"].path)
     second = json.loads((out / "metrics.json").read_text())
-    assert second["tasks"] == first["tasks"]
+    assert second["tasks"] == first["tasks"]  # every metric of every task, to the last digit
     run_metrics = result.record["stages"]["evaluate"]["metrics"]
     assert run_metrics["t_mc/acc"] == scores["t_mc"]
     assert "| t_gen | generate_until | exact_match | 0.5000 |" in (out / "report.md").read_text()
