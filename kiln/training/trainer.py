@@ -148,6 +148,7 @@ class Trainer:
                 self.device,
                 self._pp_loss,
                 parallelize_fn=lambda part: parallelize(part, dims, cfg),
+                accumulation=self.grad_accum if self._accumulates_in_schedule() else 1,
             )
         else:
             self.model_parts = [parallelize(model, dims, cfg)]
@@ -161,6 +162,12 @@ class Trainer:
         """Allocate and initialise the meta-built local shards (`kiln plan` does it on fake
         tensors)."""
         materialize(self.model_parts, self.cfg.model, init_device, self.cfg.seed, self.device)
+
+    def _accumulates_in_schedule(self) -> bool:
+        """Whether all grad_accum micro-batches go through one pipeline schedule step; a subclass
+        with its own accumulation loop (post-training) steps the schedule per micro-batch."""
+        own_loop = type(self)._accumulate_gradients is not Trainer._accumulate_gradients
+        return self.dims.pp_enabled and not own_loop
 
     def _builds_on_meta(self) -> bool:
         """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass
@@ -278,18 +285,28 @@ class Trainer:
         return self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
 
     def _accumulate_gradients(self) -> torch.Tensor:
-        """Forward and backward over grad_accum micro-batches; returns their mean local loss."""
+        """Forward and backward over grad_accum micro-batches; returns their mean local loss.
+        Under pipeline parallelism they all go through one schedule step (one gradient
+        reduction per optimizer step)."""
         loss_sum = torch.zeros((), device=self.device)
-        for micro in range(self.grad_accum):
-            tokens, labels = next(self._batches)
-            tokens, labels = tokens.to(self.device), labels.to(self.device)
+        rounds = 1 if self._accumulates_in_schedule() else self.grad_accum
+        for micro in range(rounds):
+            tokens, labels = self._next_batch()
             if self.dims.cp_enabled:
                 from kiln.training.parallel.context_parallel import shard_for_context_parallel
 
                 tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
-            self._set_grad_sync(micro == self.grad_accum - 1)
+            self._set_grad_sync(micro == rounds - 1)
             loss_sum += self._forward_backward(tokens, labels).float()
-        return loss_sum / self.grad_accum
+        return loss_sum / rounds
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-batch, or under pipeline parallelism all grad_accum of them concatenated."""
+        n = self.grad_accum if self._accumulates_in_schedule() else 1
+        batches = [next(self._batches) for _ in range(n)]
+        tokens = torch.cat([t for t, _ in batches]) if n > 1 else batches[0][0]
+        labels = torch.cat([y for _, y in batches]) if n > 1 else batches[0][1]
+        return tokens.to(self.device), labels.to(self.device)
 
     def _clip_and_step(self) -> torch.Tensor:
         """Unscale, clip by the global norm, step the optimizers (unless fp16 overflowed) and

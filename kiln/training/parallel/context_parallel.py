@@ -17,6 +17,8 @@ count(tokens) separately instead.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -24,6 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from kiln.platform.errors import ConfigError
 from kiln.training.parallel.ring_attention import local_positions, ring_attention, zigzag_shard
+
+log = logging.getLogger("kiln.training")
 
 
 class RingAttentionCore(nn.Module):
@@ -71,6 +75,13 @@ def apply_context_parallel(
         )
     positions = local_positions(seq_len // cp, rank, cp, zigzag=True)
 
+    backend = getattr(getattr(model, "cfg", None), "attention_backend", "auto")
+    if backend in ("flash_attn", "te"):
+        log.warning(
+            "model.attention_backend=%s is not used under parallel.cp > 1: ring attention runs "
+            "each block on aten's fused attention kernel (docs/parallelism.md)",
+            backend,
+        )
     for name, module in model.named_modules():
         if name.endswith("attention") and hasattr(module, "core"):
             old = module.core

@@ -97,11 +97,15 @@ def build_pipeline(
     device: torch.device,
     loss_fn: Callable,
     parallelize_fn: Callable[[nn.Module], nn.Module],
+    accumulation: int = 1,
 ):
     """Split `model` (on `device`, or on meta to be materialised later), parallelize each local
     stage, wrap them in a schedule.
 
-    `loss_fn` must divide by the number of micro-batches (`pipeline_microbatches(cfg)`).
+    `accumulation`: gradient-accumulation micro-batches fed through one `schedule.step` (their
+    batches concatenated), so the schedule reduces gradients once per optimizer step rather
+    than once per accumulation micro-batch. `loss_fn` must divide by the number of schedule
+    micro-batches (`pipeline_microbatches(cfg) * accumulation`).
     Returns (schedule, model_parts, has_first_stage, has_last_stage).
     """
     p = cfg.parallel
@@ -125,7 +129,7 @@ def build_pipeline(
         part = parallelize_fn(carve_stage(model, layout[sid], sid == 0, sid == n_stages - 1))
         parts.append(part)
         stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
-    schedule = _schedule(p.pp_schedule, stages, n_micro, loss_fn)
+    schedule = _schedule(p.pp_schedule, stages, n_micro * accumulation, loss_fn)
     return schedule, parts, 0 in ids, (n_stages - 1) in ids
 
 

@@ -36,8 +36,9 @@ def _shard(x, rank, world, zigzag):
     return zigzag_shard(x, 2, rank, world) if zigzag else x.chunk(world, 2)[rank]
 
 
-def ring_vs_sdpa() -> list[tuple]:
-    """Max |ring - SDPA| of output and of dQ, dK, dV on this rank's rows, per case."""
+def ring_vs_sdpa(fused: bool | None = None) -> list[tuple]:
+    """Max |ring - SDPA| of output and of dQ, dK, dV on this rank's rows, per case (`fused`:
+    the ring's block kernel, default the device's)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     errors = []
     for seed, (S, Hq, Hkv, window, zigzag) in enumerate(CASES):
@@ -51,7 +52,9 @@ def ring_vs_sdpa() -> list[tuple]:
         ref.backward(dout)
 
         local = [_shard(t, rank, world, zigzag).requires_grad_() for t in (q, k, v)]
-        out = ring_attention(*local, dist.group.WORLD, causal=True, window=window, zigzag=zigzag)
+        out = ring_attention(
+            *local, dist.group.WORLD, causal=True, window=window, zigzag=zigzag, fused=fused
+        )
         out.backward(_shard(dout, rank, world, zigzag))
         diffs = [(out - _shard(ref.detach(), rank, world, zigzag)).abs().max().item()]
         diffs += [
