@@ -72,6 +72,14 @@ class Engine:
 
     def start(self) -> Engine:
         if self._thread is None or not self._thread.is_alive():
+            # torch's intra-op thread count is process-wide: the engine thread uses the caller's
+            log.info(
+                "engine: %d KV-cache slots of %d tokens, prefill %d tokens/step, torch threads %d",
+                self.pool.size,
+                self.pool.max_len,
+                self.scheduler.prefill_chunk,
+                torch.get_num_threads(),
+            )
             self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
             self._thread.start()
         return self
