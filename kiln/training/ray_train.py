@@ -100,7 +100,7 @@ def train_on_ray(
     t0 = time.perf_counter()
     change = None
     for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
-        trainer = _torch_trainer(
+        ray_trainer = _torch_trainer(  # not `trainer`: that is the class path, on every restart
             cfg, run_dir, options, storage_path, n, use_gpu, cpus, change, trainer_path=trainer
         )
         log.info(
@@ -112,7 +112,7 @@ def train_on_ray(
             storage_path,
         )
         try:
-            result = trainer.fit()
+            result = ray_trainer.fit()
             break
         except ray_train_failure() as exc:
             if not options.elastic or restart == options.elastic.max_restarts:
