@@ -61,17 +61,32 @@ def configure(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class _RunLogOnly(logging.Filter):
+    """On a library logger: its records below ERROR go to the run log only. A logger filter
+    survives what Ray does to the logger later (Serve clears its handlers and adds a terminal
+    one on `serve.run`, with propagation off)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.FileHandler) and record.levelno >= h.level:
+                h.handle(record)
+        return False
+
+
+_RUN_LOG_ONLY = _RunLogOnly()
+
+
 def route_library_loggers() -> None:
-    """Ray configures its loggers with their own terminal handlers when imported: in quiet mode
-    they hand their records to the root logger instead (the run log keeps them)."""
+    """Quiet mode: Ray's loggers (which bring their own terminal handlers) write below ERROR to
+    the run log only."""
     if verbose():
         return
     for name in LIBRARY_LOGGERS:
         lg = logging.getLogger(name)
-        for h in list(lg.handlers):
-            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-                lg.removeHandler(h)
-        lg.propagate = True
+        if _RUN_LOG_ONLY not in lg.filters:
+            lg.addFilter(_RUN_LOG_ONLY)
 
 
 def attach_run_log(run_dir: Path) -> logging.Handler:

@@ -22,6 +22,12 @@ def quiet(capsys):
 
 def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys, tmp_path):
     handler = console.attach_run_log(tmp_path)
+    serve = logging.getLogger("ray.serve")  # as serve.run leaves it: its own terminal handler
+    serve.handlers.clear()
+    serve.addHandler(logging.StreamHandler())
+    serve.propagate = False
+    console.route_library_loggers()
+    serve.info("Application 'kiln' is ready")
     logging.getLogger("kiln").info("stage sft: started")
     logging.getLogger("kiln.checkpoint").info("checkpoint step 2 committed")
     logging.getLogger("ray.data").info("Execution plan of Dataset ...")
@@ -34,9 +40,10 @@ def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys
     terminal = capsys.readouterr().err
     assert "stage sft: started" in terminal and "replica died" in terminal
     assert "checkpoint step" not in terminal and "Execution plan" not in terminal
+    assert "is ready" not in terminal
     assert "Warning" not in terminal
     saved = (tmp_path / "logs" / "kiln.log").read_text()
-    for line in ("stage sft: started", "checkpoint step 2", "Execution plan", "UserWarning"):
+    for line in ("started", "step 2", "Execution plan", "UserWarning", "is ready"):
         assert line in saved, line
 
 
