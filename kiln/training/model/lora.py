@@ -157,8 +157,12 @@ class LoRALinear(nn.Linear):
             return out
         if self.lora_dropout > 0:
             x = F.dropout(x, self.lora_dropout, self.training)
-        update = F.linear(F.linear(x, self.lora_a), self.lora_b)
-        return out + update * self.scaling
+        # scale the rank-r intermediate, not the [..., out] update: one small elementwise op
+        h = F.linear(x, self.lora_a) * self.scaling
+        if isinstance(out, DTensor) or isinstance(h, DTensor) or out.dim() < 2:
+            return out + F.linear(h, self.lora_b)
+        # B h added inside one GEMM (addmm): no [..., out] temporaries in forward or backward
+        return torch.addmm(out.flatten(0, -2), h.flatten(0, -2), self.lora_b.t()).view(out.shape)
 
     def delta_weight(self) -> torch.Tensor:
         """scaling * B A: what merging adds to the base weight."""

@@ -179,7 +179,7 @@ def test_head_on_trained_tokens_only_equals_full_logits(data, lora, monkeypatch)
     for only in (True, False):
         monkeypatch.setattr(PostTrainer, "trained_tokens_only", only)
         torch.manual_seed(0)
-        trainer = PostTrainer(_cfg(data, steps=2, lora=lora))
+        trainer = PostTrainer(_cfg(data, steps=1, lora=lora))
         losses = [m["loss"] for m in trainer.train()]
         assert trainer._head_on_trained_tokens() is only
         runs[only] = losses, trainer.model_parts[0].state_dict()
