@@ -22,11 +22,37 @@ _SAVE_OPS = {
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
 }
+# Attention kernels of optional packages, saved when the package registered them as torch ops
+# (flash-attn >= 2.6 does; Transformer Engine's fused attention is not a dispatcher op, so a
+# policy cannot see it: under selective recompute TE attention is recomputed).
+_OPTIONAL_SAVE_OPS = {
+    "flash_attn": ("_flash_attn_forward", "_flash_attn_varlen_forward"),
+}
+# Matmuls inside ring attention's fp32 block path produce S/cp x S/cp score blocks: saving them
+# would keep every block's scores, far more than the attention output they replace.
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.matmul.default}
+
+
+def save_ops() -> set:
+    """The ops whose outputs op-level selective recompute keeps."""
+    ops = set(_SAVE_OPS)
+    for namespace, names in _OPTIONAL_SAVE_OPS.items():
+        for name in names:
+            packet = getattr(getattr(torch.ops, namespace), name, None)
+            if packet is not None:
+                ops.add(packet.default)
+    return ops
 
 
 def _op_policy_context():
+    from kiln.training.parallel.ring_attention import inside_ring_blocks
+
+    keep = save_ops()
+
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+        if op in _MATMULS and inside_ring_blocks():
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
 
@@ -48,15 +74,38 @@ def apply_recompute(model: nn.Module, mode: str, selective: str = "op") -> None:
             )
 
 
+def worth_offloading(tensor: torch.Tensor) -> bool:
+    """Saved activations on an accelerator; not parameters (they stay resident anyway, so an
+    offloaded copy only costs PCIe time and host memory) and not tensors already on the host."""
+    return not isinstance(tensor, nn.Parameter) and tensor.device.type != "cpu"
+
+
 class _OffloadHooks:
-    """Enter `save_on_cpu` for the duration of a module's forward (reentrant-safe per thread)."""
+    """Saved-tensor hooks for the duration of a module's forward (reentrant-safe per thread):
+    activations go to (pinned) host memory with a non-blocking copy and come back on unpack."""
 
     def __init__(self, pin_memory: bool):
         self.pin_memory = pin_memory
         self.stack: dict[int, list] = defaultdict(list)
 
+    def pack(self, tensor: torch.Tensor):
+        if not worth_offloading(tensor):
+            return tensor
+        host = torch.empty(
+            tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=self.pin_memory
+        )
+        host.copy_(tensor, non_blocking=self.pin_memory)
+        return tensor.device, host
+
+    @staticmethod
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        device, host = packed
+        return host.to(device, non_blocking=host.is_pinned())
+
     def pre(self, module, args):
-        ctx = torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
+        ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         ctx.__enter__()
         self.stack[id(module)].append(ctx)
 
@@ -65,7 +114,8 @@ class _OffloadHooks:
 
 
 def apply_activation_offload(model: nn.Module) -> None:
-    """Tensors saved for backward inside each block live in CPU memory until the backward pass."""
+    """Tensors saved for backward inside each block (not its weights) live in host memory
+    until the backward pass."""
     hooks = _OffloadHooks(pin_memory=torch.cuda.is_available())
     for block in model.layers.values():
         block.register_forward_pre_hook(hooks.pre)

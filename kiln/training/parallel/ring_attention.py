@@ -14,10 +14,29 @@ by reshaping, so key/value heads are never repeated in memory.
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+_state = threading.local()
+
+
+def inside_ring_blocks() -> bool:
+    """True while this thread computes ring-attention blocks (selective recompute's policy asks:
+    the fp32 path's score matmuls are not worth saving)."""
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextmanager
+def _ring_blocks():
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
 
 
 def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
@@ -385,4 +404,5 @@ def ring_attention(
     if fused is None:
         fused = fused_kernel_available(q.device)
     impl = FusedRingAttention if fused else RingAttention
-    return impl.apply(q, k, v, group, causal, window, zigzag)
+    with _ring_blocks():
+        return impl.apply(q, k, v, group, causal, window, zigzag)
