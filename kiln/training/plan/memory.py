@@ -220,6 +220,13 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
 
     from kiln.training.metrics import flops_per_token
 
+    if cfg.model.n_experts:
+        from kiln.platform.errors import ConfigError
+
+        raise ConfigError(
+            "kiln plan: model.n_experts > 0 is not planned yet (MoE routing has data-dependent "
+            "shapes that fake tensors cannot follow)"
+        )
     _clear_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:

@@ -76,3 +76,11 @@ def test_llama3_widths_plan_their_states_and_activations(shape, parallel):
     states = info["params_gib"] + info["grads_gib"] + info["optimizer_gib"]
     assert info["activations_gib"] > 0 and info["peak_gib"] >= states + info["activations_gib"]
     assert info["tokens_per_step"] == 512 * 8192
+
+
+def test_moe_models_are_refused_in_one_line():
+    from kiln.platform.errors import ConfigError
+
+    cfg = TrainConfig(model={"preset": "tiny", "n_experts": 4, "top_k": 2}, device="cpu")
+    with pytest.raises(ConfigError, match="n_experts"):
+        plan_rank(cfg, 0, 1)
