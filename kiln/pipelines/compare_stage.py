@@ -42,15 +42,16 @@ def holds(answer: str, words: list[str]) -> bool:
     return not words or any(w.lower() in answer.lower() for w in words)
 
 
-def side_by_side(rows: list[dict[str, Any]], width: int | None = None) -> str:
-    """Question, then the base and tuned answers in two wrapped columns (CJK counts double)."""
+def side_by_side(rows: list[dict[str, Any]], width: int | None = None, max_lines: int = 2) -> str:
+    """Question, then the base and tuned answers in two wrapped columns (CJK counts double),
+    each cut at `max_lines` (answers.json keeps them whole)."""
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
     col = (width - 3) // 2
     lines = [_pad("base model", col) + " | tuned model"]
     for r in rows:
         lines.append("-" * width)
         lines.append(f"Q: {r['question']}")
-        left, right = _wrap(r["base"], col), _wrap(r["tuned"], col)
+        left, right = _wrap(r["base"], col)[:max_lines], _wrap(r["tuned"], col)[:max_lines]
         for i in range(max(len(left), len(right))):
             a = left[i] if i < len(left) else ""
             b = right[i] if i < len(right) else ""
@@ -104,7 +105,7 @@ class CompareStage(Stage):
             words = cfg.expect[i] if i < len(cfg.expect) else []
             taught = holds(tuned[i], words)
             rows.append({"question": q, "base": base[i], "tuned": tuned[i], "taught": taught})
-        print("\n" + side_by_side(rows) + "\n", flush=True)
+        print("\n" + side_by_side(rows), flush=True)
         out = ctx.outputs["answers"]
         (Path(out.path) / "answers.json").write_text(json.dumps(rows, indent=2, ensure_ascii=False))
         n_taught = sum(r["taught"] for r in rows)
@@ -130,4 +131,5 @@ class CompareStage(Stage):
         params = SamplingParams(
             max_new_tokens=self.config.max_tokens, stop=end_of_turn_markers(template, special)
         )
-        return [c.text.strip() for c in gen.generate(prompts, params)]
+        # a cut-off answer may end inside a multi-byte character: drop its replacement marks
+        return [c.text.strip().rstrip("\ufffd") for c in gen.generate(prompts, params)]

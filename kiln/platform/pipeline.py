@@ -167,7 +167,7 @@ class Pipeline:
         result = RunResult(run_dir=run_dir, record=record)
         self._write(run_dir, record)
         run_log = console.attach_run_log(run_dir)
-        log.info("run %s: %s", run_id, run_dir)
+        log.debug("run %s: %s", run_id, run_dir)  # the summary prints the folder
         try:
             for st in self.stages:
                 self._run_stage(st, run_dir, record, result, runtime, force=st.name in force)

@@ -141,7 +141,7 @@ class Runtime:
         import ray
 
         if self._started_here and ray.is_initialized():
-            log.info("shutting down the embedded Ray")
+            log.debug("shutting down the embedded Ray")
             ray.shutdown()
         self._started_here = False
         self._held_by = None

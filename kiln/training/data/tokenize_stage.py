@@ -218,6 +218,7 @@ class TokenizeStage(Stage):
         return {
             "documents": tokens_out.counts["documents"],
             "tokens": total_tokens,
+            "vocab": tok.get_vocab_size(),
             "tokenizer_s": round(t_tok - t0, 3),
             "tokenize_s": round(time.perf_counter() - t_tok, 3),
             "tokens_per_s": round(total_tokens / max(time.perf_counter() - t0, 1e-9), 1),
@@ -229,7 +230,7 @@ class TokenizeStage(Stage):
         source = cfg.tokenizer or (ctx.inputs["model"].path if "model" in ctx.inputs else None)
         tok = obtain_tokenizer(cfg, files, source)
         eod_token = resolve_eod_token(cfg, source)
-        ctx.log.info(
+        ctx.log.debug(
             "tokenize: %s tokenizer, vocab %d, end of document %s",
             "the model's" if source else "trained",
             tok.get_vocab_size(),
