@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from tests.serving.rest.conftest import API_KEY
 
@@ -36,6 +37,7 @@ async def _fire(url: str) -> list[httpx.Response]:
         )
 
 
+@pytest.mark.slow  # a load test: 200 requests through Serve
 def test_200_concurrent_requests_no_5xx(endpoint, generator):
     from kiln.serving.sampling import SamplingParams
 
