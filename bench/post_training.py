@@ -88,7 +88,8 @@ def padding(tokenizer_dir: str, template: str, seq_len: int, root: str) -> dict:
     return meta["packing"]
 
 
-def kiln_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
+def kiln_stepper(hf_dir, data_dir, lora, args):
+    """One optimizer step of kiln's trainer per call (its loader feeds it)."""
     from kiln.training.post.config import PostTrainConfig
     from kiln.training.post.trainer import PostTrainer
 
@@ -105,12 +106,12 @@ def kiln_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
         device="cpu",
         precision="fp32",
     )
-    times: list[float] = []
-    PostTrainer(cfg, on_step=lambda m: times.append(m["step_time_s"])).train()
-    return args.batch * args.seq_len / statistics.median(times[args.warmup :])
+    trainer = PostTrainer(cfg).setup()
+    return trainer.train_step
 
 
-def hf_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
+def hf_stepper(hf_dir, data_dir, lora, args):
+    """One step of a plain transformers (+ peft) loop on the same rows per call."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -128,17 +129,39 @@ def hf_tokens_per_s(hf_dir, data_dir, lora, args) -> float:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0, foreach=True)
     ds = ChatDataset(os.path.join(data_dir, "train"))
-    times = []
-    for step in range(args.warmup + args.steps):
+    step = 0
+
+    def one_step() -> None:
+        nonlocal step
         rows = np.arange(step * args.batch, (step + 1) * args.batch) % len(ds)
+        step += 1
         tokens, labels, _, _ = (torch.from_numpy(a) for a in ds.gather_rows(rows))
         hf_labels = torch.cat([torch.full_like(labels[:, :1], -100), labels[:, :-1]], 1)
-        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         model(input_ids=tokens, labels=hf_labels).loss.backward()
         opt.step()
-        times.append(time.perf_counter() - t0)
-    return args.batch * args.seq_len / statistics.median(times[args.warmup :])
+
+    return one_step
+
+
+def tokens_per_s(hf_dir, data_dir, lora, args) -> tuple[float, float]:
+    """(kiln, transformers+peft) tokens/s, their steps interleaved (the side that goes first
+    alternates) so load from other jobs on a shared machine falls on both alike."""
+    import gc
+
+    sides = {"kiln": kiln_stepper(hf_dir, data_dir, lora, args)}
+    sides["hf"] = hf_stepper(hf_dir, data_dir, lora, args)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(args.warmup + args.steps):
+        for name in list(sides)[:: 1 if i % 2 == 0 else -1]:
+            t0 = time.perf_counter()
+            sides[name]()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    del sides
+    gc.collect()
+    tokens = args.batch * args.seq_len
+    return tokens / statistics.median(times["kiln"]), tokens / statistics.median(times["hf"])
 
 
 def main() -> int:
@@ -186,8 +209,7 @@ def main() -> int:
     for name, lora in (("LoRA r=16", {"rank": 16, "alpha": 32}), ("full", None)):
         if args.padding_only:
             break
-        ours = kiln_tokens_per_s(hf_dir, data_dir, lora, args)
-        theirs = hf_tokens_per_s(hf_dir, data_dir, lora, args)
+        ours, theirs = tokens_per_s(hf_dir, data_dir, lora, args)
         results[name] = {"kiln": ours, "transformers+peft": theirs, "ratio": ours / theirs}
         print(
             f"SFT {name:9s} tokens/s: kiln {ours:8.0f}  transformers+peft {theirs:8.0f}  "
