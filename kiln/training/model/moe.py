@@ -3,6 +3,12 @@
 The layer holds no parallelism. Expert parallelism (kiln.training.parallel.expert_parallel)
 swaps `run_experts` for an all-to-all dispatch; context parallelism sets `reduce_stats` so the
 load-balancing statistics cover the whole sequence rather than one rank's slice of it.
+
+Speed: experts run as three grouped GEMMs over all experts at once (`torch._grouped_mm`, with the
+rows of expert e at offsets[e-1]:offsets[e]), in the compute dtype (autocast's, else the
+activations'; under FSDP2 that is the mixed-precision policy's param_dtype), with at most one
+host sync per layer (none without a capacity). Without a usable `_grouped_mm` (older torch, an
+unaligned width, a dtype the device's kernel refuses) a loop over experts does the same maths.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class MoE(nn.Module):
 
         token_idx, weight, counts = self.assign(top_idx, top_w)
         y = self.run_experts(x[token_idx], counts)  # rows grouped by expert id
-        out = torch.zeros_like(x).index_add_(0, token_idx, y * weight.unsqueeze(-1))
+        out = torch.zeros_like(x).index_add_(0, token_idx, (y * weight.unsqueeze(-1)).to(x.dtype))
         return out.reshape(shape)
 
     def init_weights(self, init_std: float) -> None:
@@ -124,22 +130,76 @@ class MoE(nn.Module):
         token = torch.arange(n_tokens, device=top_idx.device).repeat(k)
         weight = top_w.t().reshape(-1)
         order = torch.argsort(expert, stable=True)
-        counts = torch.bincount(expert, minlength=self.n_experts)
+        # index_add_, not bincount: bincount reads its maximum back to the host on CUDA.
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=expert.device)
+        counts = counts.index_add_(0, expert, torch.ones_like(expert))
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * n_tokens * k / self.n_experts)
             starts = torch.cumsum(counts, 0) - counts
             rank_in_expert = (
                 torch.arange(order.numel(), device=order.device) - starts[expert[order]]
             )
-            order = order[rank_in_expert < capacity]
             counts = counts.clamp(max=capacity)
+            n_kept = int(counts.sum())  # the layer's one host sync: the kept rows' number
+            # Dropped assignments sort last (stable: kept ones stay grouped by expert).
+            order = order[torch.argsort((rank_in_expert >= capacity).byte(), stable=True)[:n_kept]]
         return token[order], weight[order], counts
 
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Apply expert e to the next counts[e] rows of x (rows grouped by expert id)."""
-        chunks = x.split(counts.tolist(), dim=0)
-        pairs = zip(self.experts, chunks, strict=False)
-        return torch.cat([expert(chunk) for expert, chunk in pairs], dim=0)
+        return grouped_swiglu(list(self.experts), x, counts)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype expert GEMMs run in: autocast's when it is on, else the activations'."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def grouped_mm_usable(device: torch.device, dtype: torch.dtype, *widths: int) -> bool:
+    """Whether torch._grouped_mm takes these operands: it exists, every row stride is a
+    multiple of 16 bytes, and the dtype is one the device's kernel has (CUDA: bf16)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device.type == "cuda" and dtype != torch.bfloat16:
+        return False
+    if device.type not in ("cpu", "cuda"):
+        return False
+    size = torch.empty((), dtype=dtype).element_size()
+    return all(w * size % 16 == 0 for w in widths)
+
+
+def grouped_swiglu(
+    experts: list[Expert], x: torch.Tensor, counts: torch.Tensor, use_grouped: bool | None = None
+) -> torch.Tensor:
+    """SwiGLU of expert e on the next counts[e] rows of x, in the compute dtype.
+
+    The weights are cast (autograd-tracked: their fp32 master copies receive fp32 gradients, as
+    under FSDP2's mixed precision) and stacked [E, ...] for one grouped GEMM per projection.
+    """
+    dtype = compute_dtype(x)
+    x = x.to(dtype)
+    dim, hidden = experts[0].w1.in_features, experts[0].w1.out_features
+    if use_grouped is None:
+        use_grouped = grouped_mm_usable(x.device, dtype, dim, hidden)
+    if not use_grouped:
+        chunks = x.split(counts.tolist(), dim=0)  # one host sync
+        return torch.cat(
+            [_swiglu(e, chunk, dtype) for e, chunk in zip(experts, chunks, strict=True)]
+        )
+    offsets = torch.cumsum(counts, 0).to(torch.int32)  # stays on the device: no host sync
+    # [E, D, 2H]: gate and up projections in one GEMM.
+    w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in experts]).to(dtype)
+    w2 = torch.stack([e.w2.weight for e in experts]).to(dtype)  # [E, D, H]
+    gate, up = torch._grouped_mm(x, w13.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
+    h = (F.silu(gate) * up).contiguous()
+    return torch._grouped_mm(h, w2.transpose(1, 2), offs=offsets)
+
+
+def _swiglu(expert: Expert, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    w1, w2, w3 = (expert.get_parameter(f"{n}.weight").to(dtype) for n in ("w1", "w2", "w3"))
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from kiln.platform.errors import ConfigError
-from kiln.training.model.moe import MoE
+from kiln.training.model.moe import MoE, grouped_swiglu
 
 
 class _AllToAll(torch.autograd.Function):
@@ -63,29 +63,25 @@ class ExpertParallelMoE(MoE):
         # How many rows each source rank sends to each of my experts: [ep, n_local].
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts.contiguous(), group=self.ep_group)
-        recv_counts = recv_counts.view(ep, n_local)
-        send_splits = counts.view(ep, n_local).sum(1).tolist()
-        recv_splits = recv_counts.sum(1).tolist()
+        # The layer's one host sync: both count tables at once (all_to_all needs host splits).
+        both = torch.cat([counts, recv_counts]).tolist()
+        sent, received_counts = both[: self.n_experts], both[self.n_experts :]
+        send_splits = [sum(sent[r * n_local : (r + 1) * n_local]) for r in range(ep)]
+        recv_splits = [sum(received_counts[r * n_local : (r + 1) * n_local]) for r in range(ep)]
 
-        received = _AllToAll.apply(
-            x, recv_splits, send_splits, self.ep_group
-        )  # by source, then expert
-        # Regroup rows by local expert (stable: source order kept within an expert).
+        received = _AllToAll.apply(x, recv_splits, send_splits, self.ep_group)
+        # Rows arrive by source, then expert: regroup by local expert (stable: source order kept
+        # within an expert). output_size from the host keeps repeat_interleave sync-free.
         expert_of_row = (
             torch.arange(n_local, device=x.device)
             .repeat(ep)
-            .repeat_interleave(recv_counts.flatten())
+            .repeat_interleave(recv_counts, output_size=sum(recv_splits))
         )
         order = torch.argsort(expert_of_row, stable=True)
-        chunks = received[order].split(recv_counts.sum(0).tolist(), dim=0)
-        # Expert weights are outside FSDP's mixed precision: compute in their dtype.
-        y = torch.cat(
-            [
-                expert(c.to(expert.w1.weight.dtype))
-                for expert, c in zip(self.experts.values(), chunks, strict=False)
-            ]
-        )
-        y = y.to(x.dtype)
+        per_expert = recv_counts.view(ep, n_local).sum(0)
+        # Expert weights sit outside FSDP (ignored_params) and stay fp32: grouped_swiglu casts
+        # them to the compute dtype, as FSDP's mixed-precision policy does for the rest.
+        y = grouped_swiglu(list(self.experts.values()), received[order], per_expert).to(x.dtype)
         y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
         return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
 
