@@ -11,8 +11,11 @@ so checkpoints are independent of the ep size.
 
 Gradients: expert weights are not FSDP-managed (`expert_parameters(model)` are FSDP's
 `ignored_params`). An expert's gradient already sums the contributions of every rank in its ep
-group; a hook on each expert weight sums it over the ranks holding copies of the same expert (the
-rest of the data-parallel mesh, when ep < dp) and divides by the data-parallel size, so expert
+group; a hook on each expert weight divides it by the data-parallel size (local, no collective),
+and `reduce_expert_grads` sums the accumulated gradients over the ranks holding copies of the same
+expert (the rest of the data-parallel mesh, when ep < dp) once per optimizer step, flattened into
+buckets of up to EXPERT_BUCKET_BYTES: one all-reduce per bucket, not one per weight per
+micro-batch. `split_for_grad_norm` (which the trainer calls before clipping) runs it, so expert
 gradients match the averaged gradients FSDP produces for the other weights.
 Clipping: expert weights differ across the ep group, so the global grad norm must add
 `expert_grad_norm_sq(model)` (already summed over the ep group) to the other parameters' squared
@@ -26,6 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 
 from kiln.platform.errors import ConfigError
@@ -56,6 +60,7 @@ class ExpertParallelMoE(MoE):
 
     ep_group: dist.ProcessGroup
     expert_grad_hook: Callable[[torch.Tensor], torch.Tensor]
+    replica_group: dist.ProcessGroup | None  # ranks holding copies of my experts
 
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep = dist.get_world_size(self.ep_group)
@@ -136,7 +141,8 @@ def apply_expert_parallel(
         module.experts = nn.ModuleDict({str(j): module.experts[j] for j in owned})
         module.__class__ = ExpertParallelMoE
         module.ep_group = group
-        module.expert_grad_hook = _expert_grad_hook(replicas, dp_size)
+        module.expert_grad_hook = _expert_grad_hook(dp_size)
+        module.replica_group = replicas
     register_expert_grad_hooks(model)
     return model
 
@@ -151,14 +157,50 @@ def register_expert_grad_hooks(model: nn.Module) -> None:
                     param.register_hook(module.expert_grad_hook)
 
 
-def _expert_grad_hook(replicas: dist.ProcessGroup | None, dp_size: int):
+def _expert_grad_hook(dp_size: int):
     def hook(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad / dp_size
-        if replicas is not None:
-            dist.all_reduce(grad, group=replicas)
-        return grad
+        return grad / dp_size
 
     return hook
+
+
+EXPERT_BUCKET_BYTES = 64 * 2**20
+
+
+def reduce_expert_grads(model_parts: list[nn.Module]) -> None:
+    """Sum expert gradients over each replica group: flattened buckets, one all-reduce each.
+
+    Collective over the replica groups; a no-op when every expert has one owner (ep == dp).
+    Missing gradients become zeros so every replica flattens the same buckets.
+    """
+    by_group: dict[tuple, list[torch.Tensor]] = {}
+    for part in model_parts:
+        for m in part.modules():
+            if isinstance(m, ExpertParallelMoE) and getattr(m, "replica_group", None) is not None:
+                for p in m.experts.parameters():
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    by_group.setdefault((m.replica_group, p.grad.dtype), []).append(p.grad)
+    for (group, _dtype), grads in by_group.items():
+        for bucket in _buckets(grads, EXPERT_BUCKET_BYTES):
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=group)
+            for grad, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
+                grad.copy_(reduced)
+
+
+def _buckets(tensors: list[torch.Tensor], max_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive runs of tensors of at most max_bytes each (a larger tensor goes alone)."""
+    buckets: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if buckets[-1] and size + nbytes > max_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(t)
+        size += nbytes
+    return [b for b in buckets if b]
 
 
 def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
@@ -198,7 +240,8 @@ def split_for_grad_norm(
     """(the parameters a global grad norm reduces as usual, the squared norm of the EP-sharded
     expert gradients summed over the ep group, or None when no layer is expert-parallel).
 
-    Collective over the ep group when experts are sharded: every rank must call it.
+    Collective over the ep group when experts are sharded: every rank must call it. It first
+    sums the expert gradients over their replicas (`reduce_expert_grads`).
     """
     experts: set[nn.Parameter] = set()
     for part in model_parts:
@@ -206,6 +249,7 @@ def split_for_grad_norm(
     params = [p for part in model_parts for p in part.parameters() if p not in experts]
     if not experts:
         return params, None
+    reduce_expert_grads(model_parts)
     return params, sum(expert_grad_norm_sq(part) for part in model_parts)
 
 
@@ -225,6 +269,7 @@ __all__ = [
     "expert_grad_norm_sq",
     "expert_parameters",
     "local_expert_ids",
+    "reduce_expert_grads",
     "register_expert_grad_hooks",
     "sharded_expert_parameters",
     "split_for_grad_norm",

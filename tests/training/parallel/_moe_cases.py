@@ -14,6 +14,7 @@ from kiln.training.parallel.expert_parallel import (
     apply_expert_parallel,
     expert_grad_norm_sq,
     local_expert_ids,
+    reduce_expert_grads,
 )
 
 # (n_experts, top_k, capacity_factor)
@@ -76,6 +77,7 @@ def ep_with_replicas() -> float:
     moe = apply_expert_parallel(copy.deepcopy(ref), mesh["dp_shard"])  # dp mesh found from the root
     _, loss = _loss(moe, x[rank], w[rank])
     loss.backward()
+    reduce_expert_grads([moe])  # what the trainer's split_for_grad_norm does before clipping
     return max(
         (p.grad - ref.experts[j].get_parameter(name).grad).abs().max().item()
         for j in local_expert_ids(moe)
