@@ -159,11 +159,13 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def grouped_mm_usable(device: torch.device, dtype: torch.dtype, *widths: int) -> bool:
     """Whether torch._grouped_mm takes these operands: it exists, every row stride is a
-    multiple of 16 bytes, and the dtype is one the device's kernel has (CUDA: bf16)."""
+    multiple of 16 bytes, and the dtype is one the device's kernel has (CUDA: bf16, sm90+)."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    if device.type == "cuda" and dtype != torch.bfloat16:
-        return False
+    if device.type == "cuda" and (
+        dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (9, 0)
+    ):
+        return False  # the CUDA kernel is bf16 on Hopper and newer (H100, H200, B200)
     if device.type not in ("cpu", "cuda"):
         return False
     size = torch.empty((), dtype=dtype).element_size()
