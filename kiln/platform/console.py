@@ -85,8 +85,10 @@ def route_library_loggers() -> None:
         return
     for name in LIBRARY_LOGGERS:
         lg = logging.getLogger(name)
-        if _RUN_LOG_ONLY not in lg.filters:
-            lg.addFilter(_RUN_LOG_ONLY)
+        # on the logger for its own records, on its terminal handlers for its children's
+        for target in [lg, *(h for h in lg.handlers if not isinstance(h, logging.FileHandler))]:
+            if _RUN_LOG_ONLY not in target.filters:
+                target.addFilter(_RUN_LOG_ONLY)
 
 
 def attach_run_log(run_dir: Path) -> logging.Handler:

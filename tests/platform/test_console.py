@@ -27,10 +27,15 @@ def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys
     serve.addHandler(logging.StreamHandler())
     serve.propagate = False
     console.route_library_loggers()
+    data = logging.getLogger("ray.data")  # as Ray Data configures it on import
+    data.handlers.clear()
+    data.addHandler(logging.StreamHandler())
+    data.propagate = False
+    console.route_library_loggers()
     serve.info("Application 'kiln' is ready")
+    logging.getLogger("ray.data._internal.execution").info("Execution plan of Dataset ...")
     logging.getLogger("kiln").info("stage sft: started")
     logging.getLogger("kiln.checkpoint").info("checkpoint step 2 committed")
-    logging.getLogger("ray.data").info("Execution plan of Dataset ...")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         logging.captureWarnings(True)
