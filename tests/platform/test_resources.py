@@ -63,7 +63,8 @@ def test_spec_ray_block_and_release_between_stages(tmp_path):
     assert stages["on_ray"]["metrics"] == {"ray_up": True, "cpus": 1.0}
     assert stages["undeclared"]["metrics"]["ray_up"] is True  # not declared: left as it is
     assert stages["off_ray"]["metrics"] == {"ray_up": False, "cpus": None}
-    assert "shutting down the embedded Ray" in out.stderr
+    run_log = (tmp_path / "runs/res/cli/logs/kiln.log").read_text()  # quiet terminal: log only
+    assert "shutting down the embedded Ray" in run_log
     held = json.loads(out.stdout.split("HELD ", 1)[1].splitlines()[0])
     assert held == {"ray_up": True, "cpus": 1.0}
 

@@ -29,7 +29,18 @@ def test_kiln_run_stops_on_sigint_even_if_inherited_ignored(tmp_path):
         f"    config: {{marker: '{marker}', log: '{tmp_path / 'log'}'}}\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln", "run", "spec.yaml", "--runs-dir", "runs", "--run-id", "r"],
+        [
+            sys.executable,
+            "-m",
+            "kiln",
+            "-v",
+            "run",
+            "spec.yaml",
+            "--runs-dir",
+            "runs",
+            "--run-id",
+            "r",
+        ],
         cwd=tmp_path,
         env={**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -54,6 +65,6 @@ def test_kiln_run_stops_on_sigint_even_if_inherited_ignored(tmp_path):
     assert stopped_s < 10, stopped_s
     lines = err.strip().splitlines()
     assert lines[-1] == "kiln: interrupted"
-    assert sum("shutting down the embedded Ray" in line for line in lines) == 1
+    assert sum("shutting down the embedded Ray" in line for line in lines) == 1  # -v shows it
     record = json.loads((tmp_path / "runs/sig/r/run.json").read_text())
     assert record["status"] == "failed" and record["stages"]["noop"]["status"] == "done"

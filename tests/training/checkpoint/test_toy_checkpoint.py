@@ -10,6 +10,7 @@ import torch
 
 from kiln.training.checkpoint import CheckpointConfig, latest_checkpoint, load_model_state
 from kiln.training.checkpoint.offline import load_state, read_sidecar
+from kiln.training.checkpoint.storage import is_complete
 from tests.training.checkpoint.gather import full_state
 from tests.training.checkpoint.toy import ToyTrainer, portable
 from tests.training.distributed import run_distributed
@@ -87,7 +88,10 @@ def test_worker_killed_mid_save_keeps_previous_latest(tmp_path):
     with pytest.raises(RuntimeError):
         run_distributed(_die_while_writing_step_6, 2, root, timeout=60)
     assert latest_checkpoint(root).endswith("step-00000003")
-    assert os.path.isdir(f"{root}/step-00000006")  # the half-written one is there, and ignored
+    # The survivor removes the half-written folder when its save fails; if it died first, the
+    # folder stays but is incomplete and ignored.
+    half = f"{root}/step-00000006"
+    assert not os.path.isdir(half) or not is_complete(half)
     _, sd = load_model_state(root)
     assert sd
     (_, _, step), *_ = run_distributed(_load_and_continue, 2, root, 1, 2)

@@ -10,10 +10,11 @@ from kiln.training.cli import load_config
 from kiln.training.ray_train import RayOptions, world_size
 
 
-def test_stage_is_registered_with_optional_tokens():
+def test_stage_is_registered_with_optional_tokens_and_model():
     cls = stage_class("train")
     assert cls.__name__ == "TrainStage"
-    assert cls.input_kinds == {"tokens": "TokenDataset"} and "tokens" in cls.optional_inputs
+    assert cls.input_kinds == {"tokens": "TokenDataset", "model": "ExportedModel"}
+    assert {"tokens", "model"} <= set(cls.optional_inputs)
     assert cls.output_kinds == {"checkpoint": "Checkpoint"}
     stage = cls(
         {"steps": 3, "parallel": {"tp": 2}, "ray": {"max_failures": 2, "cpus_per_worker": 0.5}}
