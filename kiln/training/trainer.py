@@ -207,9 +207,13 @@ class Trainer:
         """A Checkpointer over this trainer's components (default settings: cfg.checkpoint)."""
         from kiln.training.checkpoint import Checkpointer
 
+        return Checkpointer(**self.checkpointer_args(ckpt_cfg))
+
+    def checkpointer_args(self, ckpt_cfg: CheckpointConfig | None = None) -> dict:
+        """What every Checkpointer of this trainer is built from (subclasses add their own)."""
         cfg = self.cfg
-        return Checkpointer(
-            ckpt_cfg or cfg.checkpoint,
+        return dict(
+            cfg=ckpt_cfg or cfg.checkpoint,
             model_parts=self.model_parts,
             optimizers=self.optimizers,
             lr_schedulers=self.lr_schedulers,

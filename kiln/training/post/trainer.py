@@ -89,20 +89,10 @@ class PostTrainer(Trainer):
             return super().build_checkpointer(ckpt_cfg)
         from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
 
-        cfg = self.cfg
         return AdapterCheckpointer(
-            ckpt_cfg or cfg.checkpoint,
-            model_parts=self.model_parts,
-            optimizers=self.optimizers,
-            lr_schedulers=self.lr_schedulers,
-            dataloader=self.dataloader,
-            train_state=self.train_state,
-            dims=self.dims,
-            total_steps=cfg.steps,
-            model_config=cfg.model.model_dump(mode="json"),
-            train_config=cfg.model_dump(mode="json", by_alias=True),
-            base=cfg.base,
-            lora=cfg.lora.model_dump(mode="json"),
+            **self.checkpointer_args(ckpt_cfg),
+            base=self.cfg.base,
+            lora=self.cfg.lora.model_dump(mode="json"),
         )
 
     def _packed(self) -> bool:
