@@ -17,13 +17,27 @@ import pytest
 from tests.conftest import free_port
 
 
-def _port_free(port: int) -> bool:
+def _can_listen(port: int) -> bool:
+    """A new server can listen on `port` (as a restarted `kiln serve` binds: SO_REUSEADDR, so
+    the closed connections' TIME_WAIT entries on the port, which a busy run leaves for 60 s,
+    do not count as "bound"; a process still listening does)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
+            s.listen()
             return True
         except OSError:
             return False
+
+
+def _listeners(port: int) -> list[tuple]:
+    """The processes listening on `port`: (pid, command line)."""
+    return [
+        (c.pid, psutil.Process(c.pid).cmdline()[:3] if c.pid else None)
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    ]
 
 
 def _until(predicate, timeout: float) -> bool:
@@ -70,7 +84,9 @@ def test_kiln_serve_stops_on_signal_even_with_sigint_inherited_ignored(tmp_path,
         assert _until(lambda: not any(c.is_running() for c in children), 30), [
             c.pid for c in children if c.is_running()
         ]
-        assert _until(lambda: _port_free(port), 30), f"port {port} still bound"
+        assert _until(lambda: not _listeners(port) and _can_listen(port), 15), (
+            f"port {port} still bound: {_listeners(port)}"
+        )
         print(f"kiln serve stopped {stopped_in:.1f}s after {sig.name}")
     finally:
         if proc.poll() is None:
