@@ -19,7 +19,7 @@ from kiln.training.config import TrainConfig
 from kiln.training.metrics_log import read_metrics
 from tests.reliability.faults import NODE_REMOVED, PAUSE_STEP
 
-STEPS = 10
+STEPS = 7  # checkpoints at 4 and 7 (the last); the pause is at step 6: 5-7 run on 2 workers
 CONFIG = {
     "model": "tiny",
     "parallel": {"tp": 2},  # dp_shard takes what the workers leave
