@@ -23,11 +23,16 @@ BIN = REPO / ".venv" / "bin"
 # The suite runs the demo's pipeline with one step of each training stage and short answers;
 # KILN_QUICKSTART_FULL=1 runs the demo's own steps and checks the taught facts (as bench/demo.py).
 FULL = os.environ.get("KILN_QUICKSTART_FULL") == "1"
-OVERRIDES = (
-    ["compare.require_taught=true"]
-    if FULL
-    else ["pretrain.steps=1", "sft.steps=1", "compare.max_tokens=8"]
-)
+# The short run keeps every stage and backend (Ray Train, LoRA, Ray Serve) but the least work in
+# each: one sample per step, short sequences, LoRA on the last block only, a few answer tokens.
+SHORT = [
+    *("pretrain.steps=1", "pretrain.seq_len=32"),
+    *("pretrain.global_batch_size=1", "pretrain.micro_batch_size=1"),
+    *("sft.steps=1", "sft.lora.layers=[29]"),
+    *("sft.global_batch_size=1", "sft.micro_batch_size=1"),
+    "compare.max_tokens=4",
+]
+OVERRIDES = ["compare.require_taught=true"] if FULL else SHORT
 
 
 def test_sdk_twin_equals_the_yaml(tmp_path):
