@@ -11,7 +11,17 @@ one-line error a real run gives. Hardware-only choices (flash-attn, TE fp8) beco
 
 from kiln.training.plan.cli import add_arguments, main, register, run
 from kiln.training.plan.configs import cpu_stand_in, train_configs, world_size_of
-from kiln.training.plan.memory import measure_step, plan_rank
+
+
+def __getattr__(name: str):
+    # memory imports torch: loaded on first use, so every `kiln` command (which registers
+    # `kiln plan` through this package) does not pay torch's import
+    if name in ("measure_step", "plan_rank"):
+        from kiln.training.plan import memory
+
+        return getattr(memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "add_arguments",
