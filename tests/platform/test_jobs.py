@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.platform.jobs import logs, wait
 from tests.platform.headnode import BIN, HeadNode
 
 pytestmark = pytest.mark.slow
@@ -75,6 +76,9 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(tmp_path):
                 head.dashboard_url,
                 "--working-dir",
                 str(work),
+                "--submission-id",
+                "plain-ray-job",
+                "--no-wait",  # its log tail lingers ~6 s after the job ends: poll the status
                 "--",
                 "python",
                 "-m",
@@ -93,6 +97,8 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(tmp_path):
             timeout=300,
         )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        state = wait("plain-ray-job", head.dashboard_url, timeout_s=300, echo=lambda _: None)
+        assert state == "SUCCEEDED", logs("plain-ray-job", head.dashboard_url)[-3000:]
     records = _runs(runs)
     assert len(records) == 2 and all(r["status"] == "succeeded" for r in records)
     assert records[0]["stages"]["stats"]["status"] == "done"
