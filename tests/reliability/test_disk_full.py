@@ -49,7 +49,7 @@ def test_sync_save_on_full_disk_stops_with_one_line_and_keeps_latest(small_disk)
     assert sorted(os.listdir(root)) == ["latest", "step-00000002"]  # no half-written step 4
 
 
-def test_async_save_on_full_disk_warns_and_training_goes_on(small_disk, caplog):
+def test_async_save_on_full_disk_warns_and_training_goes_on(small_disk):
     def fill_at_3_free_at_5(m):
         if m["step"] == 3:
             trainer.checkpointer.wait()  # step 2's background save has landed
@@ -58,10 +58,19 @@ def test_async_save_on_full_disk_warns_and_training_goes_on(small_disk, caplog):
             os.remove(small_disk / "filler")
 
     trainer = _trainer(small_disk, 6, True, fill_at_3_free_at_5)
-    with caplog.at_level(logging.WARNING, logger="kiln.checkpoint"):
+    # A handler on the logger itself: an earlier test in this process may have turned off
+    # propagation on "kiln" (Ray Train's worker logging), which would starve caplog's root handler.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    ckpt_log = logging.getLogger("kiln.checkpoint")
+    ckpt_log.addHandler(handler)
+    try:
         history = trainer.train()
+    finally:
+        ckpt_log.removeHandler(handler)
     assert [m["step"] for m in history] == list(range(1, 7))  # training went on
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    (warning,) = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert warning.startswith("checkpoint step 4:") and "no space left on device" in warning
     root = str(small_disk / "ckpt")
     assert latest_checkpoint(root).endswith("step-00000006")  # the disk had room again
