@@ -96,19 +96,36 @@ TORCH_APIS = [
     ("loss_parallel", "torch.distributed.tensor.parallel", "loss_parallel", None),
     ("DeviceMesh._flatten", "torch.distributed.device_mesh", "DeviceMesh", None),
     ("fake process group", "torch.testing._internal.distributed.fake_pg", "FakeStore", None),
+    ("_grouped_mm (MoE experts)", "torch", "_grouped_mm", "offs"),
 ]
+
+
+def _has_keyword(obj, keyword: str) -> bool:
+    """A Python callable's keyword, or a builtin aten op's schema argument."""
+    import inspect
+
+    try:
+        return keyword in inspect.signature(obj).parameters
+    except ValueError:  # a builtin: read the aten schema (e.g. torch._grouped_mm)
+        import torch
+
+        op = getattr(torch.ops.aten, obj.__name__)
+        return any(keyword in [a.name for a in o._schema.arguments] for o in _overloads(op))
+
+
+def _overloads(op):
+    return [getattr(op, name) for name in op.overloads()]
 
 
 def torch_api_probe() -> dict[str, bool]:
     """Which of TORCH_APIS this torch has (with the keyword kiln passes)."""
     import importlib
-    import inspect
 
     found = {}
     for name, module, attr, keyword in TORCH_APIS:
         try:
             obj = getattr(importlib.import_module(module), attr)
-            ok = keyword is None or keyword in inspect.signature(obj).parameters
+            ok = keyword is None or _has_keyword(obj, keyword)
             if name == "DeviceMesh._flatten":
                 ok = hasattr(obj, "_flatten")
         except (ImportError, AttributeError, ValueError, TypeError):

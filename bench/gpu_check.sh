@@ -7,6 +7,8 @@
 #             --target, exactly as on the GPU; that target goes first on PYTHONPATH there
 #   imports   kiln.training (trainer, launcher, checkpoint, planner) imports with Ray absent
 #   cpu_step  one tiny Trainer step on CPU
+#   moe_grouped_mm  an MoE layer's experts on torch._grouped_mm vs the per-expert loop (bf16):
+#             agreement, both times, and that an sm90+ GPU takes the grouped kernel
 #   torchrun  torchrun --nproc-per-node 1: the 1b preset with 8 accumulation steps (NCCL, FSDP2
 #             bf16 policy), then with optimizer_offload (cuda:nccl,cpu:gloo)
 #   pytest    pytest -m gpu (training and curator GPU tests)
@@ -110,6 +112,17 @@ stage cpu_step 180 "$PY" bench/gpu_check.py cpu-step
 
 dry_flag=()
 [ "$DRY" = 1 ] && dry_flag=(--dry)
+echo "== moe_grouped_mm"
+# exit 1 (figures still printed) when grouped and loop disagree or sm90+ cannot group
+if moe=$(timeout 120 "$PY" bench/gpu_check_moe.py "${dry_flag[@]}"); then
+  echo "$moe"
+  record moe_grouped_mm ok --data "$moe"
+else
+  echo "$moe"
+  [ -n "$moe" ] || moe='{}'
+  record moe_grouped_mm failed --data "$moe" || record moe_grouped_mm failed
+  status=1
+fi
 variants=(accum8 offload)
 [ "$DRY" = 1 ] && variants=(accum8)
 for variant in "${variants[@]}"; do

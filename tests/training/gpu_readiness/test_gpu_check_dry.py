@@ -1,6 +1,7 @@
 """`bench/gpu_check.sh --dry` on CPU: the carried wheels install into a scratch --target for the
-GPU image's Python, kiln.training imports and trains with Ray unimportable, torchrun starts, the
-GPU tests collect, every benchmark config validates; the JSON has every stage."""
+GPU image's Python, kiln.training imports and trains with Ray unimportable, the MoE layer's
+grouped GEMM agrees with its loop, torchrun starts, the GPU tests collect, every benchmark config
+validates; the JSON has every stage."""
 
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ def test_gpu_check_dry_runs_every_stage_up_to_cuda(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stages = json.loads((tmp_path / "gpu_check.json").read_text())["stages"]
-    ok = ["env", "wheels", "imports", "cpu_step", "torchrun_accum8", "pytest"]
+    ok = ["env", "wheels", "imports", "cpu_step", "moe_grouped_mm", "torchrun_accum8", "pytest"]
     assert {name: stages[name]["status"] for name in ok} == dict.fromkeys(ok, "ok")
     assert stages["bench"]["status"] == "skipped" and len(stages["bench"]["planned"]) >= 4
     assert all(stages["imports"]["torch_apis"].values()), stages["imports"]["torch_apis"]
     assert stages["torchrun_accum8"]["steps"] == 1
+    moe = stages["moe_grouped_mm"]  # this CPU torch has the grouped kernel: it is exercised
+    assert moe["grouped_mm"] and moe["out_rel_err"] <= moe["tolerance"], moe
