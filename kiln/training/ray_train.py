@@ -9,7 +9,8 @@ Train's own per-report log lines go to `<run_dir>/logs/`. DCP writes every rank'
 Fault tolerance: with `max_failures > 0`, Ray restarts the worker group after a worker dies and
 the loop resumes from the newest complete checkpoint. With `elastic: {min_workers, max_workers}`
 kiln restarts the run itself at the largest layout the remaining nodes hold (dp shrinks, see
-`kiln.training.elastic`) and records each change in the metrics and `layout_changes.jsonl`.
+`kiln.training.elastic`), grows back at a checkpoint once lost nodes return, and records each
+change in the metrics and `layout_changes.jsonl`.
 Resuming a stopped run = running again with the same `name` and `storage_path` (Ray Train V2
 has no `resume_from_checkpoint`).
 """
@@ -27,10 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
 from kiln.training.elastic import (
+    GROW_MARK,
     ElasticConfig,
+    check_grow,
     plan_workers,
     read_layout_changes,
     record_layout_change,
+    valid_worker_counts,
 )
 from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_curve, read_metrics
 from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
@@ -138,7 +142,8 @@ def train_on_ray(
 def _failure_reason(exc: Exception) -> str:
     """One line: the error type and the most telling line of Ray's report (a dead node first)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    telling = [line for line in lines if "node" in line.lower() and "died" in line.lower()]
+    telling = [line for line in lines if GROW_MARK in line]
+    telling += [line for line in lines if "node" in line.lower() and "died" in line.lower()]
     detail = (telling or lines or [""])[0]
     return f"{type(exc).__name__}: {detail[:300]}"
 
@@ -197,6 +202,15 @@ def _torch_trainer(
         "threads": max(1, int(cpus)),
         "callbacks": options.callbacks,
         "layout_change": layout_change,
+        # below max_workers, rank 0 looks for returned nodes after each checkpoint
+        "grow": {
+            "running": n,
+            "counts": valid_worker_counts(cfg, options.elastic),
+            "cpus": cpus,
+            "use_gpu": use_gpu,
+        }
+        if options.elastic
+        else None,
         "trainer": trainer_path or TRAINER,
         "config_class": f"{type(cfg).__module__}:{type(cfg).__name__}",
     }
@@ -247,6 +261,8 @@ def _train_loop(config: dict) -> None:
 
     def on_step(metrics: dict[str, Any]) -> None:
         nonlocal layout_note
+        if rank == 0:
+            check_grow(config.get("grow"), metrics["step"], committed())
         metrics = {
             **metrics,
             "world_size": trainer.dims.world_size,
