@@ -9,6 +9,10 @@ Ray Train 2.60 has elastic scaling of its own (`ScalingConfig(num_workers=(min, 
 starts any worker count in between, from free resources: a tp=2 layout can be handed 3 workers.
 Kiln therefore restarts the run itself (`kiln.training.ray_train`) at the largest count that both
 fits the alive nodes and forms a valid layout.
+
+It grows back the same way: while a run is below `max_workers`, rank 0 asks after each committed
+checkpoint whether the extra workers of a larger valid layout can be placed (a node came back);
+if so it ends the attempt (`NodesReturned`) and kiln restarts at that size from that checkpoint.
 """
 
 from __future__ import annotations
@@ -120,6 +124,50 @@ def _can_place(n: int, cpus_per_worker: float, use_gpu: bool, timeout_s: float =
         return False
     finally:
         remove_placement_group(group)
+
+
+GROW_MARK = "nodes returned"
+
+
+class NodesReturned(RuntimeError):
+    """Ends an elastic attempt on purpose: a larger layout can be placed again."""
+
+
+def grow_target(plan: dict[str, Any], timeout_s: float = 2.0) -> int | None:
+    """The largest valid count above the running one whose extra workers Ray can place now
+    (reserved and released: a node that is listed but not yet ready does not count)."""
+    running, cpus, use_gpu = plan["running"], plan["cpus"], plan["use_gpu"]
+    larger = [n for n in plan["counts"] if n > running]
+    if not larger:
+        return None
+    fits = running + schedulable_free_workers(cpus, use_gpu)
+    for n in (n for n in larger if n <= fits):
+        if _can_place(n - running, cpus, use_gpu, timeout_s):
+            return n
+    return None
+
+
+def schedulable_free_workers(cpus_per_worker: float, use_gpu: bool) -> int:
+    """Workers the alive nodes' currently free resources can hold."""
+    import ray
+
+    free = ray.available_resources()
+    fit = int(free.get("CPU", 0) // cpus_per_worker + 1e-9)
+    return min(fit, int(free.get("GPU", 0))) if use_gpu else fit
+
+
+def check_grow(plan: dict[str, Any] | None, step: int, committed: tuple[int, str] | None) -> None:
+    """On rank 0 at the step after a checkpoint commit: raise `NodesReturned` when a larger
+    layout fits again, so kiln restarts there from that checkpoint (nothing recomputed but the
+    one step this call interrupts)."""
+    if not plan or committed is None or committed[0] != step - 1:
+        return
+    target = grow_target(plan)
+    if target:
+        raise NodesReturned(
+            f"{GROW_MARK}: {target} workers can be placed again (running {plan['running']}); "
+            f"restarting from the checkpoint of step {committed[0]}"
+        )
 
 
 def record_layout_change(run_dir: str, change: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ subprocesses through RAY_ADDRESS, so the pytest process's own Ray is never touch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -22,6 +23,8 @@ FAST_HEALTH_CHECK = {
 # A driver resolves "127.0.0.1" in RAY_ADDRESS to the machine's outward IP (where nothing of this
 # cluster listens) unless Ray is told to stay on loopback, as it does on macOS/Windows.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# every process on the worker node sees this (fault hooks use it to act on that node only)
+WORKER_ENV = {"KILN_TEST_NODE": "worker"}
 
 
 class TwoNodeCluster:
@@ -29,13 +32,10 @@ class TwoNodeCluster:
     worker node's raylet and everything on it."""
 
     def __init__(self, head_cpus: float = 1, worker_cpus: float = 1) -> None:
-        from ray._private.utils import read_ray_address
         from ray.cluster_utils import Cluster
 
-        previous = read_ray_address()
-        saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
-        try:  # the raylets (and so every worker) import kiln and tests from this checkout
+        self.worker_cpus = worker_cpus
+        with _raylet_env():
             self.cluster = Cluster(
                 initialize_head=True,
                 head_node_args={
@@ -47,17 +47,26 @@ class TwoNodeCluster:
                     "_system_config": FAST_HEALTH_CHECK,
                 },
             )
-            self.worker = self.cluster.add_node(num_cpus=worker_cpus, node_ip_address="127.0.0.1")
-        finally:
-            _restore_ray_address_file(previous)
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+        self.worker = None
+        self.start_worker_node()
         self.address = self.cluster.address
+
+    def start_worker_node(self) -> None:
+        """(Re)start the worker node: a new raylet with the same resources (a node that comes
+        back gets a new node id, as a restarted machine does); returns once it has registered."""
+        with _raylet_env():
+            self.worker = self.cluster.add_node(
+                num_cpus=self.worker_cpus, node_ip_address="127.0.0.1", env_vars=WORKER_ENV
+            )
 
     def kill_worker_node(self) -> None:
         self.cluster.remove_node(self.worker, allow_graceful=False)
+        self.worker = None
+
+    def ensure_worker_node(self) -> None:
+        """Back to two nodes (a test that killed the worker node leaves the cluster as found)."""
+        if self.worker is None:
+            self.start_worker_node()
 
     def driver(self, args: list[str], log_path: str) -> subprocess.Popen:
         """Start `python *args` as a driver of this cluster, its output in `log_path` (a file, not
@@ -74,6 +83,25 @@ class TwoNodeCluster:
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+
+
+@contextlib.contextmanager
+def _raylet_env():
+    """Raylets (and so every worker) import kiln and tests from this checkout; the Ray address
+    file other clusters on this machine use is left as found."""
+    from ray._private.utils import read_ray_address
+
+    previous = read_ray_address()
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
+    try:
+        yield
+    finally:
+        _restore_ray_address_file(previous)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def _restore_ray_address_file(previous: str | None) -> None:

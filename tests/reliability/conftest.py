@@ -1,5 +1,6 @@
-"""One 2-node Ray cluster for the reliability tests that need nodes (module-scoped per module
-that asks for it; shut down in the finalizer even when a test fails)."""
+"""One 2-node Ray cluster shared by every reliability test that needs nodes: built by the first,
+shut down after the last (or at the session's end when a test fails); the worker node is
+restarted for a test when an earlier one killed it."""
 
 from __future__ import annotations
 
@@ -10,16 +11,39 @@ import subprocess
 
 import pytest
 
+_cluster = None
 
-@pytest.fixture(scope="module")
+
+@pytest.fixture
 def two_nodes():
-    from tests.reliability.cluster import TwoNodeCluster
+    """The shared cluster with both nodes up (the worker node restarted if an earlier test
+    left it dead)."""
+    global _cluster
+    if _cluster is None:
+        from tests.reliability.cluster import TwoNodeCluster
 
-    cluster = TwoNodeCluster(head_cpus=1, worker_cpus=1)
-    try:
-        yield cluster
-    finally:
+        _cluster = TwoNodeCluster(head_cpus=1, worker_cpus=1)
+    _cluster.ensure_worker_node()
+    return _cluster
+
+
+def _shutdown_cluster() -> None:
+    global _cluster
+    if _cluster is not None:
+        _cluster, cluster = None, _cluster
         cluster.shutdown()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Shut the cluster down after the last test that uses it, not at the end of the suite."""
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if item in items else []
+    if not any("two_nodes" in getattr(i, "fixturenames", ()) for i in later):
+        _shutdown_cluster()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _shutdown_cluster()
 
 
 @contextlib.contextmanager

@@ -8,21 +8,31 @@ import time
 
 from kiln.curator.filters.base import DocumentFilter
 
-PAUSE_STEP = 6
+PAUSE_STEP = 3  # on 4 workers: the test removes the worker node here
+REGROW_STEP = 4  # on the 2 workers left: the test brings the node back here
 NODE_REMOVED = "node-removed"
+NODE_BACK = "node-back"
 
 
-def pause_until_node_removed(metrics: dict, info: dict) -> None:
-    """Every rank stops after step PAUSE_STEP (once per run) until the test has removed the
-    worker node, so the node dies at a known step however loaded the machine is."""
+def pause_for_node_changes(metrics: dict, info: dict) -> None:
+    """Every rank stops once at PAUSE_STEP until the test has removed the worker node, and (on
+    the smaller layout) once at REGROW_STEP until the node is back, so each change happens at a
+    known step however loaded the machine is."""
+    if metrics["step"] == PAUSE_STEP:
+        _pause(info, "paused", NODE_REMOVED)
+    elif metrics["step"] == REGROW_STEP and metrics["world_size"] == 2:
+        _pause(info, "shrunk", NODE_BACK)
+
+
+def _pause(info: dict, tag: str, until: str) -> None:
     run_dir = info["run_dir"]
-    removed = os.path.join(run_dir, NODE_REMOVED)
-    if metrics["step"] != PAUSE_STEP or os.path.exists(removed):
+    done = os.path.join(run_dir, until)
+    if os.path.exists(done):
         return
-    with open(os.path.join(run_dir, f"paused-rank{info['rank']}"), "w") as f:
+    with open(os.path.join(run_dir, f"{tag}-rank{info['rank']}"), "w") as f:
         f.write(str(os.getpid()))
     deadline = time.monotonic() + 300
-    while not os.path.exists(removed) and time.monotonic() < deadline:
+    while not os.path.exists(done) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

@@ -1,8 +1,10 @@
-"""Node loss during training: a Ray Train run over two nodes loses one and continues, elastic.
+"""Node loss during training, elastic, and the node coming back: one Ray Train run over two nodes.
 
-4 workers (tp=2 x dp=2, two per node) become 2 (tp=2 x dp=1): the checkpoint reshards, gradient
-accumulation doubles so the global batch is unchanged, the loader continues at the same global
-sample. Every step's loss, before and after the change, equals a single-process run's.
+4 workers (tp=2 x dp=2, two per node) lose the worker node at step 3 and continue as 2 (tp=2 x
+dp=1) from the step-2 checkpoint: the checkpoint reshards, gradient accumulation doubles so the
+global batch is unchanged, the loader continues at the same global sample. The node is restarted
+during step 4; after the step-4 checkpoint the run grows back to 4 workers from that checkpoint.
+Every step's loss, in all three layouts, equals a single-process run's.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import pytest
 from kiln.training.checkpoint import latest_checkpoint, read_sidecar
 from kiln.training.config import TrainConfig
 from kiln.training.metrics_log import read_metrics
-from tests.reliability.faults import NODE_REMOVED, PAUSE_STEP
+from tests.reliability.faults import NODE_BACK, NODE_REMOVED, PAUSE_STEP, REGROW_STEP
 
-STEPS = 7  # checkpoints at 4 and 7 (the last); the pause is at step 6: 5-7 run on 2 workers
+STEPS = 6  # checkpoints at 2, 4, 6: 1-2 on 4 workers, 3-4 on 2, 5-6 on 4 again
 CONFIG = {
     "model": "tiny",
     "parallel": {"tp": 2},  # dp_shard takes what the workers leave
@@ -29,12 +31,12 @@ CONFIG = {
     "micro_batch_size": 1,
     "log_every": 5,
     "data": {"synthetic": True},
-    "checkpoint": {"interval_steps": 4},
+    "checkpoint": {"interval_steps": 2},
 }
 RAY = {
     "cpus_per_worker": 0.5,  # 1 CPU per node: two workers on each
     "elastic": {"min_workers": 2, "max_workers": 4},
-    "callbacks": ["tests.reliability.faults:pause_until_node_removed"],
+    "callbacks": ["tests.reliability.faults:pause_for_node_changes"],
 }
 DRIVER = """
 import json, sys
@@ -67,11 +69,12 @@ def _wait_for(predicate, timeout: float, what: str, proc, log_path: str) -> None
 
 
 @pytest.mark.slow
-def test_node_lost_mid_run_continues_on_half_the_workers(two_nodes, tmp_path):
+def test_node_lost_then_back_shrinks_and_regrows_with_identical_losses(two_nodes, tmp_path):
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
     log_path = str(tmp_path / "driver.log")
     args = ["-c", DRIVER, json.dumps(CONFIG), json.dumps(RAY), run_dir]
+    started = time.monotonic()
     driver = two_nodes.driver(args, log_path)
     reference: list[float] = []
     ref_thread = threading.Thread(target=_single_process_losses, args=(reference,))
@@ -82,6 +85,11 @@ def test_node_lost_mid_run_continues_on_half_the_workers(two_nodes, tmp_path):
         _wait_for(reached, 180, f"pause at step {PAUSE_STEP}", driver, log_path)
         two_nodes.kill_worker_node()
         open(os.path.join(run_dir, NODE_REMOVED), "w").close()
+        shrunk = [os.path.join(run_dir, f"shrunk-rank{r}") for r in range(2)]
+        reached = lambda: all(map(os.path.exists, shrunk))  # noqa: E731
+        _wait_for(reached, 180, f"step {REGROW_STEP} on 2 workers", driver, log_path)
+        two_nodes.start_worker_node()  # the node comes back (a new raylet, same resources)
+        open(os.path.join(run_dir, NODE_BACK), "w").close()
         driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
@@ -90,27 +98,30 @@ def test_node_lost_mid_run_continues_on_half_the_workers(two_nodes, tmp_path):
         ref_thread.join()
     out = _log_tail(log_path)
     assert driver.returncode == 0, out
+    print(f"elastic run: {time.monotonic() - started:.0f} s")
     summary = json.loads(out.split("SUMMARY ", 1)[1].splitlines()[0])
 
-    # the layout change is recorded: when (the step resumed from), why, and from/to what
-    (change,) = summary["layout_changes"]
-    assert (change["from_workers"], change["to_workers"]) == (4, 2)
-    assert "WorkerGroupError" in change["reason"] or "TrainingFailedError" in change["reason"]
-    resumed = change["resume_step"]
-    assert resumed in (4,)  # the newest complete checkpoint before the pause at step 6
+    # both layout changes are recorded: when (the step resumed from), why, from/to what
+    lost, back = summary["layout_changes"]
+    assert (lost["from_workers"], lost["to_workers"], lost["resume_step"]) == (4, 2, 2)
+    assert "WorkerGroupError" in lost["reason"] or "TrainingFailedError" in lost["reason"]
+    assert (back["from_workers"], back["to_workers"], back["resume_step"]) == (2, 4, 4)
+    assert "nodes returned" in back["reason"], back
+    assert summary["world_size"] == 4
 
     history = read_metrics(run_dir)
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
-    for h in history:  # dp halves, accumulation doubles: the global batch is unchanged
-        after = h["step"] > resumed
+    for h in history:  # dp halves then doubles, accumulation follows: global batch unchanged
+        small = lost["resume_step"] < h["step"] <= back["resume_step"]
         assert (h["world_size"], h["dp_size"], h["grad_accum"]) == (
-            (2, 1, 4) if after else (4, 2, 2)
+            (2, 1, 4) if small else (4, 2, 2)
         ), h
-    assert history[resumed]["layout_change"]["to_workers"] == 2  # on the first step after
+    assert history[2]["layout_change"]["to_workers"] == 2  # the first step after each change
+    assert history[4]["layout_change"]["to_workers"] == 4
     # same losses as one process: the same samples in the same order (none skipped/repeated)
     for h in history:
         assert abs(h["loss"] - reference[h["step"] - 1]) < 1e-4, (h["step"], h["loss"])
     final = latest_checkpoint(os.path.join(run_dir, "ray", "kiln-train", "checkpoints"))
     sidecar = read_sidecar(final)
-    assert sidecar["step"] == STEPS and sidecar["layout"]["dp_size"] == 1
+    assert sidecar["step"] == STEPS and sidecar["layout"]["dp_size"] == 2
     assert sidecar["tokens_seen"] == STEPS * 4 * 32
