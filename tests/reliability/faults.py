@@ -56,3 +56,28 @@ class KillWorkerOnce(DocumentFilter):
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGKILL)
         return np.ones(len(batch), dtype=bool)
+
+
+PAUSE_TAG = "kiln-pause-on-worker-node:"
+
+
+class PauseOnWorkerNode(DocumentFilter):
+    """A curator filter that keeps every document, except that a process on the test cluster's
+    worker node (`KILN_TEST_NODE=worker`) which sees `kiln-pause-on-worker-node:<marker>` writes
+    the marker and waits there, so the test kills the node with a task known to be in flight."""
+
+    name = "pause_on_worker_node"
+
+    def keep(self, batch):
+        import numpy as np
+
+        if os.environ.get("KILN_TEST_NODE") == "worker":
+            for text in batch.texts:
+                if PAUSE_TAG in text:
+                    marker = text.split(PAUSE_TAG, 1)[1].split()[0]
+                    with open(marker, "w") as f:
+                        f.write(str(os.getpid()))
+                    deadline = time.monotonic() + 300
+                    while time.monotonic() < deadline:  # until the node is killed
+                        time.sleep(0.1)
+        return np.ones(len(batch), dtype=bool)

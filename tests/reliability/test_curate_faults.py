@@ -1,19 +1,30 @@
-"""A Ray Data worker SIGKILLed mid-`curate` (stream: ray): Ray retries its task on a new actor and
-the corpus is byte-identical to a clean run's; in = kept + rejected."""
+"""Faults mid-`curate` (stream: ray): a Ray Data worker SIGKILLed, and the worker node of a 2-node
+cluster killed. Ray retries the lost tasks on a new actor and the corpus is byte-identical to a
+clean run's; in = kept + rejected."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from kiln.curator.stage import CurateStage
+from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
 from tests.curator.corpus import prose
-from tests.reliability.faults import KILL_TAG
+from tests.reliability.faults import KILL_TAG, PAUSE_TAG
+
+DRIVER = """
+import json, sys
+from kiln.curator.stage import CurateStage
+from kiln.platform.pipeline import Pipeline
+result = Pipeline("cur", [CurateStage(json.loads(sys.argv[1]))], runs_dir=sys.argv[2]).run()
+print("CORPUS " + result.artifact("curate.corpus").path)
+"""
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -30,20 +41,37 @@ def _digest(folder: Path) -> dict[str, str]:
     return {**files, "report": json.dumps(report, sort_keys=True)}
 
 
-@pytest.mark.slow
-def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
-    marker = tmp_path / "killed"
+def _documents(tag: str = "", tagged=()) -> list[dict]:
     rng = random.Random(0)
     docs = [{"id": f"d{i}", "text": prose(rng)} for i in range(60)]
-    docs[40]["text"] += f" {KILL_TAG}{marker} "
+    for i in tagged:
+        docs[i]["text"] += f" {tag} "
     docs[7]["text"] = docs[3]["text"]  # an exact duplicate
     for i in (5, 22, 51):
         docs[i]["text"] = "too short"  # rejected by the quality rules
+    return docs
+
+
+def _inputs(tmp_path: Path, docs: list[dict]) -> list[str]:
     files = []
-    for part in range(4):  # four read tasks: the kill hits one, the others are unaffected
+    for part in range(4):  # four read tasks: a fault hits one, the others are unaffected
         path = tmp_path / f"in-{part}.jsonl"
         path.write_text("".join(json.dumps(d) + "\n" for d in docs[part::4]))
         files.append(str(path))
+    return files
+
+
+def _check_same_corpus(faulty, clean) -> None:
+    assert _digest(Path(faulty.path)) == _digest(Path(clean.path))
+    counts = faulty.counts
+    assert counts["input"] == 60 == counts["documents"] + counts["rejected"]
+    assert counts["rejected"] >= 4  # three too short, one duplicate
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
+    marker = tmp_path / "killed"
+    files = _inputs(tmp_path, _documents(f"{KILL_TAG}{marker}", tagged=[40]))
     config = {
         "input": files,
         "stream": "ray",
@@ -61,7 +89,47 @@ def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
     marker.unlink()
     faulty = curate("faulty", "ray")
     assert marker.exists()  # a Ray Data worker was SIGKILLed mid-task
-    assert _digest(Path(faulty.path)) == _digest(Path(clean.path))
-    counts = faulty.counts
-    assert counts["input"] == 60 == counts["documents"] + counts["rejected"]
-    assert counts["rejected"] >= 4  # three too short, one duplicate
+    _check_same_corpus(faulty, clean)
+
+
+@pytest.mark.slow
+def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes, tmp_path):
+    """Two actors spread over the two nodes; the worker node's actor pauses inside its first
+    task and the test kills the node: the task reruns on an actor restarted on the head."""
+    marker = tmp_path / "paused-on-worker-node"
+    # the first document of every input, so whichever task the worker node runs pauses
+    files = _inputs(tmp_path, _documents(f"{PAUSE_TAG}{marker}", tagged=range(4)))
+    config = {
+        "input": files,
+        "stream": "ray",
+        "actors": 2,
+        "filters": {"custom": ["tests.reliability.faults:PauseOnWorkerNode"]},
+    }
+    log_path = str(tmp_path / "driver.log")
+    args = ["-c", DRIVER, json.dumps(config), str(tmp_path / "faulty")]
+    driver = two_nodes.driver(args, log_path)
+    try:
+        # meanwhile the clean reference, in this process (no worker node here: nothing pauses)
+        clean_stage = CurateStage({**config, "stream": "inline"})
+        clean = Pipeline("cur", [clean_stage], runs_dir=tmp_path / "clean").run(shutdown=False)
+        clean = clean.artifact("curate.corpus")
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            if driver.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no task paused on the worker node:\n{_tail(log_path)}")
+            time.sleep(0.1)
+        two_nodes.kill_worker_node()
+        driver.wait(timeout=180)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    out = _tail(log_path)
+    assert driver.returncode == 0, out
+    faulty_path = out.split("CORPUS ", 1)[1].splitlines()[0]
+    _check_same_corpus(Artifact.load(faulty_path), clean)
+
+
+def _tail(path: str) -> str:
+    with open(path) as f:
+        return f.read()[-4000:]
