@@ -16,7 +16,7 @@ from kiln.training.plan.configs import cpu_stand_in, train_configs, world_size_o
 def __getattr__(name: str):
     # memory imports torch: loaded on first use, so every `kiln` command (which registers
     # `kiln plan` through this package) does not pay torch's import
-    if name in ("measure_step", "plan_rank"):
+    if name in ("measure_step", "plan_rank", "plan_step"):
         from kiln.training.plan import memory
 
         return getattr(memory, name)
@@ -29,6 +29,7 @@ __all__ = [
     "main",
     "measure_step",
     "plan_rank",
+    "plan_step",
     "register",
     "run",
     "train_configs",

@@ -183,13 +183,33 @@ def measure_step(trainer: Trainer) -> StepMemory:
         for opt in trainer.optimizers:
             opt.step()
         steady = _device_bytes(tracker, "current")
-        step_peak = _total(tracker, "peak")
+    # The step's own peak is modelled, not read: fake mode over-counts the first step's state
+    # initialisation on DTensors (6x the parameters' bytes where a real step holds 3x) and
+    # counts no temporaries in later steps.
+    step_peak = sum(steady.values()) + sum(_optimizer_temporaries(o) for o in trainer.optimizers)
     figures = {name: steady.get(kind, 0) for name, kind in _KINDS.items()}
     activations, in_flight = in_flight_activations(trainer, saved)
     # the tracker saw one stage's micro-batch alive at a time; the schedule keeps more
     backward_peak += figures["optimizer"] + activations - max(saved)
     peak = max(backward_peak, step_peak)
     return StepMemory(**figures, activations=activations, in_flight=in_flight, peak=peak)
+
+
+def _optimizer_temporaries(opt: torch.optim.Optimizer) -> int:
+    """Bytes AdamW allocates inside one step: foreach holds sqrt(exp_avg_sq) for every parameter
+    at once, the per-parameter loop one parameter's worth, the fused kernel nothing."""
+    sizes = [
+        _local(p).numel() * _local(p).element_size()
+        for group in opt.param_groups
+        for p in group["params"]
+    ]
+    if not sizes or opt.defaults.get("fused"):
+        return 0
+    return sum(sizes) if opt.defaults.get("foreach") else max(sizes)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _clear_caches() -> None:
@@ -214,6 +234,16 @@ def _clear_caches() -> None:
 def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     """Set up rank `rank` of `world` on the fake backend and fake tensors, run one step's shapes;
     its local parameters, batch figures and memory (GiB)."""
+    info, memory = plan_step(cfg, rank, world)
+    return {
+        **info,
+        "in_flight": memory.in_flight,
+        **{f"{k}_gib": v for k, v in memory.gib().items()},
+    }
+
+
+def plan_step(cfg: TrainConfig, rank: int, world: int) -> tuple[dict[str, Any], StepMemory]:
+    """plan_rank's figures without the memory, and the memory in bytes."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -234,13 +264,9 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         trainer = FakeRankTrainer(cfg, fake_mode).setup()
         with fake_mode:
             memory = measure_step(trainer)
-        local = sum(
-            (p.to_local() if hasattr(p, "to_local") else p).numel()
-            for part in trainer.model_parts
-            for p in part.parameters()
-        )
+        local = sum(_local(p).numel() for part in trainer.model_parts for p in part.parameters())
         tokens = cfg.global_batch_size * cfg.seq_len
-        return {
+        info = {
             "rank": rank,
             "world": world,
             "local_params": local,
@@ -250,8 +276,7 @@ def plan_rank(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             "tflops_per_step_per_rank": round(
                 flops_per_token(cfg.model, cfg.seq_len) * tokens / world / 1e12, 1
             ),
-            "in_flight": memory.in_flight,
-            **{f"{k}_gib": v for k, v in memory.gib().items()},
         }
+        return info, memory
     finally:
         dist.destroy_process_group()
