@@ -32,19 +32,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A fresh local Ray for the whole session (never a stray head node), shut down at the end."""
+    """A fresh local Ray for the whole session (never a stray head node), shut down at the end.
+
+    Started as kiln starts its embedded Ray, so its processes' state API is its own.
+    """
     import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            address="local",
-            num_cpus=8,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            configure_logging=False,
-        )
+    from kiln.platform.runtime import init_embedded
+
+    guard = None if ray.is_initialized() else init_embedded(num_cpus=8)
     yield ray
     ray.shutdown()
+    if guard is not None:
+        guard.close()
 
 
 def free_port() -> int:

@@ -4,12 +4,21 @@ start an embedded one, and start or release it between stages as each declares (
 The embedded Ray binds to 127.0.0.1, starts no dashboard unless asked, and never attaches to a
 stray head node that happens to run on the machine (`address="local"` starts a fresh one).
 Only an embedded Ray is ever shut down; an attached cluster is left as found.
+
+The embedded Ray's processes are told where *its* state API is (`RAY_API_SERVER_ADDRESS`).
+Without that, Ray's state API in a worker finds "the" cluster by $RAY_ADDRESS,
+/tmp/ray/ray_current_cluster or any GCS on the machine, and a Ray without a dashboard still
+advertises 127.0.0.1:8265: with another cluster's dashboard there, Ray Train V2's
+PlacementGroupCleaner asks that cluster about our controller, finds none and removes a live
+run's placement group (a flake seen with several Ray clusters on one machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +62,63 @@ class Resources:
     gpus: float = 0
 
 
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"  # Ray's own override for the state/job API URL
+DEFAULT_DASHBOARD_PORT = 8265
+
+
+def _bound_port(port: int = 0) -> socket.socket | None:
+    """A socket bound (never listening) to 127.0.0.1:`port` (0: any), or None if taken."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def init_embedded(dashboard: bool = False, **init_kwargs) -> socket.socket | None:
+    """`ray.init` a fresh local Ray whose processes reach only its own state API.
+
+    With `dashboard`, the dashboard (the API server) listens on 127.0.0.1:8265, or a free port
+    when that is taken. Without it there is no API server: the URL its processes get is a port
+    held bound and never listening, so state queries are refused (Ray Train's cleaner then keeps
+    waiting) rather than answered by another cluster. Returns that held socket (close it after
+    `ray.shutdown`), or None. The caller's own environment is left as it was.
+    """
+    import ray
+
+    guard = None
+    if dashboard:
+        probe = _bound_port(DEFAULT_DASHBOARD_PORT) or _bound_port()
+        port = probe.getsockname()[1]
+        probe.close()  # the dashboard binds it next
+        init_kwargs.update(dashboard_host="127.0.0.1", dashboard_port=port)
+    else:
+        guard = _bound_port()
+        port = guard.getsockname()[1]
+    before = os.environ.get(API_SERVER_ENV)
+    os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"  # inherited by raylet -> workers
+    try:
+        ray.init(
+            address="local",
+            include_dashboard=dashboard,
+            _node_ip_address="127.0.0.1",
+            configure_logging=False,
+            **init_kwargs,
+        )
+    except BaseException:
+        if guard is not None:
+            guard.close()
+        raise
+    finally:
+        if before is None:
+            os.environ.pop(API_SERVER_ENV, None)
+        else:
+            os.environ[API_SERVER_ENV] = before
+    return guard
+
+
 @dataclass
 class Runtime:
     address: str | None = None
@@ -61,6 +127,7 @@ class Runtime:
     num_gpus: int | None = None
     _started_here: bool = False
     _held_by: str | None = None  # a stage whose effect lives on this Ray (a running endpoint)
+    _api_guard: socket.socket | None = None  # see init_embedded
 
     @classmethod
     def from_config(cls, cfg: RayConfig, address: str | None = None, dashboard: bool = False):
@@ -86,13 +153,10 @@ class Runtime:
             log.info("attaching to Ray at %s", address)
             ray.init(address=address, log_to_driver=to_driver)
         else:
-            ray.init(
-                address="local",
+            self._api_guard = init_embedded(
+                dashboard=self.dashboard,
                 num_cpus=self.num_cpus,
                 num_gpus=self.num_gpus,
-                include_dashboard=self.dashboard,
-                _node_ip_address="127.0.0.1",
-                configure_logging=False,
                 log_to_driver=to_driver,
             )
             self._started_here = True
@@ -143,5 +207,9 @@ class Runtime:
         if self._started_here and ray.is_initialized():
             log.debug("shutting down the embedded Ray")
             ray.shutdown()
+        if self._api_guard is not None:
+            with contextlib.suppress(OSError):
+                self._api_guard.close()
+            self._api_guard = None
         self._started_here = False
         self._held_by = None
