@@ -7,6 +7,8 @@ activations under the configured recompute, peak), FLOPs and tokens per step.
 
 It runs `Trainer.setup()` on PyTorch's fake process-group backend, so it fails with the same
 one-line error a real run gives. Hardware-only choices (flash-attn, TE fp8) become SDPA / bf16.
+MoE layers route as planned (kiln.training.plan.moe): balanced, owners at the capacity under
+expert parallelism.
 """
 
 from kiln.training.plan.cli import add_arguments, main, register, run

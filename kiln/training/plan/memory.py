@@ -249,20 +249,14 @@ def plan_step(cfg: TrainConfig, rank: int, world: int) -> tuple[dict[str, Any], 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from kiln.training.metrics import flops_per_token
+    from kiln.training.plan.moe import planned_routing
 
-    if cfg.model.n_experts:
-        from kiln.platform.errors import ConfigError
-
-        raise ConfigError(
-            "kiln plan: model.n_experts > 0 is not planned yet (MoE routing has data-dependent "
-            "shapes that fake tensors cannot follow)"
-        )
     _clear_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         trainer = FakeRankTrainer(cfg, fake_mode).setup()
-        with fake_mode:
+        with fake_mode, planned_routing():  # MoE: balanced routing, capacity-bound owners
             memory = measure_step(trainer)
         local = sum(_local(p).numel() for part in trainer.model_parts for p in part.parameters())
         tokens = cfg.global_batch_size * cfg.seq_len

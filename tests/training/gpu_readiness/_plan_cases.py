@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from kiln.training.config import TrainConfig
 
+MOE = {"n_experts": 4, "top_k": 2}
 
-def small_config(recompute: str, parallel: dict | None = None) -> TrainConfig:
+
+def small_config(
+    recompute: str, parallel: dict | None = None, model: dict | None = None
+) -> TrainConfig:
     return TrainConfig(
         model={
             "preset": "tiny",
@@ -15,6 +19,7 @@ def small_config(recompute: str, parallel: dict | None = None) -> TrainConfig:
             "n_kv_heads": 2,
             "ffn_hidden_dim": 256,
             "vocab_size": 512,
+            **(model or {}),
         },
         parallel=parallel or {},
         seq_len=128,

@@ -7,8 +7,9 @@ import pytest
 
 from kiln.training.config import TrainConfig
 from kiln.training.plan import cpu_stand_in, plan_rank, plan_step
+from kiln.training.plan.moe import planned_counts
 from tests.training.distributed import run_distributed
-from tests.training.gpu_readiness._plan_cases import measured_peak_bytes, small_config
+from tests.training.gpu_readiness._plan_cases import MOE, measured_peak_bytes, small_config
 
 GIB = 2**30
 
@@ -79,9 +80,43 @@ def test_llama3_widths_plan_their_states_and_activations(shape, parallel):
     assert info["tokens_per_step"] == 512 * 8192
 
 
-def test_moe_models_are_refused_in_one_line():
-    from kiln.platform.errors import ConfigError
+@pytest.mark.slow  # two real ranks: ~15 s on the loaded 2-core machine
+def test_planned_moe_peak_matches_a_measured_expert_parallel_run():
+    """ep=2 with a capacity: the planner routes every owner at the capacity (the most it can
+    receive), so it may sit above a measured run's routing, not below it."""
+    cfg = small_config("selective", {"dp_shard": 2, "ep": 2}, {**MOE, "capacity_factor": 1.25})
+    measured = run_distributed(measured_peak_bytes, 2, cfg)
+    for rank in (0, 1):
+        planned = plan_step(cfg, rank, 2)[1].peak
+        assert -0.02 < (planned - measured[rank]) / measured[rank] < 0.10, (planned, measured)
 
-    cfg = TrainConfig(model={"preset": "tiny", "n_experts": 4, "top_k": 2}, device="cpu")
-    with pytest.raises(ConfigError, match="n_experts"):
-        plan_rank(cfg, 0, 1)
+
+def test_planned_routing_counts():
+    # 4096 tokens, top-2 of 8: 1024 rows per expert; capacity 1.25 -> an owner plans 1280
+    assert planned_counts(4096, 2, 8, None) == (1024, 1024)
+    assert planned_counts(4096, 2, 8, 1.25) == (1024, 1280)
+    assert planned_counts(4096, 2, 8, 0.5) == (512, 512)  # dropping: at most the capacity
+
+
+def test_moe_plans_experts_per_ep_rank_at_256_ranks():
+    """Mixtral-like (Llama-3-8B width, 8 experts, top-2) at tp=4 x dp 8x8 with ep=8: rank 0
+    holds one expert per layer in full plus 1/32 of everything else; fp32 states."""
+    model = {"preset": "llama3_8b", "n_layers": 2, "n_experts": 8, "top_k": 2}
+    parallel = {"tp": 4, "dp_replicate": 8, "dp_shard": 8, "ep": 8}
+    cfg = cpu_stand_in(
+        TrainConfig(
+            model={**model, "capacity_factor": 1.25},
+            parallel=parallel,
+            seq_len=4096,
+            global_batch_size=256,
+            micro_batch_size=1,
+            precision="bf16",
+            recompute="selective",
+        )
+    )
+    info = plan_rank(cfg, 0, 256)
+    expert = 3 * cfg.model.dim * cfg.model.ffn_hidden_dim  # 2 layers x 8 experts in the model
+    local = (cfg.model.num_params() - 16 * expert) / 32 + 2 * expert
+    assert info["local_params"] == pytest.approx(local, rel=1e-3)
+    assert info["optimizer_gib"] == pytest.approx(2 * info["params_gib"], abs=2e-3)
+    assert info["activations_gib"] > 0 and info["peak_gib"] > 4 * info["params_gib"]
