@@ -24,6 +24,7 @@ from kiln.curator.output import write_outputs
 from kiln.curator.readers import expand_inputs, plan_tasks
 from kiln.curator.report import build_report, plot_funnel, write_report
 from kiln.curator.stream import run_stream
+from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.runtime import Resources, Runtime
 
@@ -88,9 +89,23 @@ class Curation:
         cpus = runtime.cpus_per_worker() if self.cfg.stream == "ray" and runtime else 0.5
         log.info("curating %d files in %d tasks", len(self.files), len(self.tasks))
         stream_dir = os.path.join(self.work_dir, "stream")
-        self.stats = run_stream(
-            self.tasks, self.cfg, stream_dir, self.rejected_dir, self.extra_filters, cpus
-        )
+        documents = 0
+
+        def task_done(counts: dict) -> None:
+            nonlocal documents
+            documents += counts["in"]
+            progress.advance(1, f"{documents} documents")
+
+        with Progress(len(self.tasks), "curate", unit="tasks") as progress:
+            self.stats = run_stream(
+                self.tasks,
+                self.cfg,
+                stream_dir,
+                self.rejected_dir,
+                self.extra_filters,
+                cpus,
+                on_task=task_done,
+            )
         self.seconds["stream"] = time.perf_counter() - self.t0
 
     def finish(self) -> dict:

@@ -67,12 +67,19 @@ def run_stream(
     rejected_dir: str,
     extra_filters=(),
     cpus_per_actor: float = 0.5,
+    on_task=None,
 ) -> list[dict]:
+    """Every task's counts, sorted by task; `on_task(counts)` as each one finishes (progress)."""
     if not tasks:
         return []
+    done = on_task or (lambda _counts: None)
     if cfg.stream == "inline":
         proc = ChunkProcessor(cfg, list(extra_filters))
-        return [run_task(t, proc, work_dir, rejected_dir) for t in tasks]
+        stats = []
+        for t in tasks:
+            stats.append(run_task(t, proc, work_dir, rejected_dir))
+            done(stats[-1])
+        return stats
     import ray
 
     actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
@@ -87,5 +94,8 @@ def run_stream(
         num_cpus=cpus_per_actor,
         num_gpus=1.0 / actors if cfg.backend == "cudf" else 0,
     )
-    stats = [json.loads(r["stats"]) for r in ds.take_all()]
+    stats = []
+    for row in ds.iter_rows():  # as the actors finish tasks, not all at the end
+        stats.append(json.loads(row["stats"]))
+        done(stats[-1])
     return sorted(stats, key=lambda s: s["task"])

@@ -5,6 +5,10 @@ trainer's progress) in a short `HH:MM:SS message` form, warnings and errors from
 final table. Ray's, Ray Data's, Ray Train's and Serve's output, Python warnings and debug lines
 go to `<run>/logs/kiln.log` (every record, full format) and Ray's own session logs, which
 `<run>/logs/ray` links to. `-v` (verbose) prints all of it on the terminal as well.
+
+Long work (curate, tokenize, training steps, export) shows a live bar with ETA on a terminal;
+the bar clears itself when the work ends, so it adds no line. Off a terminal (a pipe, a CI log)
+progress goes to the run log only: the console output stays the stage lines.
 """
 
 from __future__ import annotations
@@ -38,12 +42,22 @@ class _QuietFilter(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
+# Live progress bars on the terminal: a log line is written around them (clear, write, redraw).
+_live_bars: list = []
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is when a record comes (redirected or captured later)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
-        super().emit(record)
+        if not _live_bars:
+            super().emit(record)
+            return
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):
+            super().emit(record)
 
 
 def configure(verbose: bool = False) -> None:
@@ -121,9 +135,23 @@ def link_ray_logs(run_dir: Path) -> None:
         link.symlink_to(Path(session) / "logs", target_is_directory=True)
 
 
+# Progress off a terminal: run log only in quiet mode (a kiln.* logger below WARNING), shown by -v.
+PROGRESS_LOGGER = "kiln.progress"
+
+
 class Progress:
-    """Long work's progress: a live bar with ETA on a terminal, else one plain line at most
-    every `every_s` seconds (and at the end) through the `kiln` logger."""
+    """Long work's progress: a live bar with ETA on a terminal (quiet mode), cleared when it
+    closes; elsewhere one plain line at most every `every_s` seconds (and at the end) to the
+    `kiln.progress` logger, which the quiet terminal leaves to the run log.
+
+        with Progress(len(tasks), "curate", unit="tasks") as progress:
+            for task in tasks:
+                ...
+                progress.advance(1, f"{documents} documents")
+    """
+
+    delay_s = 0.5  # before a bar appears: work shorter than that draws nothing
+    refresh_s = 0.25  # between redraws
 
     def __init__(self, total: int, desc: str, unit: str = "it", every_s: float = 15.0) -> None:
         import time
@@ -134,21 +162,40 @@ class Progress:
         if sys.stderr.isatty() and not verbose():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total,
+                desc=desc,
+                unit=f" {unit}",
+                leave=False,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                delay=self.delay_s,
+                mininterval=self.refresh_s,
+            )
+            _live_bars.append(self._bar)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def advance(self, n: int = 1, postfix: str = "") -> None:
+        self.update(self.done + n, postfix)
 
     def update(self, done: int, postfix: str = "") -> None:
         import time
 
         step, self.done = done - self.done, done
         if self._bar is not None:
-            self._bar.update(step)
             if postfix:
                 self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.update(step)
             return
         now = time.monotonic()
         if now - self._last >= self.every_s or done >= self.total:
             self._last = now
-            logging.getLogger("kiln").info(
+            logging.getLogger(PROGRESS_LOGGER).info(
                 "%s: %d/%d %s%s, ETA %s",
                 self.desc,
                 done,
@@ -166,7 +213,10 @@ class Progress:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.close()
+            bar, self._bar = self._bar, None
+            if bar in _live_bars:
+                _live_bars.remove(bar)
+            bar.close()
 
 
 class follow_metrics:  # noqa: N801 - used as a context manager, like contextlib's
@@ -196,8 +246,9 @@ class follow_metrics:  # noqa: N801 - used as a context manager, like contextlib
     def _follow(self) -> None:
         import json
 
-        offset = 0
-        while not self._stop.wait(1.0):
+        offset, stopped = 0, False
+        while not stopped:
+            stopped = self._stop.wait(1.0)  # once more after the stop: the last steps' rows
             if not self.path.is_file():
                 continue
             with open(self.path, "rb") as f:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.serving.export.triton import TritonExportConfig
@@ -52,7 +53,7 @@ class ExportStage(Stage):
         summary = export_model(ctx.inputs["checkpoint"].path, out.path, cfg, tokenizer=tokenizer)
         out.counts = {"parameters": summary["parameters"]}
         out.meta = {k: v for k, v in summary.items() if k != "parameters"}
-        ctx.log.info(
+        ctx.log.debug(  # the terminal's line is the stage's own "done" line
             "exported %s (%s parameters) to %s",
             summary["architecture"],
             summary["parameters"],
@@ -65,6 +66,17 @@ def export_model(
     checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer: str | None = None
 ) -> dict:
     """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it."""
+    with Progress(1 + ("triton" in cfg.formats), "export", unit="formats") as progress:
+        result = _export(checkpoint, out_dir, cfg, tokenizer, progress)
+    if "hf" not in cfg.formats:  # hf/ was only the way to triton; the repo holds its own copy
+        import shutil
+
+        shutil.rmtree(os.path.join(out_dir, "hf"))
+        result.pop("hf_dir")
+    return result
+
+
+def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progress) -> dict:
     from kiln.serving.export.hf import export_hf
     from kiln.serving.export.triton import export_triton
 
@@ -72,6 +84,7 @@ def export_model(
     summary = export_hf(
         checkpoint, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name
     )
+    progress.advance(1, "hf")
     result = {
         "architecture": summary["architecture"],
         "parameters": summary["parameters"],
@@ -90,9 +103,5 @@ def export_model(
         )
         export_triton(hf_dir, os.path.join(out_dir, "triton"), triton_cfg)
         result["triton_repo"] = "triton"
-    if "hf" not in cfg.formats:  # hf/ was only the way to triton; the repo holds its own copy
-        import shutil
-
-        shutil.rmtree(hf_dir)
-        result.pop("hf_dir")
+        progress.advance(1, "triton")
     return result

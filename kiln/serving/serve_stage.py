@@ -97,11 +97,8 @@ class ServeStage(Stage):
         out.meta = endpoint.meta
         with open(os.path.join(out.path, "endpoint.url"), "w") as f:
             f.write(endpoint.url + "\n")
-        ctx.log.info("serving %r at %s", endpoint.model_name, endpoint.url)
+        # the launch logged "endpoint <url> serves <model>": the terminal's one line for it
         if cfg.blocking:
-            print(
-                f"kiln: serving {endpoint.model_name!r} at {endpoint.url} (Ctrl-C to stop)",
-                flush=True,
-            )
+            ctx.log.info("serving until Ctrl-C")
             endpoint.wait()
         return {"url": endpoint.url, "model": endpoint.model_name}

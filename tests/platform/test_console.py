@@ -1,10 +1,12 @@
 """The quiet console: the terminal gets stage lines and progress, the run log gets everything
-(library INFO, Python warnings), and progress of a job elsewhere is read from its metrics JSONL."""
+(library INFO, Python warnings), and progress of a job elsewhere is read from its metrics JSONL
+(off a terminal into the run log only)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
 
 import pytest
@@ -53,20 +55,26 @@ def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys
         assert line in saved, line
 
 
-def test_follow_metrics_prints_plain_progress_lines(quiet, capsys, tmp_path):
+def test_follow_metrics_reads_the_steps_into_the_run_log_off_a_terminal(quiet, capsys, tmp_path):
     path = tmp_path / "metrics.jsonl"
-    with console.follow_metrics(str(path), 4, "pretrain") as follow:
-        follow.progress.every_s = 0.0
-        with open(path, "w") as f:
-            for step in (1, 2, 3, 4):
-                f.write(json.dumps({"step": step, "loss": 5.0 - step}) + "\n")
-            f.write('{"step": 5, "lo')  # a line being written is not read
-        for _ in range(50):
-            if follow.progress.done == 4:
-                break
-            import time
-
-            time.sleep(0.1)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if "pretrain:" in ln]
-    assert lines and "4/4 steps (loss 1.000)" in lines[-1], err
+    handler = console.attach_run_log(tmp_path)
+    try:
+        with console.follow_metrics(str(path), 4, "pretrain") as follow:
+            follow.progress.every_s = 0.0
+            with open(path, "w") as f:
+                for step in (1, 2, 3):
+                    f.write(json.dumps({"step": step, "loss": 5.0 - step}) + "\n")
+            for _ in range(50):
+                if follow.progress.done == 3:
+                    break
+                time.sleep(0.1)
+            with open(path, "a") as f:  # the last step lands just before the job ends
+                f.write(json.dumps({"step": 4, "loss": 1.0}) + "\n")
+                f.write('{"step": 5, "lo')  # a line being written is not read
+    finally:
+        console.detach_run_log(handler)
+    assert "pretrain:" not in capsys.readouterr().err  # a pipe or CI log: stage lines only
+    lines = [
+        ln for ln in (tmp_path / "logs" / "kiln.log").read_text().splitlines() if "pretrain:" in ln
+    ]
+    assert lines and "4/4 steps (loss 1.000)" in lines[-1], lines

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.training.data import indexed_dataset
 
@@ -33,6 +34,25 @@ def corpus_files(corpus_dir: str) -> list[str]:
             f"{corpus_dir}: no Parquet shards found (a Corpus holds *.parquet with id, text)"
         )
     return [str(f) for f in files]
+
+
+def corpus_documents(files: list[str]) -> int:
+    """Documents in the shards, from their Parquet footers (nothing read): progress's total."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+class TokenizeProgress(Progress):
+    """Documents tokenised (the bar, its ETA) and tokens written so far (its postfix)."""
+
+    def __init__(self, files: list[str]) -> None:
+        super().__init__(corpus_documents(files), "tokenize", unit="documents")
+        self.tokens = 0
+
+    def shard(self, documents: int, tokens: int) -> None:
+        self.tokens += int(tokens)
+        self.advance(int(documents), f"{self.tokens:,} tokens")
 
 
 def split_of(doc_id: str, seed: int, valid_fraction: float, test_fraction: float) -> str:
@@ -136,12 +156,16 @@ def tokenize_corpus(
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_cpus=cpus_per_actor,
-    ).take_all()
+    )
+    rows = []
+    with TokenizeProgress(files) as progress:
+        for row in shards.iter_rows():  # as batches finish (in corpus order), not all at the end
+            progress.shard(row["documents"], row["tokens"])
+            rows.append(row)
     counts = {}
     for split in SPLITS:
-        rows = [r for r in shards if r["split"] == split]
         merged = indexed_dataset.merge(
-            [r["prefix"] for r in rows], Path(out_dir) / split, dtype=dtype
+            [r["prefix"] for r in rows if r["split"] == split], Path(out_dir) / split, dtype=dtype
         )
         counts[split] = {"documents": merged.num_documents, "tokens": merged.num_tokens}
     shutil.rmtree(shard_dir, ignore_errors=True)

@@ -24,6 +24,7 @@ from kiln.training.data import indexed_dataset
 from kiln.training.data.parallel_tokenize import (
     SPLITS,
     ShardTokenizer,
+    TokenizeProgress,
     corpus_files,
     tokenize_corpus,
 )
@@ -129,12 +130,18 @@ def tokenize_inline(corpus: str, out_dir: str, tokenizer_json: str, **kw) -> dic
         tokenizer_json=tokenizer_json, dtype=dtype.name, shard_dir=str(shard_dir), **kw
     )
     shards: list[tuple[str, str]] = []
-    for f in corpus_files(corpus):
-        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "text"], batch_size=batch_size):
-            out = writer(
-                {k: batch.column(k).to_numpy(zero_copy_only=False) for k in ("id", "text")}
-            )
-            shards += list(zip(out["split"], out["prefix"], strict=True))
+    files = corpus_files(corpus)
+    with TokenizeProgress(files) as progress:
+        for f in files:
+            for batch in pq.ParquetFile(f).iter_batches(
+                columns=["id", "text"], batch_size=batch_size
+            ):
+                out = writer(
+                    {k: batch.column(k).to_numpy(zero_copy_only=False) for k in ("id", "text")}
+                )
+                shards += list(zip(out["split"], out["prefix"], strict=True))
+                for documents, tokens in zip(out["documents"], out["tokens"], strict=True):
+                    progress.shard(documents, tokens)
     counts = {}
     for split in SPLITS:
         prefixes = [prefix for s, prefix in shards if s == split]

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from kiln.platform.console import Progress
 from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
@@ -180,13 +181,23 @@ class _PostStage(Stage):
         out = ctx.outputs["model"]
         options = self.config.ray
         if options is None:
-            summary = train_post(cfg, export_dir=out.path)
+            with Progress(cfg.steps, self.name, unit="steps") as progress:
+
+                def on_step(m: dict) -> None:
+                    progress.update(int(m["step"]), f"loss {m['loss']:.3f}")
+
+                summary = train_post(cfg, export_dir=out.path, on_step=on_step)
         else:
+            from kiln.platform.console import follow_metrics
+            from kiln.training.metrics_log import METRICS_FILE
+
             if options.storage_path is None:
                 options = options.model_copy(update={"storage_path": os.path.join(work, "ray")})
-            summary = train_post_on_ray(
-                cfg, str(ctx.stage_dir), options, export_dir=out.path, runtime=ctx.ray()
-            )
+            # the workers' step lines stay in their logs: progress from their metrics JSONL
+            with follow_metrics(str(ctx.stage_dir / METRICS_FILE), cfg.steps, self.name):
+                summary = train_post_on_ray(
+                    cfg, str(ctx.stage_dir), options, export_dir=out.path, runtime=ctx.ray()
+                )
         final = summary["final"] or {}
         out.counts = {"steps": summary["steps"]}
         out.meta = {"objective": self.objective, "lora": cfg.lora is not None, "final": final}
