@@ -40,7 +40,15 @@ def ray_session():
 
     from kiln.platform.runtime import init_embedded
 
-    guard = None if ray.is_initialized() else init_embedded(num_cpus=8)
+    guard = None
+    if not ray.is_initialized():
+        guard = init_embedded(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            configure_logging=False,
+        )
     yield ray
     ray.shutdown()
     if guard is not None:

@@ -77,19 +77,19 @@ def _bound_port(port: int = 0) -> socket.socket | None:
     return s
 
 
-def init_embedded(dashboard: bool = False, **init_kwargs) -> socket.socket | None:
-    """`ray.init` a fresh local Ray whose processes reach only its own state API.
+def init_embedded(**init_kwargs) -> socket.socket | None:
+    """`ray.init(**init_kwargs)` for a fresh local Ray whose processes reach only its own state API.
 
-    With `dashboard`, the dashboard (the API server) listens on 127.0.0.1:8265, or a free port
-    when that is taken. Without it there is no API server: the URL its processes get is a port
-    held bound and never listening, so state queries are refused (Ray Train's cleaner then keeps
-    waiting) rather than answered by another cluster. Returns that held socket (close it after
-    `ray.shutdown`), or None. The caller's own environment is left as it was.
+    With `include_dashboard`, the dashboard (the API server) listens on 127.0.0.1:8265, or a free
+    port when that is taken. Without it there is no API server: the URL its processes get is a
+    port held bound and never listening, so state queries are refused (Ray Train's cleaner then
+    keeps waiting) rather than answered by another cluster. Returns that held socket (close it
+    after `ray.shutdown`), or None. The caller's own environment is left as it was.
     """
     import ray
 
     guard = None
-    if dashboard:
+    if init_kwargs.get("include_dashboard"):
         probe = _bound_port(DEFAULT_DASHBOARD_PORT) or _bound_port()
         port = probe.getsockname()[1]
         probe.close()  # the dashboard binds it next
@@ -100,13 +100,7 @@ def init_embedded(dashboard: bool = False, **init_kwargs) -> socket.socket | Non
     before = os.environ.get(API_SERVER_ENV)
     os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"  # inherited by raylet -> workers
     try:
-        ray.init(
-            address="local",
-            include_dashboard=dashboard,
-            _node_ip_address="127.0.0.1",
-            configure_logging=False,
-            **init_kwargs,
-        )
+        ray.init(**init_kwargs)
     except BaseException:
         if guard is not None:
             guard.close()
@@ -154,9 +148,12 @@ class Runtime:
             ray.init(address=address, log_to_driver=to_driver)
         else:
             self._api_guard = init_embedded(
-                dashboard=self.dashboard,
+                address="local",
                 num_cpus=self.num_cpus,
                 num_gpus=self.num_gpus,
+                include_dashboard=self.dashboard,
+                _node_ip_address="127.0.0.1",
+                configure_logging=False,
                 log_to_driver=to_driver,
             )
             self._started_here = True
