@@ -276,8 +276,9 @@ def ring_attention(
     q [B, Hq, S_local, D], k/v [B, Hkv, S_local, D] (Hkv divides Hq) -> [B, Hq, S_local, D].
     Rank r holds zig-zag chunks r and 2*cp-1-r of the sequence (or the r-th contiguous slice
     with zigzag=False). `window`: key j is visible from query i when i - j < window (Mistral).
-    `fused`: run each block on aten's fused flash kernel (default where one returns the
-    log-sum-exp: CPU); False: the fp32 matmul path (any device).
+    `fused`: run each block on a fused kernel that returns its log-sum-exp (default where every
+    block has one: CPU's flash op; on CUDA flash for unmasked fp16/bf16 blocks on sm80+, else
+    the memory-efficient op); False: the fp32 matmul path (any device).
     """
     from kiln.training.parallel.ring_attention_fused import (
         FusedRingAttention,
@@ -285,7 +286,7 @@ def ring_attention(
     )
 
     if fused is None:
-        fused = fused_kernel_available(q.device)
+        fused = fused_kernel_available(q.device, q.dtype)
     impl = FusedRingAttention if fused else RingAttention
     with _ring_blocks():
         return impl.apply(q, k, v, group, causal, window, zigzag)

@@ -1,7 +1,11 @@
-"""Ring attention with each block on aten's fused flash kernel (which returns the log-sum-exp),
-K/V sent in the compute dtype. The ring, chunk plan and merge are ring_attention.py's."""
+"""Ring attention with each block on a fused attention kernel that returns its log-sum-exp
+(aten's CPU flash op; on CUDA aten's flash or memory-efficient op, chosen per block by
+`block_kernel`), K/V sent in the compute dtype. The ring, chunk plan and merge are
+ring_attention.py's."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -16,55 +20,151 @@ from kiln.training.parallel.ring_attention import (
     _wait,
 )
 
+# Block kernels returning their log-sum-exp: aten's CPU flash op (takes a mask), and on CUDA the
+# flash op (fp16/bf16, sm80+, no mask: unmasked blocks) and the memory-efficient op (any of
+# fp32/fp16/bf16, sm50+, an additive bias: masked blocks and fp32).
+CPU_FLASH, FLASH, EFFICIENT = "cpu_flash", "flash", "efficient"
 
-def fused_kernel_available(device: torch.device) -> bool:
-    """Whether ring blocks run on a fused attention kernel that returns its log-sum-exp here."""
-    return device.type == "cpu"
+
+def block_kernel(
+    device_type: str, dtype: torch.dtype, masked: bool, capability: tuple[int, int] | None = None
+) -> str | None:
+    """The fused kernel one ring block runs on, or None where none returns the log-sum-exp
+    (the caller then takes the fp32 matmul ring). `capability`: the CUDA device's (major, minor)."""
+    if device_type == "cpu":
+        return CPU_FLASH
+    if device_type != "cuda" or capability is None:
+        return None
+    half = dtype in (torch.float16, torch.bfloat16)
+    if not masked and half and capability >= (8, 0) and torch.backends.cuda.flash_sdp_enabled():
+        return FLASH
+    if capability >= (5, 0) and torch.backends.cuda.mem_efficient_sdp_enabled():
+        return EFFICIENT
+    return None
 
 
-def _bias(block: _Block, dtype: torch.dtype) -> torch.Tensor | None:
-    """The block's mask as the additive bias the fused kernel takes (in the compute dtype)."""
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _device_type(device: torch.device) -> str:
+    return device.type  # a test runs the CUDA kernels' meta implementations as "cuda"
+
+
+def _kernel_for(device: torch.device, dtype: torch.dtype, masked: bool) -> str | None:
+    return block_kernel(_device_type(device), dtype, masked, _capability(device))
+
+
+def fused_kernel_available(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether every ring block (masked ones included) has a fused kernel on this device."""
+    return _kernel_for(device, dtype, True) is not None
+
+
+def _bias(block: _Block, dtype: torch.dtype, align: int = 1) -> torch.Tensor | None:
+    """The block's mask as the additive bias the fused kernels take (in the compute dtype); rows
+    padded to `align` elements in memory (the efficient kernel's requirement), sliced back."""
     if block.mask is None:
         return None
-    return torch.zeros(block.mask.shape, dtype=dtype, device=block.mask.device).masked_fill_(
-        ~block.mask, float("-inf")
-    )
+    sq, sk = block.mask.shape
+    padded = -(-sk // align) * align
+    bias = torch.zeros(sq, padded, dtype=dtype, device=block.mask.device)[:, :sk]
+    return bias.masked_fill_(~block.mask, float("-inf"))
+
+
+@dataclass
+class _Saved:
+    """What one block's forward hands its backward: the kernel and its own extra outputs
+    (flash: cumulative lengths, max lengths, RNG state; efficient: RNG state)."""
+
+    kernel: str
+    extra: tuple = ()
 
 
 def _fused_forward(q, k, v, block: _Block, scale: float, groups: int):
-    """One block on aten's flash kernel: (out [B, Hq, Sq, D] in q's dtype, lse [B, Hq, Sq] fp32).
-    K/V heads are repeated for the block only (the kernel has no GQA form)."""
+    """One block on a fused kernel: (out [B, Hq, Sq, D] in q's dtype, lse [B, Hq, Sq] fp32,
+    _Saved). K/V heads are repeated for the block only (the kernels have no GQA form)."""
     qb = q[:, :, block.q]
     kb = k[:, :, block.k].repeat_interleave(groups, dim=1)
     vb = v[:, :, block.k].repeat_interleave(groups, dim=1)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        qb, kb, vb, 0.0, False, attn_mask=_bias(block, q.dtype), scale=scale
-    )
-    if block.mask is not None:  # the kernel gives rows with no visible key lse 0, not -inf
-        lse = lse.masked_fill(~block.mask.any(-1), float("-inf"))
-    return out, lse
+    kernel = _kernel_for(q.device, q.dtype, block.mask is not None)
+    if kernel == CPU_FLASH:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qb, kb, vb, 0.0, False, attn_mask=_bias(block, q.dtype), scale=scale
+        )
+        saved = _Saved(kernel)
+    elif kernel == FLASH:
+        out, lse, *extra = torch.ops.aten._scaled_dot_product_flash_attention(
+            qb, kb, vb, 0.0, False, False, scale=scale
+        )
+        saved = _Saved(kernel, tuple(extra[:6]))  # cum_q, cum_k, max_q, max_k, seed, offset
+    elif kernel == EFFICIENT:
+        bias = _bias(block, q.dtype, align=16)
+        if bias is not None:
+            bias = bias.expand(qb.shape[0], qb.shape[1], *bias.shape)
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            qb, kb, vb, bias, True, 0.0, False, scale=scale
+        )
+        lse = lse[:, :, : qb.shape[2]]  # the kernel pads the rows to a multiple of 32
+        saved = _Saved(kernel, (seed, offset))
+    else:
+        raise RuntimeError(f"no fused attention kernel for {q.device} {q.dtype}")
+    if block.mask is not None:  # rows with no visible key: lse -inf (kernels give 0 or NaN)
+        hidden = ~block.mask.any(-1)
+        lse = lse.masked_fill(hidden, float("-inf"))
+        out = out.masked_fill(hidden[:, None], 0.0)
+    return out, lse, saved
 
 
-def _fused_backward(dout, q, k, v, out, lse, block: _Block, scale: float, groups: int):
-    """dq, dk, dv of one block from the final output and log-sum-exp (flash backward)."""
+def _fused_backward(dout, q, k, v, out, lse, block: _Block, scale, groups, saved: _Saved):
+    """dq, dk, dv of one block from the final output and log-sum-exp (flash-style backward)."""
     rows = block.q
+    qb, do, ob, lb = q[:, :, rows], dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
     kb = k[:, :, block.k].repeat_interleave(groups, dim=1)
     vb = v[:, :, block.k].repeat_interleave(groups, dim=1)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout[:, :, rows],
-        q[:, :, rows],
-        kb,
-        vb,
-        out[:, :, rows],
-        lse[:, :, rows],
-        0.0,
-        False,
-        attn_mask=_bias(block, q.dtype),
-        scale=scale,
-    )
+    if saved.kernel == CPU_FLASH:
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, qb, kb, vb, ob, lb, 0.0, False, attn_mask=_bias(block, q.dtype), scale=scale
+        )
+    elif saved.kernel == FLASH:
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            do,
+            qb,
+            kb,
+            vb,
+            ob,
+            lb.contiguous(),
+            *saved.extra[:4],
+            0.0,
+            False,
+            *saved.extra[4:],
+            scale=scale,
+        )
+    else:
+        bias = _bias(block, q.dtype, align=16)
+        if bias is not None:
+            bias = bias.expand(qb.shape[0], qb.shape[1], *bias.shape)
+        padded = -(-lb.shape[2] // 32) * 32  # the kernel reads its own padded layout
+        lse_in = lb.new_zeros(*lb.shape[:2], padded)
+        lse_in[:, :, : lb.shape[2]] = lb
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            do,
+            qb,
+            kb,
+            vb,
+            bias,
+            ob,
+            lse_in,
+            *saved.extra,
+            0.0,
+            [True, True, True, False],
+            False,
+            scale=scale,
+        )
     B, _, Sk, D = dk.shape
     fold = (B, dk.shape[1] // groups, groups, Sk, D)
-    return dq, dk.view(fold).sum(2), dv.view(fold).sum(2)
+    return dq, dk.reshape(fold).sum(2), dv.reshape(fold).sum(2)
 
 
 def _check_shapes(q, k, zigzag: bool) -> None:
@@ -95,13 +195,15 @@ class FusedRingAttention(torch.autograd.Function):
                 next_kv, works = ring.shift(kv, _KV_TAG)  # overlaps with this step's compute
             src = (ring.rank - step) % ring.world
             plan = _plan(q_chunks, _chunks(S, src, ring.world, zigzag), causal, window, q.device)
+            kernels = []
             for block in plan:
-                out_b, lse_b = _fused_forward(q, kv[0], kv[1], block, scale, groups)
+                out_b, lse_b, saved = _fused_forward(q, kv[0], kv[1], block, scale, groups)
+                kernels.append(saved)
                 rows = block.q
                 out[:, :, rows], lse[:, :, rows] = _merge(
                     out[:, :, rows], lse[:, :, rows], out_b.float(), lse_b
                 )
-            plans.append(plan)
+            plans.append(list(zip(plan, kernels, strict=True)))
             if step < ring.world - 1:
                 _wait(works)
                 kv = next_kv
@@ -122,9 +224,9 @@ class FusedRingAttention(torch.autograd.Function):
         for step in range(ring.world):
             if step < ring.world - 1:
                 next_kv, works = ring.shift(kv, _KV_TAG)
-            for block in ctx.plans[step]:
+            for block, saved in ctx.plans[step]:
                 dq_b, dk_b, dv_b = _fused_backward(
-                    dout, q, kv[0], kv[1], out, lse, block, scale, groups
+                    dout, q, kv[0], kv[1], out, lse, block, scale, groups, saved
                 )
                 dq[:, :, block.q] += dq_b
                 dkv[0][:, :, block.k] += dk_b
