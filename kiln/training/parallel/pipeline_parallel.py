@@ -85,6 +85,30 @@ def carve_stage(model: nn.Module, layer_ids: list[int], is_first: bool, is_last:
     return stage
 
 
+class _NotAView(torch.autograd.Function):
+    """Identity whose output is a new tensor, not a view (same storage: no copy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _fresh_output(module: nn.Module, args, output):
+    """A stage's output as FSDP should see it: not a view. Under TP the last stage's logits are
+    `DTensor.to_local()`'s view (the output layer's ColwiseParallel, no loss parallelism under
+    pp); FSDP registers its pre-backward hook on the stage output, and an in-place op on a
+    view would silently drop that hook (torch warns "returned a view tensor"). The schedule's
+    loss does no in-place op, so gradients were right (tests/training/parallel/
+    test_pipeline_grads.py); this keeps them right whatever consumes the output, with no copy."""
+    if isinstance(output, torch.Tensor) and output.requires_grad and output._base is not None:
+        return _NotAView.apply(output)
+    return output
+
+
 def pipeline_microbatches(cfg) -> int:
     """Micro-batches per schedule step (each trainer micro-batch is split into this many)."""
     return cfg.parallel.pp_microbatches or cfg.parallel.pp
@@ -127,6 +151,8 @@ def build_pipeline(
     ids = stage_ids(rank, pp, virtual, p.pp_schedule)
     for sid in ids:
         part = parallelize_fn(carve_stage(model, layout[sid], sid == 0, sid == n_stages - 1))
+        # before FSDP's post-forward hook (registered by parallelize_fn's fully_shard/replicate)
+        part.register_forward_hook(_fresh_output, prepend=True)
         parts.append(part)
         stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
     schedule = _schedule(p.pp_schedule, stages, n_micro * accumulation, loss_fn)
