@@ -37,9 +37,8 @@ def run_demo(runs_dir: str, overrides: list[str]) -> tuple[float, subprocess.Com
     for o in overrides:
         cmd += ["--set", o]
     t0 = time.perf_counter()
-    out = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ)
-    )
+    env = {"RAY_AUTH_MODE": "disabled", **os.environ}  # as `make demo` runs it
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, env=env)
     return time.perf_counter() - t0, out
 
 
