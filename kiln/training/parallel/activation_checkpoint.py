@@ -1,13 +1,18 @@
-"""Recompute (activation checkpointing) and activation offload, applied per transformer block."""
+"""Recompute (activation checkpointing) per transformer block (activation offload:
+activation_offload.py)."""
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+# Activation offload lives in its own module; parallelize imports it from here.
+from kiln.training.parallel.activation_offload import (  # noqa: F401
+    apply_activation_offload,
+    worth_offloading,
+)
 
 # Op-level selective recompute keeps the expensive outputs (matmuls, attention, collectives) and
 # recomputes the cheap element-wise work (norms, RoPE, SiLU) in the backward pass.
@@ -72,51 +77,3 @@ def apply_recompute(model: nn.Module, mode: str, selective: str = "op") -> None:
             model.layers[key] = checkpoint_wrapper(
                 block, preserve_rng_state=False, context_fn=_op_policy_context
             )
-
-
-def worth_offloading(tensor: torch.Tensor) -> bool:
-    """Saved activations on an accelerator; not parameters (they stay resident anyway, so an
-    offloaded copy only costs PCIe time and host memory) and not tensors already on the host."""
-    return not isinstance(tensor, nn.Parameter) and tensor.device.type != "cpu"
-
-
-class _OffloadHooks:
-    """Saved-tensor hooks for the duration of a module's forward (reentrant-safe per thread):
-    activations go to (pinned) host memory with a non-blocking copy and come back on unpack."""
-
-    def __init__(self, pin_memory: bool):
-        self.pin_memory = pin_memory
-        self.stack: dict[int, list] = defaultdict(list)
-
-    def pack(self, tensor: torch.Tensor):
-        if not worth_offloading(tensor):
-            return tensor
-        host = torch.empty(
-            tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=self.pin_memory
-        )
-        host.copy_(tensor, non_blocking=self.pin_memory)
-        return tensor.device, host
-
-    @staticmethod
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        device, host = packed
-        return host.to(device, non_blocking=host.is_pinned())
-
-    def pre(self, module, args):
-        ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-        ctx.__enter__()
-        self.stack[id(module)].append(ctx)
-
-    def post(self, module, args, output):
-        self.stack[id(module)].pop().__exit__(None, None, None)
-
-
-def apply_activation_offload(model: nn.Module) -> None:
-    """Tensors saved for backward inside each block (not its weights) live in host memory
-    until the backward pass."""
-    hooks = _OffloadHooks(pin_memory=torch.cuda.is_available())
-    for block in model.layers.values():
-        block.register_forward_pre_hook(hooks.pre)
-        block.register_forward_hook(hooks.post)

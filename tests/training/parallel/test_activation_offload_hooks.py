@@ -1,11 +1,16 @@
-"""Activation offload moves saved activations, never weights, and leaves host tensors alone."""
+"""Activation offload moves saved activations, never weights, leaves host tensors alone, and in
+backward fetches each block's tensors once, prefetching the block backward reaches next."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from kiln.training.parallel.activation_checkpoint import _OffloadHooks, worth_offloading
+from kiln.training.parallel.activation_offload import (
+    OffloadHooks,
+    apply_activation_offload,
+    worth_offloading,
+)
 
 
 def test_weights_and_host_tensors_are_not_offloaded():
@@ -14,19 +19,80 @@ def test_weights_and_host_tensors_are_not_offloaded():
     assert worth_offloading(torch.zeros(2, device="meta"))
 
 
-def test_packing_keeps_the_saved_tensors_themselves_on_the_host():
-    """On CPU nothing is copied (torch's save_on_cpu copied every saved tensor, weights too)."""
-    hooks = _OffloadHooks(pin_memory=False)
-    lin = nn.Linear(4, 4)
-    x = torch.randn(3, 4, requires_grad=True)
-    pairs = []
+class _Blocks(nn.Module):
+    def __init__(self, n: int = 3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleDict(
+            {str(i): nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for i in range(n)}
+        )
 
-    def pack(t):
-        pairs.append((t, hooks.pack(t)))
-        return pairs[-1][1]
+    def forward(self, x):
+        for block in self.layers.values():
+            x = block(x)
+        return x.pow(2).sum()
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, hooks.unpack):
-        y = lin(x).relu().sum()
-    y.backward()
-    assert pairs and all(packed is saved for saved, packed in pairs)
-    assert x.grad is not None and lin.weight.grad is not None
+
+def _grads(model: _Blocks) -> list[torch.Tensor]:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model.zero_grad()
+    model(x).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_cpu_path_offloads_nothing():
+    model = _Blocks()
+    hooks = apply_activation_offload(model)
+    _grads(model)
+    assert hooks.copiers == {}  # CPU tensors are not worth offloading: no copier was made
+
+
+class _Recorder:
+    """A copier that logs (event, block) and copies on the host."""
+
+    def __init__(self, log, block):
+        self.log, self.block = log, block
+
+    def to_host(self, tensor):
+        self.log.append(("offload", self.block[0]))
+        return self.block[0], tensor.clone()
+
+    def to_device(self, handle, device):
+        self.log.append(("fetch", handle[0]))
+        return handle
+
+    def ready(self, fetched):
+        self.log.append(("use", fetched[0]))
+        return fetched[1]
+
+
+def test_backward_fetches_each_block_once_and_prefetches_the_next():
+    model = _Blocks(3)
+    reference = _grads(model)
+    log, block = [], [None]
+    for i, layer in enumerate(model.layers.values()):
+        layer.register_forward_pre_hook(lambda m, a, i=i: block.__setitem__(0, i))
+    hooks = OffloadHooks(
+        copier_for=lambda device: _Recorder(log, block),
+        worth=lambda t: not isinstance(t, nn.Parameter),
+    )
+    apply_activation_offload(model, hooks)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), reference, strict=True))
+
+    offloads = [b for e, b in log if e == "offload"]
+    fetches = [b for e, b in log if e == "fetch"]
+    assert offloads and sorted(fetches) == sorted(offloads)  # each saved tensor fetched once
+    backward = log[len(offloads) :]
+    assert all(e != "offload" for e, _ in backward)
+
+    def first(event, b):
+        return backward.index((event, b))
+
+    # backward reaches block 2 first: it is fetched, then block 1 (prefetch) before any use
+    assert first("fetch", 2) < first("fetch", 1) < first("use", 2)
+    # block 0 is prefetched once block 1's backward starts, before block 1's tensors are used
+    assert first("use", 2) < first("fetch", 0) < first("use", 1)
+    # every block's tensors were on the device before its first use
+    for b in range(3):
+        last_fetch = max(i for i, x in enumerate(backward) if x == ("fetch", b))
+        assert last_fetch < first("use", b)
