@@ -24,6 +24,7 @@ from contextlib import nullcontext
 import torch
 
 from kiln.platform.errors import InputError
+from kiln.serving.engine.forward import logits_at
 from kiln.serving.engine.request import EngineRequest, Listener
 from kiln.serving.engine.scheduler import Scheduler
 from kiln.serving.engine.slots import SlotPool
@@ -188,20 +189,19 @@ class Engine:
             tokens[row, :n] = torch.tensor(request.prompt_ids[start : start + n])
         single = len(group) == 1
         cache = pool.view(slots[0], slots[0] + 1) if single else pool.gather(slots, width)
-        logits = self.generator.model(tokens.to(device), kv_cache=cache)
+        # logits only at the last prompt position of the chunks that end their prompt
+        ending = [row for row, (r, n) in enumerate(group) if r.prefill_left == n]
+        cols = [group[row][1] - 1 for row in ending]
+        logits = logits_at(self.generator.model, tokens.to(device), cache, ending, cols)
         self.prefill_forwards += 1
         self.prefill_chunks += len(group)
         if not single:
             pool.scatter(cache, slots)
-        done, last = [], []
-        for row, (request, n) in enumerate(group):
+        for request, n in group:
             pool.lengths[request.slot] += n  # type: ignore[index]
             request.prefilled += n
-            if not request.prefill_left:  # the prompt is cached: its first token
-                done.append(request)
-                last.append(logits[row, n - 1])
-        if done:
-            self._sample(done, torch.stack(last))
+        if ending:  # those prompts are cached: their first tokens
+            self._sample([group[row][0] for row in ending], logits)
 
     def _decode(self, rows: list[EngineRequest]) -> None:
         """Feed every row its last token in one [slots, 1] forward over slots 0..max(slot).
@@ -212,10 +212,12 @@ class Engine:
         width = max(slots) + 1  # type: ignore[type-var]
         tokens = self._decode_tokens[:width]  # allocated once; idle rows keep a stale token
         tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
-        logits = self.generator.model(tokens, kv_cache=self.pool.view(0, width))
+        cache = self.pool.view(0, width)
+        model = self.generator.model
+        logits = logits_at(model, tokens, cache, slots, [0] * len(slots))  # type: ignore[arg-type]
         for slot in slots:
             self.pool.lengths[slot] += 1  # type: ignore[index]
-        self._sample(rows, logits[slots, -1])
+        self._sample(rows, logits)
 
     def _sample(self, rows: list[EngineRequest], logits: torch.Tensor) -> None:
         """Each row's next token with its own parameters; a row that cannot be sampled fails
