@@ -11,7 +11,7 @@
 #             agreement, both times, and that an sm90+ GPU takes the grouped kernel
 #   torchrun  torchrun --nproc-per-node 1: the 1b preset with 8 accumulation steps (NCCL, FSDP2
 #             bf16 policy), then with optimizer_offload (cuda:nccl,cpu:gloo)
-#   pytest    pytest -m gpu (training and curator GPU tests)
+#   pytest    pytest -m gpu (training, curator, and ring attention / activation offload kernels)
 #   bench     MFU of the 1b preset and an 8B-shaped slice (seq 8192, selective recompute),
 #             activation offload, fp8 when TE is present; datasheet and measured GEMM peaks
 # Non-zero exit if any stage fails.
@@ -145,10 +145,12 @@ done
 if [ "$DRY" = 1 ]; then
   # Collection only: every GPU test module imports without Ray; running them needs CUDA.
   stage pytest 120 "$PY" -m pytest -q -m gpu --collect-only -p no:cacheprovider \
-    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py
+    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py \
+    tests/training/parallel/test_gpu_kernels.py
 else
   stage pytest 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
-    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py
+    tests/training/trainer/test_gpu.py tests/curator/test_gpu.py \
+    tests/training/parallel/test_gpu_kernels.py
 fi
 
 echo "== bench"
