@@ -92,7 +92,7 @@ TORCH_APIS = [
         "create_selective_checkpoint_contexts",
         None,
     ),
-    ("save_on_cpu", "torch.autograd.graph", "save_on_cpu", "pin_memory"),
+    ("saved_tensors_hooks", "torch.autograd.graph", "saved_tensors_hooks", None),
     ("loss_parallel", "torch.distributed.tensor.parallel", "loss_parallel", None),
     ("DeviceMesh._flatten", "torch.distributed.device_mesh", "DeviceMesh", None),
     ("fake process group", "torch.testing._internal.distributed.fake_pg", "FakeStore", None),
