@@ -41,8 +41,12 @@ class TwoNodeCluster:
                 head_node_args={
                     "num_cpus": head_cpus,
                     "gcs_server_port": free_port(),
-                    "dashboard_agent_listen_port": None,
-                    "include_dashboard": False,
+                    # the dashboard and its job agent: `kiln submit` sends jobs here
+                    "include_dashboard": True,
+                    "dashboard_host": "127.0.0.1",
+                    "dashboard_port": free_port(),
+                    "dashboard_agent_listen_port": free_port(),
+                    "runtime_env_agent_port": free_port(),
                     "node_ip_address": "127.0.0.1",
                     "_system_config": FAST_HEALTH_CHECK,
                 },
@@ -50,13 +54,20 @@ class TwoNodeCluster:
         self.worker = None
         self.start_worker_node()
         self.address = self.cluster.address
+        self.dashboard_url = f"http://{self.cluster.webui_url}"
 
     def start_worker_node(self) -> None:
         """(Re)start the worker node: a new raylet with the same resources (a node that comes
         back gets a new node id, as a restarted machine does); returns once it has registered."""
         with _raylet_env():
             self.worker = self.cluster.add_node(
-                num_cpus=self.worker_cpus, node_ip_address="127.0.0.1", env_vars=WORKER_ENV
+                num_cpus=self.worker_cpus,
+                node_ip_address="127.0.0.1",
+                env_vars=WORKER_ENV,
+                # not the default 52365, which another Ray on this machine may hold: the job
+                # head sends submissions to any node's agent
+                dashboard_agent_listen_port=free_port(),
+                runtime_env_agent_port=free_port(),  # (a job's working_dir is set up by it)
             )
 
     def kill_worker_node(self) -> None:
@@ -87,21 +98,25 @@ class TwoNodeCluster:
 
 @contextlib.contextmanager
 def _raylet_env():
-    """Raylets (and so every worker) import kiln and tests from this checkout; the Ray address
-    file other clusters on this machine use is left as found."""
+    """Raylets (and so every worker) import kiln and tests from this checkout and stay on
+    loopback; the Ray address file other clusters on this machine use is left as found."""
     from ray._private.utils import read_ray_address
 
     previous = read_ray_address()
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
+    # the dashboard agent's own ray.init (job submission) must stay on loopback too
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.update(LOOPBACK)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
         _restore_ray_address_file(previous)
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _restore_ray_address_file(previous: str | None) -> None:

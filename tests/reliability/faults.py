@@ -81,3 +81,18 @@ class PauseOnWorkerNode(DocumentFilter):
                     while time.monotonic() < deadline:  # until the node is killed
                         time.sleep(0.1)
         return np.ones(len(batch), dtype=bool)
+
+
+DRIVER_KILL_STEP = 3
+
+
+def pause_first_attempt(metrics: dict, info: dict) -> None:
+    """A run that did not resume from a checkpoint stops at DRIVER_KILL_STEP (every rank) until
+    the test kills its driver; a resumed run goes through."""
+    if metrics["step"] != DRIVER_KILL_STEP or info["resumed_from"]:
+        return
+    with open(os.path.join(info["run_dir"], f"paused-rank{info['rank']}"), "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # until the driver's death takes this worker down
+        time.sleep(0.1)
