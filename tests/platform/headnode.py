@@ -36,6 +36,10 @@ class HeadNode:
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "RAY_AUTH_MODE": "disabled",
             "RAY_ADDRESS": "",
+            # This head's own state API for its processes and ours (see kiln.platform.runtime):
+            # `ray start` makes /tmp/ray/ray_current_cluster point here, and the default
+            # resolution would let another cluster's processes, or these, ask the wrong one.
+            "RAY_API_SERVER_ADDRESS": self.dashboard_url,
         }
 
     def __enter__(self) -> Self:
