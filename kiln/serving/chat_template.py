@@ -19,7 +19,13 @@ from kiln.training.post.chat_template import CHATML, SPECIAL_TOKEN_NAMES, ChatTe
 # markers templates use to close a turn (ChatML, Llama 3, Gemma, Phi-3, Llama 2)
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>")
 
-__all__ = ["CHATML", "end_of_turn_markers", "load_chat_config", "render_chat"]
+__all__ = [
+    "CHATML",
+    "end_of_turn_markers",
+    "load_chat_config",
+    "render_chat",
+    "triton_chat_config",
+]
 
 
 def load_chat_config(tokenizer_dir: str | None) -> tuple[str | None, dict[str, str]]:
@@ -61,3 +67,19 @@ def render_chat(
         )
     except (TemplateError, ConfigError) as e:
         raise RequestError(f"chat template: {e}", param="messages") from None
+
+
+def triton_chat_config(config: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    """(chat_template or None, special tokens) from a Triton model config as JSON
+    (`get_model_config(as_json=True)["config"]`): the parameters kiln's Triton export writes."""
+    params = config.get("parameters") or {}
+
+    def value(key: str) -> str:
+        return str((params.get(key) or {}).get("string_value") or "")
+
+    try:
+        special = json.loads(value("special_tokens") or "{}")
+    except ValueError:
+        special = {}
+    special = {k: v for k, v in special.items() if isinstance(v, str)}
+    return value("chat_template") or None, special

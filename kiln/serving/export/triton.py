@@ -73,8 +73,15 @@ class TritonExportConfig(BaseModel):
     )
 
 
-def config_pbtxt(cfg: TritonExportConfig, end_of_turn: list[str] | None = None) -> str:
-    """The model configuration Triton reads (`end_of_turn`: the chat template's markers)."""
+def config_pbtxt(
+    cfg: TritonExportConfig,
+    end_of_turn: list[str] | None = None,
+    chat_template: str | None = None,
+    special_tokens: dict[str, str] | None = None,
+) -> str:
+    """The model configuration Triton reads (`end_of_turn`: the chat template's markers). The
+    model's chat template and special tokens ride along as parameters, so a REST triton backend
+    that only reaches the server (`get_model_config`) renders chat as the model does."""
     inputs = ",\n".join(
         f'  {{ name: "{n}" data_type: {t} dims: {d}{" optional: true" if o else ""} }}'
         for n, t, d, o in _INPUTS
@@ -88,6 +95,8 @@ def config_pbtxt(cfg: TritonExportConfig, end_of_turn: list[str] | None = None) 
         "engine_slots": cfg.engine_slots,
         "prefill_chunk": cfg.prefill_chunk,
         "end_of_turn": json.dumps(end_of_turn or []),
+        "chat_template": chat_template or "",  # "": the model has none (ChatML)
+        "special_tokens": json.dumps(special_tokens or {}, ensure_ascii=False),
     }
     quoted = {json.dumps(k): json.dumps(str(v), ensure_ascii=False) for k, v in params.items()}
     parameters = "\n".join(
@@ -139,7 +148,7 @@ def export_triton(
     here = os.path.dirname(os.path.abspath(__file__))
     shutil.copyfile(os.path.join(here, "triton_model.py"), os.path.join(version_dir, "model.py"))
     copy_runtime(os.path.join(version_dir, "runtime"), roots=RUNTIME_ROOTS)
-    end_of_turn = end_of_turn_markers(*load_chat_config(hf_dir))
-    with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
-        f.write(config_pbtxt(cfg, end_of_turn))
+    template, special = load_chat_config(hf_dir)
+    with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(config_pbtxt(cfg, end_of_turn_markers(template, special), template, special))
     return model_dir
