@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
 from kiln.serving.backends import Job, Prompt, Result
+from kiln.serving.chat_template import triton_chat_config
 from kiln.serving.protocol import RequestError
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ class TritonBackend:
         self._batched = False
         self._decoupled = False
         self.context_length: int | None = None  # Triton's model does not say
-        self.chat_template: str | None = None
-        self.special_tokens: dict[str, str] = {}
+        self._chat: tuple[str | None, dict[str, str]] | None = None  # from the model config
         self.eos_token_ids: set[int] = set()
 
     async def prepare(
@@ -60,6 +60,29 @@ class TritonBackend:
     def token_bytes(self, ids: list[int]) -> list[bytes]:
         raise RequestError(f"logprobs {LOCAL_ONLY}", param="logprobs")
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template (kiln's Triton export puts it in the model config)."""
+        return self._chat_config()[0]
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        return self._chat_config()[1]
+
+    def _chat_config(self) -> tuple[str | None, dict[str, str]]:
+        # chat renders before any request reaches Triton: one blocking config read, once
+        if self._chat is None:
+            import tritonclient.grpc as grpcclient
+            from tritonclient.utils import InferenceServerException
+
+            try:
+                with grpcclient.InferenceServerClient(self.url) as client:
+                    config = client.get_model_config(self.triton_model, as_json=True)
+            except (InferenceServerException, OSError):
+                return None, {}  # unreachable: the request fails anyway; read it next time
+            self._chat = triton_chat_config(config["config"])
+        return self._chat
+
     async def _setup(self):
         if self._client is None:
             import tritonclient.grpc.aio as grpcclient
@@ -76,6 +99,7 @@ class TritonBackend:
                 config.get("model_transaction_policy", {}).get("decoupled", False)
             )
             self._inputs = {t["name"]: t["datatype"] for t in meta["inputs"]}
+            self._chat = triton_chat_config(config)
         return self._client
 
     def _tensors(self, prompt: str, params: SamplingParams, stream: bool = False):
