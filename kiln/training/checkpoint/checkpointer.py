@@ -13,7 +13,6 @@ is logged as a warning and training goes on (the next save tries again), except 
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -21,13 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from kiln.platform.errors import InputError, KilnError
+from kiln.training.checkpoint import json_state, storage
 from kiln.training.checkpoint import state as S
-from kiln.training.checkpoint import storage
 from kiln.training.checkpoint.config import CheckpointConfig
+from kiln.training.checkpoint.safe_reader import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    safe_fsspec_reader,
+)
 
 # DCP gathers the ranks' write errors into a CheckpointException, a BaseException
 WRITE_ERRORS = (Exception, CheckpointException)
@@ -58,11 +62,11 @@ def make_writer(uri: str, thread_count: int = 1):
 
 
 def make_reader(uri: str):
+    """A DCP reader whose `.metadata` load resolves only DCP's own classes (no arbitrary
+    unpickling; `safe_reader`)."""
     if storage.is_local(uri):
-        return FileSystemReader(uri.removeprefix("file://"))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    return FsspecReader(uri)
+        return SafeFileSystemReader(uri.removeprefix("file://"))
+    return safe_fsspec_reader(uri)
 
 
 class Stateful(Protocol):
@@ -271,14 +275,16 @@ class Checkpointer:
         state: dict[str, Any] = {
             "model": self._model_state()[0],
             "train": {**self.train_state.state_dict(), "step": int(step)},
-            "rng": {f"rank{self.rank}": self.train_state.rng_state_dict()},
+            "rng": {f"rank{self.rank}": json_state.encode_rng()},
         }
         if self.optimizers:  # none: a weights-only checkpoint (`kiln import-hf`)
             state["optimizer"] = S.optimizer_state(self.model_parts, self.optimizers)[0]
         if self.lr_schedulers:
             state["lr_scheduler"] = self.lr_schedulers[0].state_dict()
         if self.dataloader is not None:
-            state["dataloader"] = {f"dp{self.dp_rank}": pickle.dumps(self.dataloader.state_dict())}
+            state["dataloader"] = {
+                f"dp{self.dp_rank}": json_state.encode_loader(self.dataloader.state_dict())
+            }
         return state
 
     def _sidecar(self, step: int) -> dict[str, Any]:
@@ -326,12 +332,17 @@ class Checkpointer:
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
         optim_keys = self._request_training_state(state, available, sidecar) if full else None
         try:
-            dcp.load(state, storage_reader=reader, process_group=self._save_pg)
+            dcp.load(
+                state,
+                storage_reader=reader,
+                planner=SafeLoadPlanner(),
+                process_group=self._save_pg,
+            )
         except WRITE_ERRORS as exc:  # a truncated or corrupt shard file: one line, no traceback
             raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         self._apply_model_state(state["model"], model_keys)
         if optim_keys is not None:
-            self._apply_training_state(state, optim_keys)
+            self._apply_training_state(state, optim_keys, sidecar)
         self._last_saved_step = int(sidecar.get("step", -1))
         self.committed = (self._last_saved_step, path)
         log.info(
@@ -374,7 +385,9 @@ class Checkpointer:
             state["rng"] = {f"rank{self.rank}": b""}
         return optim_keys
 
-    def _apply_training_state(self, state: dict[str, Any], optim_keys: list[list[str]]) -> None:
+    def _apply_training_state(
+        self, state: dict[str, Any], optim_keys: list[list[str]], sidecar: dict[str, Any]
+    ) -> None:
         S.apply_optimizer_state(self.model_parts, self.optimizers, state["optimizer"], optim_keys)
         if "lr_scheduler" in state:
             for scheduler in self.lr_schedulers:
@@ -382,6 +395,8 @@ class Checkpointer:
         self.train_state.load_state_dict(state["train"])
         if "dataloader" in state:
             blob = next(iter(state["dataloader"].values()))
-            self.dataloader.load_state_dict(pickle.loads(blob))
+            loader_state = json_state.decode_loader(blob, sidecar)
+            if loader_state is not None:
+                self.dataloader.load_state_dict(loader_state)
         if "rng" in state:
-            self.train_state.load_rng_state_dict(state["rng"][f"rank{self.rank}"])
+            json_state.restore_rng(state["rng"][f"rank{self.rank}"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from kiln.platform.errors import InputError
 from kiln.training.checkpoint import storage
@@ -41,10 +40,27 @@ def load_state(path: str, prefix: str | None = None) -> dict[str, Any]:
         keys = set(reader.read_metadata().state_dict_metadata)
         if prefix is not None:
             keys = {k for k in keys if k.startswith(prefix + ".")}
-        state = _load_state_dict_from_keys(keys, storage_reader=make_reader(ckpt))
+        state = _load_keys(keys, make_reader(ckpt))
     except (Exception, CheckpointException) as exc:  # truncated/corrupt files: one line
         raise InputError(f"{ckpt}: {storage.read_failure(exc)}") from exc
     return state[prefix] if prefix is not None else state
+
+
+def _load_keys(keys: set[str], reader) -> dict[str, Any]:
+    """torch's `_load_state_dict_from_keys` with a planner that never unpickles (`safe_reader`)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from kiln.training.checkpoint.safe_reader import SafeKeysLoadPlanner
+
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state_dict=state,
+        storage_reader=reader,
+        no_dist=not (dist.is_available() and dist.is_initialized()),
+        planner=SafeKeysLoadPlanner(keys=keys),
+    )
+    return state
 
 
 def load_model_state(ckpt_dir: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -6,8 +6,8 @@ Layout (DCP flattens nested dicts into dotted keys):
     optimizer.param_groups.<fqn>.<opt>  across any PP split (torchtitan's trick)
     lr_scheduler.*                      the first scheduler (all parts share one schedule)
     train.step, train.tokens_seen       the TrainState
-    dataloader.dp<r>                    each data-parallel rank's loader position (pickled)
-    rng.rank<r>                         each rank's RNG states (pickled; same layout only)
+    dataloader.dp<r>                    each data-parallel rank's loader position (JSON bytes)
+    rng.rank<r>                         each rank's RNG states (JSON bytes; same layout only)
 
 Model and optimizer keys use global parameter names, so a checkpoint written under one
 (pp, dp_replicate, dp_shard, cp, tp) layout loads into any other, and into one process.
