@@ -165,7 +165,11 @@ class Progress:
             self._bar = tqdm(
                 total=total,
                 desc=desc,
-                unit=f" {unit}",
+                unit=unit,
+                # count, unit, elapsed<ETA, postfix (no rate: "1.00s/tasks" reads badly)
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                + unit
+                + " [{elapsed}<{remaining}{postfix}]",
                 leave=False,
                 dynamic_ncols=True,
                 file=sys.stderr,
