@@ -35,7 +35,11 @@ class TwoNodeCluster:
         from ray.cluster_utils import Cluster
 
         self.worker_cpus = worker_cpus
-        with _raylet_env():
+        dashboard_port = free_port()
+        # every process of this cluster asks its own dashboard, never another cluster's on :8265
+        # (Ray Train's placement-group cleaner would otherwise drop a live run's group)
+        self._api = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}
+        with _raylet_env(self._api):
             self.cluster = Cluster(
                 initialize_head=True,
                 head_node_args={
@@ -44,7 +48,7 @@ class TwoNodeCluster:
                     # the dashboard and its job agent: `kiln submit` sends jobs here
                     "include_dashboard": True,
                     "dashboard_host": "127.0.0.1",
-                    "dashboard_port": free_port(),
+                    "dashboard_port": dashboard_port,
                     "dashboard_agent_listen_port": free_port(),
                     "runtime_env_agent_port": free_port(),
                     "node_ip_address": "127.0.0.1",
@@ -59,7 +63,7 @@ class TwoNodeCluster:
     def start_worker_node(self) -> None:
         """(Re)start the worker node: a new raylet with the same resources (a node that comes
         back gets a new node id, as a restarted machine does); returns once it has registered."""
-        with _raylet_env():
+        with _raylet_env(self._api):
             self.worker = self.cluster.add_node(
                 num_cpus=self.worker_cpus,
                 node_ip_address="127.0.0.1",
@@ -83,6 +87,7 @@ class TwoNodeCluster:
         """Start `python *args` as a driver of this cluster, its output in `log_path` (a file, not
         a pipe: Ray's log lines would fill a pipe nobody reads and block the driver)."""
         env = {**os.environ, "RAY_ADDRESS": self.address, "PYTHONPATH": str(REPO), **LOOPBACK}
+        env.update(self._api)
         with open(log_path, "w") as log:
             return subprocess.Popen(
                 [sys.executable, *args],
@@ -97,7 +102,7 @@ class TwoNodeCluster:
 
 
 @contextlib.contextmanager
-def _raylet_env():
+def _raylet_env(extra: dict[str, str]):
     """Raylets (and so every worker) import kiln and tests from this checkout and stay on
     loopback; the Ray address file other clusters on this machine use is left as found."""
     from ray._private.utils import read_ray_address
@@ -106,6 +111,7 @@ def _raylet_env():
     # the dashboard agent's own ray.init (job submission) must stay on loopback too
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.update(LOOPBACK)
+    env.update(extra)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
