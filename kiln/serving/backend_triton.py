@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Literal
 
 from kiln.serving.backends import Job, Prompt, Result
@@ -16,6 +17,35 @@ if TYPE_CHECKING:
     from kiln.serving.sampling import SamplingParams
 
 LOCAL_ONLY = "needs the local backend (the triton backend sends text and receives text)"
+UNAVAILABLE = "the Triton server is unavailable (restarting?): retry after the Retry-After delay"
+# gRPC retries a lost connection at most this far apart (its default grows to 120 s): a
+# restarted server is found within ~1 s of listening again
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def _is_unavailable(e: BaseException) -> bool:
+    """A refused or dropped connection (the server is down or restarting), not a verdict on
+    the request."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(e, InferenceServerException):
+        return e.status() == "StatusCode.UNAVAILABLE"
+    return isinstance(e, OSError)
+
+
+@contextlib.contextmanager
+def _unavailable_is_503() -> Iterator[None]:
+    """A Triton server that is down answers 503 (+ Retry-After): clients retry, not fail."""
+    try:
+        yield
+    except Exception as e:
+        if _is_unavailable(e):
+            raise RequestError(UNAVAILABLE, status=503) from e
+        raise
 
 
 class TritonBackend:
@@ -78,16 +108,24 @@ class TritonBackend:
             try:
                 with grpcclient.InferenceServerClient(self.url) as client:
                     config = client.get_model_config(self.triton_model, as_json=True)
-            except (InferenceServerException, OSError):
-                return None, {}  # unreachable: the request fails anyway; read it next time
+            except (InferenceServerException, OSError) as e:
+                if _is_unavailable(e):  # down: 503 now, read it when it is back
+                    raise RequestError(UNAVAILABLE, status=503) from e
+                return None, {}
             self._chat = triton_chat_config(config["config"])
         return self._chat
 
     async def _setup(self):
         if self._client is None:
             import tritonclient.grpc.aio as grpcclient
+            from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE
 
-            self._client = grpcclient.InferenceServerClient(self.url)
+            options = [  # tritonclient's defaults (channel_args replaces them) + reconnects
+                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+                *RECONNECT_OPTIONS,
+            ]
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=options)
         if self._inputs is None:
             meta = await self._client.get_model_metadata(self.triton_model, as_json=True)
             config = (await self._client.get_model_config(self.triton_model, as_json=True))[
@@ -174,23 +212,32 @@ class TritonBackend:
         async def requests():
             yield {"model_name": self.triton_model, "inputs": self._tensors(prompt, params, stream)}
 
-        async for res, error in client.stream_infer(requests()):
-            if error is not None:
-                raise RuntimeError(f"triton: {error}")
-            yield res
+        with _unavailable_is_503():
+            async for res, error in client.stream_infer(requests()):
+                if error is not None:
+                    if _is_unavailable(error):
+                        raise RequestError(UNAVAILABLE, status=503) from error
+                    raise RuntimeError(f"triton: {error}")
+                yield res
 
     async def _one(self, prompt: str, params: SamplingParams) -> Result:
-        client = await self._setup()
-        if self._decoupled:
-            results = [self._result(r) async for r in self._responses(prompt, params, stream=False)]
-            return results[-1]
-        return self._result(await client.infer(self.triton_model, self._tensors(prompt, params)))
+        with _unavailable_is_503():
+            client = await self._setup()
+            if self._decoupled:
+                results = [
+                    self._result(r) async for r in self._responses(prompt, params, stream=False)
+                ]
+                return results[-1]
+            return self._result(
+                await client.infer(self.triton_model, self._tensors(prompt, params))
+            )
 
     async def complete(self, jobs: list[Job]) -> list[Result]:
         return list(await asyncio.gather(*(self._one(j.prompt, j.params) for j in jobs)))
 
     async def stream(self, job: Job) -> AsyncIterator[str]:
-        await self._setup()
+        with _unavailable_is_503():
+            await self._setup()
         if not self._decoupled:  # a plain model answers whole completions: one delta
             (result,) = await self.complete([job])
             yield result.text

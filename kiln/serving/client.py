@@ -8,9 +8,10 @@ client.chat([{"role": "user", "content": "Hi"}], max_tokens=32)   # the model's 
 
 Retry policy (completions and chat are idempotent: nothing on the server changes): a request that
 fails to connect, or is answered 502/503/504 (a replica restarting, a proxy without a healthy
-replica) or a 500 that is not the endpoint's own JSON error (Ray Serve's proxy answers a plain
-500 when the replica died mid-request: the request never completed), is retried up to `retries`
-times, waiting `Retry-After` when the server sends one (at most 5 s) or 0.2 s doubling. A
+replica, a Triton server being restarted: 503 with Retry-After 1 s while it is down) or a 500
+that is not the endpoint's own JSON error (Ray Serve's proxy answers a plain 500 when the replica
+died mid-request: the request never completed), is retried up to `retries` times, waiting
+`Retry-After` when the server sends one (at most 5 s) or 0.2 s doubling. A
 streamed request is not retried. `client.retried` counts retries.
 """
 

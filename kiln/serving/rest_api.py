@@ -5,7 +5,8 @@
 Independent of Ray: `app.py` mounts this in a Ray Serve deployment; tests and benchmarks can
 also drive it in-process. Every client mistake becomes a 4xx JSON error in the format of the
 protocol the path belongs to (OpenAI `{"error": {...}}` under /v1, KServe `{"error": "..."}`
-under /v2); a server fault is a 500 in the same format, never a dropped connection.
+under /v2); a server fault is a 500 in the same format, never a dropped connection; a backend
+that is down for a moment (RequestError status 503) answers 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ log = logging.getLogger("kiln")
 
 # pydantic's union-member tags in an error location ("str", "list[...]", "function-after[...]")
 _UNION_TAGS = {"str", "int", "float", "bool", "none"}
+RETRY_AFTER_S = 1  # a 503's Retry-After: a restarting Triton is back within seconds
 
 
 def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> FastAPI:
@@ -54,6 +56,8 @@ def error_response(
     is_openai = "/v1/" in request.url.path
     body = openai_error(message, status, param) if is_openai else kserve_error(message)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 503:  # the backend is down for a moment (a Triton restart): retry, don't fail
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

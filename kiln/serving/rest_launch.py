@@ -120,7 +120,7 @@ def launch(
 ) -> Endpoint:
     """Deploy an endpoint for `model_dir` (an ExportedModel dir or an HF dir). Ray must be up.
     With the triton backend and no `triton_url`, a Triton server is started over the model's
-    repository; it stops with `Endpoint.close()` or at interpreter exit."""
+    repository (restarted if it dies); it stops with `Endpoint.close()` or at interpreter exit."""
     settings = dict(settings)
     triton = None
     if settings.get("backend", "local") == "local":
@@ -139,7 +139,7 @@ def launch(
             if not settings.get("triton_url"):
                 from kiln.serving.triton_server import TritonServer
 
-                triton = TritonServer(repo).start()
+                triton = TritonServer(repo, restart=True).start()  # restarted if it dies
                 settings["triton_url"] = triton.grpc_url
     app_settings = AppSettings.model_validate(settings)
     try:

@@ -1,4 +1,7 @@
 """Run the real tritonserver that the `nvidia-pytriton` wheel ships, on free local ports.
+With `restart=True` a supervisor thread restarts a server that exits on its own (crash, OOM
+kill) with the same repository and ports, backing off, at most `max_restarts` times per
+`restart_window_s`; gRPC clients reconnect to it by themselves.
 
     with TritonServer("exported/triton") as server:
         client = tritonclient.http.InferenceServerClient(server.http_url)
@@ -12,6 +15,7 @@ backend directory holding `backends/python` plus the stub built for this Python 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -26,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import deque
 from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
@@ -81,6 +86,9 @@ class TritonServer:
         startup_timeout_s: float = 180.0,
         log_verbose: int = 0,
         extra_args: list[str] | None = None,
+        restart: bool = False,
+        max_restarts: int = 5,
+        restart_window_s: float = 300.0,
     ) -> None:
         if not os.path.isdir(repo_dir):
             raise InputError(f"{repo_dir}: no such Triton model repository")
@@ -95,6 +103,14 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self._workdir: str | None = None
         self.log_path: str | None = None
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.restart_window_s = restart_window_s
+        self.restarts = 0  # how many times the supervisor restarted the server
+        self.downtime_s: float | None = None  # the last restart: exit seen -> ready again
+        self._stopping = threading.Event()
+        self._lock = threading.RLock()  # process / workdir, between stop() and the supervisor
+        self._supervisor: threading.Thread | None = None
 
     # tritonclient takes host:port without a scheme
     @property
@@ -149,32 +165,96 @@ class TritonServer:
         return cmd, env
 
     def start(self) -> Self:
-        cmd, env = self._prepare()
-        self.log_path = os.path.join(self._workdir, "tritonserver.log")
-        log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
-        with open(self.log_path, "wb") as out:
-            # PR_SET_DEATHSIG fires when the spawning *thread* ends: only tie the server to a
-            # main thread (a Serve replica's worker thread may end while the server should run)
-            tied = threading.current_thread() is threading.main_thread()
-            self.process = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if tied else None,
-            )
+        self._stopping.clear()
         try:
-            self._wait_ready()
+            self._launch()
         except BaseException:
             self.stop()
             raise
+        if self.restart:
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="triton-supervisor", daemon=True
+            )
+            self._supervisor.start()
         return self
+
+    def _launch(self) -> None:
+        """Start the process and wait until it is ready (killing it if it never is)."""
+        with self._lock:
+            cmd, env = self._prepare()
+            self.log_path = os.path.join(self._workdir, "tritonserver.log")
+            log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
+            with open(self.log_path, "wb") as out:
+                # PR_SET_DEATHSIG fires when the spawning *thread* ends: only tie the server to
+                # the main thread or the supervisor (it lives while the server should run)
+                current = threading.current_thread()
+                tied = current is threading.main_thread() or current is self._supervisor
+                self.process = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if tied else None,
+                )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._terminate()
+            raise
+
+    def _supervise(self) -> None:
+        """Restart the server when it exits while not stopping: 0.5 s, 1 s, 2 s ... (at most
+        30 s) apart; give up after `max_restarts` restarts within `restart_window_s`."""
+        recent: deque[float] = deque()
+        while not self._stopping.wait(0.2):
+            proc = self.process
+            if proc is None or proc.poll() is None:
+                continue
+            now = time.monotonic()
+            while recent and now - recent[0] > self.restart_window_s:
+                recent.popleft()
+            if len(recent) >= self.max_restarts:
+                log.error(
+                    "tritonserver exited with code %s; %d restarts in %.0f s already: giving up",
+                    proc.returncode,
+                    len(recent),
+                    self.restart_window_s,
+                )
+                return
+            delay = min(0.5 * 2 ** len(recent), 30.0)
+            log.warning(
+                "tritonserver (pid %d) exited with code %s; restarting in %.1f s on http %s, "
+                "grpc %s",
+                proc.pid,
+                proc.returncode,
+                delay,
+                self.http_url,
+                self.grpc_url,
+            )
+            self._terminate()  # its python-backend stubs and work folder
+            recent.append(now)
+            if self._stopping.wait(delay):
+                return
+            try:
+                self._launch()
+            except KilnError as e:
+                log.warning("tritonserver restart failed: %s", e)
+                continue
+            self.restarts += 1
+            self.downtime_s = time.monotonic() - now
+            log.warning(
+                "tritonserver restarted (pid %d) after %.1f s down",
+                self.process.pid,
+                self.downtime_s,
+            )
 
     def _wait_ready(self) -> None:
         url = f"http://{self.http_url}/v2/health/ready"
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
+            if self._stopping.is_set():
+                raise KilnError("tritonserver stopped while starting")
             if self.process.poll() is not None:
                 raise KilnError(
                     f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}"
@@ -198,23 +278,36 @@ class TritonServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (Triton drains for up to --exit-timeout-secs), SIGKILL if it lingers."""
-        proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the stubs go too
+        self._stopping.set()
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(timeout=self.startup_timeout_s)
+        self._terminate(timeout_s)
+
+    def _terminate(self, timeout_s: float = 30.0) -> None:
+        with self._lock:
+            proc, self.process = self.process, None
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=timeout_s)
+            if proc is not None:
+                # its own session: a lingering server, and the stubs a killed one left, go too
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+            if self._workdir:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
 
     def wait(self) -> int:
         """Block until the server exits or SIGINT/SIGTERM arrives (KeyboardInterrupt; for
         `kiln triton up`)."""
         stop_on_signals()
-        return self.process.wait() if self.process else 0
+        while self._supervisor is not None and self._supervisor.is_alive():
+            self._supervisor.join(1.0)  # restarts happen here; returns when it gives up
+        proc = self.process
+        return proc.wait() if proc else 0
 
     def __enter__(self) -> Self:
         return self.start()
