@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,6 +48,38 @@ def test_triton_down_is_503_with_retry_after():
             assert "unavailable" in r.text
 
 
+def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path):
+    """A server that keeps dying is restarted `max_restarts` times (0.5 s, 1 s apart), then the
+    supervisor gives up with an error line and `wait()` returns the exit code."""
+    from kiln.serving.triton_server import TritonServer
+
+    class Dying(TritonServer):  # a process that exits 0.3 s after start, not a tritonserver
+        def _prepare(self):
+            self._workdir = tempfile.mkdtemp(dir=tmp_path)
+            return [sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"], None
+
+        def _wait_ready(self):
+            pass
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("kiln.triton").addHandler(handler)
+    server = Dying(str(tmp_path), restart=True, max_restarts=2)
+    try:
+        server.start()
+        assert server.wait() == 3  # returns once the supervisor gives up
+    finally:
+        logging.getLogger("kiln.triton").removeHandler(handler)
+        server.stop()
+    lines = [r.getMessage() for r in records]
+    assert server.restarts == 2
+    assert sum("exited with code 3; restarting in 0.5 s" in m for m in lines) == 1
+    assert sum("exited with code 3; restarting in 1.0 s" in m for m in lines) == 1
+    assert "giving up" in lines[-1] and records[-1].levelno == logging.ERROR
+    assert server.process is None and not os.listdir(tmp_path)  # work folders removed
+
+
 @pytest.fixture(scope="module")
 def triton_repo(tmp_path_factory):
     """A one-model repository (`tiny`, dynamic batching) as tests/serving/export/test_triton.py
@@ -77,7 +111,7 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(ray_sess
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # the supervisor's lines, whatever kiln's logging setup
     logging.getLogger("kiln.triton").addHandler(handler)
-    settings = {"backend": "triton", "deployment": {"num_replicas": 1, "num_cpus": 0.25}}
+    settings = {"backend": "triton", "deployment": {"num_replicas": 2, "num_cpus": 0.25}}
     endpoint = launch(triton_repo, settings, port=free_port(), app_name=APP, route_prefix="/tf")
     try:
         triton = endpoint.triton
