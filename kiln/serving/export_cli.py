@@ -113,13 +113,14 @@ def _triton_up(args: argparse.Namespace) -> int:
     # SIGTERM (e.g. from a supervisor) stops Triton as cleanly as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
-        print(
-            f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
-            f"metrics {server.metrics_url}",
-            flush=True,
-        )
-        print("Ctrl-C to stop", flush=True)
+        # the ready line is inside the try: a Ctrl-C sent as soon as it is read still stops cleanly
         try:
+            print(
+                f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
+                f"metrics {server.metrics_url}",
+                flush=True,
+            )
+            print("Ctrl-C to stop", flush=True)
             code = server.wait()
         except KeyboardInterrupt:
             code = 0
