@@ -10,9 +10,10 @@ Retry policy (completions and chat are idempotent: nothing on the server changes
 fails to connect, or is answered 502/503/504 (a replica restarting, a proxy without a healthy
 replica, a Triton server being restarted: 503 with Retry-After 1 s while it is down) or a 500
 that is not the endpoint's own JSON error (Ray Serve's proxy answers a plain 500 when the replica
-died mid-request: the request never completed), is retried up to `retries` times, waiting
-`Retry-After` when the server sends one (at most 5 s) or 0.2 s doubling. A
-streamed request is not retried. `client.retried` counts retries.
+died mid-request: the request never completed), is retried for up to `retry_for` seconds
+(default 30 s: a restarted replica or tritonserver is back well within it) and at most `retries`
+times when given, waiting `Retry-After` when the server sends one (at most 5 s) or 0.2 s
+doubling. A streamed request is not retried. `client.retried` counts retries.
 """
 
 from __future__ import annotations
@@ -41,19 +42,24 @@ class KilnClient:
         api_key: str | None = None,
         model: str | None = None,
         timeout: float = 120.0,
-        retries: int = 3,
+        retries: int | None = None,
+        retry_for: float = 30.0,
     ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
         self.model = model
         self.retries = retries
+        self.retry_for = retry_for
         self.retried = 0
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST under the retry policy (module docstring)."""
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            out_of_tries = self.retries is not None and attempt >= self.retries
+            last = out_of_tries or time.monotonic() >= deadline
             try:
                 r = self._http.post(path, json=body)
             except httpx.TransportError as e:
@@ -66,9 +72,10 @@ class KilnClient:
                 if not _transient(r) or last:
                     return r
                 retry_after = r.headers.get("retry-after")
+            # never sleep past the deadline: the last try happens at it
+            time.sleep(min(_backoff(attempt, retry_after), max(deadline - time.monotonic(), 0)))
             self.retried += 1
-            time.sleep(_backoff(attempt, retry_after))
-        raise AssertionError("unreachable")
+            attempt += 1
 
     def _body(self, prompt: str, fields: dict[str, Any]) -> dict[str, Any]:
         body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}

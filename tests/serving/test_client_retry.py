@@ -1,0 +1,80 @@
+"""KilnClient's retry budget against a real HTTP server that is 'restarting' (503 + Retry-After)
+for a while: the default budget rides out a restart longer than a few retries would, a short
+budget gives up at its deadline with the server's answer, and a verdict (400) is never retried."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from kiln.serving.client import KilnClient
+
+
+class _Restarting(BaseHTTPRequestHandler):
+    down_until = 0.0
+    status_when_up = 200
+    seen = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        type(self).seen += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if time.monotonic() < self.down_until:
+            code, body, extra = 503, {"error": {"message": "restarting"}}, {"Retry-After": "1"}
+        elif self.status_when_up == 200:
+            code, body, extra = 200, {"choices": [{"text": "Paris"}]}, {}
+        else:
+            code, body, extra = self.status_when_up, {"error": {"message": "bad field"}}, {}
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        for k, v in {"Content-Type": "application/json", **extra}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Restarting)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    _Restarting.seen, _Restarting.status_when_up = 0, 200
+    yield _Restarting, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_default_budget_rides_out_a_restart_longer_than_three_retries(server):
+    handler, url = server
+    handler.down_until = time.monotonic() + 4.5  # > 3 retries x Retry-After 1 s
+    with KilnClient(url) as client:
+        assert client.complete("capital of France?") == "Paris"
+        assert 4 <= client.retried <= 6, client.retried
+
+
+def test_short_budget_gives_up_at_its_deadline_with_the_servers_answer(server):
+    handler, url = server
+    handler.down_until = time.monotonic() + 60
+    with KilnClient(url, retry_for=1.5) as client:
+        started = time.monotonic()
+        with pytest.raises(Exception, match="restarting"):
+            client.complete("x")
+        assert time.monotonic() - started < 3.5
+    with KilnClient(url, retries=1) as client:
+        with pytest.raises(Exception, match="restarting"):
+            client.complete("x")
+        assert client.retried == 1
+
+
+def test_a_verdict_is_not_retried(server):
+    handler, url = server
+    handler.down_until, handler.status_when_up = 0.0, 400
+    with KilnClient(url) as client:
+        with pytest.raises(Exception, match="bad field"):
+            client.complete("x")
+        assert client.retried == 0 and handler.seen == 1
