@@ -9,7 +9,8 @@
    second), at most C in flight, prompts of 8..200 words and outputs of 8..128 tokens, greedy.
    `engine: continuous` (streams) against `engine: batch` (today's MicroBatcher; non-streamed, so
    its first token reaches the client with the whole completion) at the same max batch size C.
-   Printed: output tokens/s, TTFT p50/p99 and inter-token latency p50/p99, and the ratios.
+   Printed: output tokens/s, TTFT p50/p99, inter-token latency p50/p99, the process CPU seconds
+   of each run (the shared machine's load moves wall time far more), and the ratios.
 2. Generated tokens/s of the engine against `transformers.generate` (greedy, exactly
    --gen-tokens new tokens) at batch 1 and 8 on a 125M-shaped Llama (dim 768, 12 layers, vocab
    32000, random weights), loaded by transformers from kiln's HF export.
@@ -66,7 +67,7 @@ async def drive(backend, requests, clients: int, rate: float, streamed: bool, se
         async with gate:
             return await one_request(backend, prompt, max_tokens, streamed)
 
-    tasks, start = [], time.perf_counter()
+    tasks, start, cpu = [], time.perf_counter(), cpu_seconds()
     for prompt, max_tokens in requests:
         tasks.append(asyncio.create_task(client(prompt, max_tokens)))
         await asyncio.sleep(rng.expovariate(rate))
@@ -76,6 +77,7 @@ async def drive(backend, requests, clients: int, rate: float, streamed: bool, se
     gaps = [g for o in outs for g in o["gaps"]]
     return {
         "tok_s": sum(o["tokens"] for o in outs) / wall,
+        "cpu_s": cpu_seconds() - cpu,
         "ttft": (pct(ttft, 50), pct(ttft, 99)),
         "itl": (pct(gaps, 50), pct(gaps, 99)) if gaps else None,
     }
@@ -86,7 +88,10 @@ def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate:
     from kiln.serving.backends import BatchingConfig
 
     print(f"\n1. REST local backend, Poisson arrivals at {rate:g} x C req/s, greedy")
-    head = f"{'C':>3} {'engine':<11} {'out tok/s':>9} {'TTFT p50/p99 s':>16} {'ITL p50/p99 ms':>16}"
+    head = (
+        f"{'C':>3} {'engine':<11} {'out tok/s':>9} {'TTFT p50/p99 s':>16} {'ITL p50/p99 ms':>16}"
+        f" {'CPU s':>6} {'load':>5}"
+    )
     print(head)
     for clients in counts:
         requests = workload(per_client * clients, seed=clients)
@@ -103,11 +108,16 @@ def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate:
                 f"{r['itl'][0] * 1e3:7.1f}/{r['itl'][1] * 1e3:<7.1f}" if r["itl"] else "n/a (whole)"
             )
             ttft = f"{r['ttft'][0]:7.2f}/{r['ttft'][1]:<7.2f}"
-            print(f"{clients:>3} {engine:<11} {r['tok_s']:>9.1f} {ttft:>16} {itl:>16}", flush=True)
+            print(
+                f"{clients:>3} {engine:<11} {r['tok_s']:>9.1f} {ttft:>16} {itl:>16}"
+                f" {r['cpu_s']:>6.1f} {os.getloadavg()[0]:>5.1f}",
+                flush=True,
+            )
         c, b = res["continuous"], res["batch"]
         print(
             f"{clients:>3} ratio       {c['tok_s'] / b['tok_s']:>8.2f}x "
-            f"TTFT p99 continuous/batch {c['ttft'][1] / b['ttft'][1]:.2f}",
+            f"TTFT p99 continuous/batch {c['ttft'][1] / b['ttft'][1]:.2f}, "
+            f"CPU s continuous/batch {c['cpu_s'] / b['cpu_s']:.2f}",
             flush=True,
         )
 

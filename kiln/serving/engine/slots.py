@@ -46,6 +46,20 @@ class SlotPool:
         self.lengths[slot] = 0
         self._free.append(slot)
 
+    def swap(self, a: int, b: int) -> None:
+        """Exchange two slots' rows (keys/values up to the longer one, lengths, free or not):
+        the engine packs decoding rows to the front so a decode step skips idle slots."""
+        n = max(self.lengths[a], self.lengths[b])
+        if n:
+            rows, swapped = [a, b], [b, a]
+            for t in self.cache.k + self.cache.v:
+                t[rows, :, :n] = t[swapped, :, :n]  # the right side is a copy
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+        a_free, b_free = a in self._free, b in self._free
+        if a_free != b_free:
+            self._free.remove(a if a_free else b)
+            self._free.append(b if a_free else a)
+
     def fits(self, slot: int, seq_len: int) -> bool:
         """Whether `seq_len` more tokens (pads included) fit in this slot's row."""
         return self.lengths[slot] + seq_len <= self.max_len
