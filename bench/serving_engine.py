@@ -208,6 +208,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rate", type=float, default=1.0, help="arrivals per second per client")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--per-client", type=int, default=2, help="requests per client (more: a longer run)"
+    )
     ap.add_argument("--part", choices=["all", "serving", "generation"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -215,7 +218,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("all", "serving"):
             model_dir = make_model(os.path.join(tmp, "m"), dim=256, layers=4, vocab=1000)
-            serving_comparison(model_dir, [4] if args.quick else [16, 64], 2, args.rate)
+            serving_comparison(
+                model_dir, [4] if args.quick else [16, 64], args.per_client, args.rate
+            )
         if args.part in ("all", "generation"):
             generation_comparison(tmp, 8 if args.quick else 64, 32, 1 if args.quick else 3)
 
