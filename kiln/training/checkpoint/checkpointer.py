@@ -20,18 +20,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from kiln.platform.errors import InputError, KilnError
 from kiln.training.checkpoint import json_state, storage
 from kiln.training.checkpoint import state as S
 from kiln.training.checkpoint.config import CheckpointConfig
-from kiln.training.checkpoint.safe_reader import (
-    SafeFileSystemReader,
-    SafeLoadPlanner,
-    safe_fsspec_reader,
-)
+from kiln.training.checkpoint.dcp_io import make_reader, make_writer
+from kiln.training.checkpoint.safe_reader import SafeLoadPlanner
 
 # DCP gathers the ranks' write errors into a CheckpointException, a BaseException
 WRITE_ERRORS = (Exception, CheckpointException)
@@ -49,24 +45,6 @@ if TYPE_CHECKING:
     from kiln.training.train_state import TrainState
 
 log = logging.getLogger("kiln.checkpoint")
-
-
-def make_writer(uri: str, thread_count: int = 1):
-    if storage.is_local(uri):
-        return FileSystemWriter(
-            uri.removeprefix("file://"), thread_count=thread_count, sync_files=True
-        )
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-    return FsspecWriter(uri, thread_count=thread_count, sync_files=True)
-
-
-def make_reader(uri: str):
-    """A DCP reader whose `.metadata` load resolves only DCP's own classes (no arbitrary
-    unpickling; `safe_reader`)."""
-    if storage.is_local(uri):
-        return SafeFileSystemReader(uri.removeprefix("file://"))
-    return safe_fsspec_reader(uri)
 
 
 class Stateful(Protocol):

@@ -32,7 +32,7 @@ def load_state(path: str, prefix: str | None = None) -> dict[str, Any]:
     """Full (unsharded) tensors of every key under `prefix` ("model", "optimizer", ...) or all."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from kiln.training.checkpoint.checkpointer import make_reader
+    from kiln.training.checkpoint.dcp_io import make_reader
 
     ckpt = resolve(path)
     try:
