@@ -1,6 +1,7 @@
 """The OpenAI router: `/v1/models`, `/v1/completions`, `/v1/chat/completions` over the backend
 in `request.app.state`. Streams are server-sent events that always end in `data: [DONE]`; a
-failure mid-stream is sent as an OpenAI error event first, never a dropped connection."""
+failure mid-stream is sent as an OpenAI error event first, never a dropped connection. A failure
+before the first token is a plain error answer (a down Triton server: 503 + Retry-After)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from kiln.serving.rest_params import (
     backend_of,
     limits_of,
     prepare_jobs,
+    primed,
     require_model,
     sampling_params,
 )
@@ -103,7 +105,8 @@ async def completions(req: CompletionRequest, request: Request):
         backend, prompts, params, copies=best_of, truncate=req.truncate_prompt_tokens
     )
     if req.stream:
-        return _sse(_completion_stream(backend, jobs[0], req))
+        deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
+        return _sse(_completion_stream(backend, jobs[0], req, deltas))
     results = await backend.complete(jobs)
     want_scores = req.logprobs is not None or best_of > req.n
     top = req.logprobs or 0
@@ -180,7 +183,7 @@ def _completion_logprobs(backend: Backend, r: Result, scores, top: int, echo: bo
 
 
 async def _completion_stream(
-    backend: Backend, job: Job, req: CompletionRequest
+    backend: Backend, job: Job, req: CompletionRequest, stream: AsyncIterator[str] | None = None
 ) -> AsyncIterator[str]:
     base = CompletionResponse(model=backend.model_name, choices=[])
 
@@ -191,7 +194,7 @@ async def _completion_stream(
     if req.echo:
         yield chunk(_echo_text(backend, job))
     deltas = 0
-    async for delta in backend.stream(job):
+    async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
         yield chunk(delta)
     # a stream reports text, not tokens: one delta per token unless bytes merged
@@ -242,7 +245,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         fit_context=max_tokens is None,  # no limit asked: up to the end of the context
     )
     if req.stream:
-        return _sse(_chat_stream(backend, jobs[0], req))
+        deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
+        return _sse(_chat_stream(backend, jobs[0], req, deltas))
     results = await backend.complete(jobs)
     choices = []
     for i, r in enumerate(results):
@@ -279,7 +283,10 @@ def _chat_logprobs(backend: Backend, scores) -> ChoiceLogprobs:
 
 
 async def _chat_stream(
-    backend: Backend, job: Job, req: ChatCompletionRequest
+    backend: Backend,
+    job: Job,
+    req: ChatCompletionRequest,
+    stream: AsyncIterator[str] | None = None,
 ) -> AsyncIterator[str]:
     base = ChatCompletionChunk(model=backend.model_name, choices=[])
 
@@ -289,7 +296,7 @@ async def _chat_stream(
 
     yield chunk(ChatDelta(role="assistant", content=""))
     deltas = 0
-    async for delta in backend.stream(job):
+    async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
         yield chunk(ChatDelta(content=delta))
     yield chunk(ChatDelta(), "length" if deltas >= job.params.max_new_tokens else "stop")

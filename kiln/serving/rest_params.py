@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from fastapi import Request
 
 from kiln.serving.backends import Backend, Job, Prompt
@@ -10,6 +12,25 @@ from kiln.serving.sampling import SamplingParams
 
 # Server-sent events: no caching, no proxy buffering (each chunk reaches the client at once).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def primed(deltas: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`deltas` with its first item already awaited, before a stream's headers are sent: a
+    backend that fails before the first token (a Triton server down) fails the request with its
+    own status (503 + Retry-After: a client may retry it) instead of inside a started stream."""
+    it = aiter(deltas)
+    try:
+        first = [await anext(it)]
+    except StopAsyncIteration:
+        first = []
+
+    async def resumed() -> AsyncIterator[str]:
+        for delta in first:
+            yield delta
+        async for delta in it:
+            yield delta
+
+    return resumed()
 
 
 def backend_of(request: Request) -> Backend:

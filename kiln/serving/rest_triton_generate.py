@@ -1,5 +1,6 @@
 """Triton's generate extension as a router: `POST /v2/models/{m}/generate` and
-`generate_stream` (server-sent events; a failure mid-stream is sent as `{"error": ...}`)."""
+`generate_stream` (server-sent events; a failure mid-stream is sent as `{"error": ...}`, one
+before the first token is a plain error answer: a down Triton server gives 503 + Retry-After)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kiln.serving.rest_params import (
     backend_of,
     limits_of,
     prepare_jobs,
+    primed,
     require_model,
     sampling_params,
 )
@@ -45,15 +47,19 @@ async def generate(model: str, req: GenerateRequest, request: Request):
 async def generate_stream(model: str, req: GenerateRequest, request: Request):
     job = await _job(model, req, request)
     echo = "" if req.exclude_input_in_output else req.text_input
-    events = _events(backend_of(request), job, echo)
+    backend = backend_of(request)
+    stream = await primed(backend.stream(job))  # fails before headers: a plain error answer
+    events = _events(backend, job, echo, stream)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _events(backend: Backend, job: Job, echo: str = "") -> AsyncIterator[str]:
+async def _events(
+    backend: Backend, job: Job, echo: str = "", stream: AsyncIterator[str] | None = None
+) -> AsyncIterator[str]:
     async def deltas():
         if echo:
             yield echo
-        async for delta in backend.stream(job):
+        async for delta in backend.stream(job) if stream is None else stream:
             yield delta
 
     try:
