@@ -13,11 +13,13 @@ that is not the endpoint's own JSON error (Ray Serve's proxy answers a plain 500
 died mid-request: the request never completed), is retried for up to `retry_for` seconds
 (default 30 s: a restarted replica or tritonserver is back well within it) and at most `retries`
 times when given, waiting `Retry-After` when the server sends one (at most 5 s) or 0.2 s
-doubling. A streamed request is not retried. `client.retried` counts retries.
+doubling. A streamed request is retried the same way until its stream starts (a Triton server
+down before the first token is a 503), not after. `client.retried` counts retries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -53,15 +55,20 @@ class KilnClient:
         self.retried = 0
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
-    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST under the retry policy (module docstring)."""
+    def _post(self, path: str, body: dict[str, Any], stream: bool = False) -> httpx.Response:
+        """POST under the retry policy (module docstring). With `stream`, the response's body
+        is not read unless it is an error (the caller closes the response)."""
         deadline = time.monotonic() + self.retry_for
         attempt = 0
         while True:
             out_of_tries = self.retries is not None and attempt >= self.retries
             last = out_of_tries or time.monotonic() >= deadline
             try:
-                r = self._http.post(path, json=body)
+                r = self._http.send(
+                    self._http.build_request("POST", path, json=body), stream=stream
+                )
+                if r.status_code >= 400:
+                    r.read()
             except httpx.TransportError as e:
                 if last:
                     raise EndpointError(f"{self.url}: {e}") from None
@@ -71,6 +78,7 @@ class KilnClient:
             else:
                 if not _transient(r) or last:
                     return r
+                r.close()
                 retry_after = r.headers.get("retry-after")
             # never sleep past the deadline: the last try happens at it
             time.sleep(min(_backoff(attempt, retry_after), max(deadline - time.monotonic(), 0)))
@@ -111,13 +119,13 @@ class KilnClient:
         return r.json()["choices"][0]["message"]["content"]
 
     def stream(self, prompt: str, **fields: Any) -> Iterator[str]:
-        """Text deltas as the server sends them (server-sent events)."""
+        """Text deltas as the server sends them (server-sent events). Retried under the policy
+        until the stream starts; a failure after that raises EndpointError."""
         body = self._body(prompt, {**fields, "stream": True})
         try:
-            with self._http.stream("POST", "/v1/completions", json=body) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    self._raise_for(r)
+            r = self._post("/v1/completions", body, stream=True)
+            with contextlib.closing(r):
+                self._raise_for(r)
                 for line in r.iter_lines():
                     if not line.startswith("data: "):
                         continue

@@ -1,6 +1,7 @@
 """KilnClient's retry budget against a real HTTP server that is 'restarting' (503 + Retry-After)
 for a while: the default budget rides out a restart longer than a few retries would, a short
-budget gives up at its deadline with the server's answer, and a verdict (400) is never retried."""
+budget gives up at its deadline with the server's answer, a verdict (400) is never retried, and
+a stream refused before it starts is retried."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ class _Restarting(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         type(self).seen += 1
-        self.rfile.read(int(self.headers["Content-Length"]))
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if request.get("stream") and time.monotonic() >= self.down_until:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for event in ({"choices": [{"text": "Par"}]}, {"choices": [{"text": "is"}]}):
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         if time.monotonic() < self.down_until:
             code, body, extra = 503, {"error": {"message": "restarting"}}, {"Retry-After": "1"}
         elif self.status_when_up == 200:
@@ -78,3 +87,13 @@ def test_a_verdict_is_not_retried(server):
         with pytest.raises(Exception, match="bad field"):
             client.complete("x")
         assert client.retried == 0 and handler.seen == 1
+
+
+def test_a_stream_is_retried_until_it_starts(server):
+    """A 503 before the stream's headers (a Triton server down before the first token) is
+    retried like a completion; the stream then comes through whole."""
+    handler, url = server
+    handler.down_until = time.monotonic() + 0.5
+    with KilnClient(url) as client:
+        assert list(client.stream("capital of France?")) == ["Par", "is"]
+        assert client.retried == 1 and handler.seen == 2
