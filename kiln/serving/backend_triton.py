@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 LOCAL_ONLY = "needs the local backend (the triton backend sends text and receives text)"
 UNAVAILABLE = "the Triton server is unavailable (restarting?): retry after the Retry-After delay"
+GRPC_CORE_INTERNAL = "Internal error from Core"
 # gRPC retries a lost connection at most this far apart (its default grows to 120 s): a
 # restarted server is found within ~1 s of listening again
 RECONNECT_OPTIONS = [
@@ -30,11 +31,20 @@ RECONNECT_OPTIONS = [
 def _is_unavailable(e: BaseException) -> bool:
     """A refused or dropped connection (the server is down or restarting), not a verdict on
     the request."""
+    import grpc
     from tritonclient.utils import InferenceServerException
 
     if isinstance(e, InferenceServerException):
-        return e.status() == "StatusCode.UNAVAILABLE"
-    return isinstance(e, OSError)
+        status, details = e.status(), e.message()
+    elif isinstance(e, grpc.aio.AioRpcError):  # a gRPC stream's responses come unwrapped
+        status, details = str(e.code()), e.details()
+    else:
+        return isinstance(e, OSError)
+    # gRPC core's own INTERNAL: the connection broke while a request was being sent (Triton
+    # reports its own errors inside the response, with its message)
+    return status == "StatusCode.UNAVAILABLE" or (
+        status == "StatusCode.INTERNAL" and details == GRPC_CORE_INTERNAL
+    )
 
 
 @contextlib.contextmanager

@@ -55,6 +55,13 @@ def register(subparsers) -> None:
     up.add_argument("--grpc-port", type=int, help="default: a free port")
     up.add_argument("--metrics-port", type=int, help="default: a free port")
     up.add_argument("--log-verbose", type=int, default=0)
+    up.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restart a tritonserver that dies (backoff 0.5 s doubling to 30 s), giving up after "
+        "this many restarts within 300 s (default: 5; 0: never restart)",
+    )
     up.set_defaults(func=_triton_up)
     triton.set_defaults(func=lambda args: (triton.print_help(), 2)[1])
 
@@ -95,8 +102,8 @@ def _import_hf(args: argparse.Namespace) -> int:
 
 def _triton_up(args: argparse.Namespace) -> int:
     import os
-    import signal
 
+    from kiln.platform.signals import stop_on_signals
     from kiln.serving.triton_server import TritonServer
 
     repo = args.repo
@@ -109,20 +116,26 @@ def _triton_up(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         log_verbose=args.log_verbose,
+        restart=args.max_restarts > 0,  # the supervisor serve's own server has
+        max_restarts=args.max_restarts,
     )
-    # SIGTERM (e.g. from a supervisor) stops Triton as cleanly as Ctrl-C does
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGINT/SIGTERM stop Triton cleanly, whatever dispositions this process inherited (a
+    # background job of a non-interactive shell starts with SIGINT ignored)
+    stop_on_signals()
     with server:
         # the ready line is inside the try: a Ctrl-C sent as soon as it is read still stops cleanly
         try:
+            proc = server.process  # None if it died already: the supervisor restarts it
             print(
-                f"tritonserver ready: http {server.http_url}  grpc {server.grpc_url}  "
-                f"metrics {server.metrics_url}",
+                f"tritonserver ready (pid {proc.pid if proc else '?'}): http {server.http_url}  "
+                f"grpc {server.grpc_url}  metrics {server.metrics_url}",
                 flush=True,
             )
             print("Ctrl-C to stop", flush=True)
             code = server.wait()
         except KeyboardInterrupt:
             code = 0
+    if server.gave_up:  # the supervisor's error line said why
+        return 1
     print("tritonserver stopped", flush=True)
     return code

@@ -108,6 +108,8 @@ class TritonServer:
         self.restart_window_s = restart_window_s
         self.restarts = 0  # how many times the supervisor restarted the server
         self.downtime_s: float | None = None  # the last restart: exit seen -> ready again
+        self.returncode: int | None = None  # the last exit code the supervisor saw
+        self.gave_up = False  # the supervisor stopped restarting (too many quick failures)
         self._stopping = threading.Event()
         self._lock = threading.RLock()  # process / workdir, between stop() and the supervisor
         self._supervisor: threading.Thread | None = None
@@ -200,50 +202,58 @@ class TritonServer:
         try:
             self._wait_ready()
         except BaseException:
+            if self.process is not None and self.process.poll() is not None:
+                self.returncode = self.process.returncode
             self._terminate()
             raise
 
     def _supervise(self) -> None:
         """Restart the server when it exits while not stopping: 0.5 s, 1 s, 2 s ... (at most
-        30 s) apart; give up after `max_restarts` restarts within `restart_window_s`."""
+        30 s) apart; give up after `max_restarts` restarts within `restart_window_s` (also
+        counting restarts that never became ready)."""
         recent: deque[float] = deque()
         while not self._stopping.wait(0.2):
             proc = self.process
             if proc is None or proc.poll() is None:
                 continue
-            now = time.monotonic()
-            while recent and now - recent[0] > self.restart_window_s:
-                recent.popleft()
-            if len(recent) >= self.max_restarts:
-                log.error(
-                    "tritonserver exited with code %s; %d restarts in %.0f s already: giving up",
-                    proc.returncode,
-                    len(recent),
-                    self.restart_window_s,
-                )
-                return
-            delay = min(0.5 * 2 ** len(recent), 30.0)
-            log.warning(
-                "tritonserver (pid %d) exited with code %s; restarting in %.1f s on http %s, "
-                "grpc %s",
-                proc.pid,
-                proc.returncode,
-                delay,
-                self.http_url,
-                self.grpc_url,
-            )
+            down_since = time.monotonic()
+            self.returncode = proc.returncode
+            what = f"tritonserver (pid {proc.pid}) exited with code {proc.returncode}"
             self._terminate()  # its python-backend stubs and work folder
-            recent.append(now)
-            if self._stopping.wait(delay):
-                return
-            try:
-                self._launch()
-            except KilnError as e:
-                log.warning("tritonserver restart failed: %s", e)
-                continue
+            while True:
+                now = time.monotonic()
+                while recent and now - recent[0] > self.restart_window_s:
+                    recent.popleft()
+                if len(recent) >= self.max_restarts:
+                    log.error(
+                        "%s; %d restarts in %.0f s already: giving up",
+                        what,
+                        len(recent),
+                        self.restart_window_s,
+                    )
+                    self.gave_up = True
+                    return
+                delay = min(0.5 * 2 ** len(recent), 30.0)
+                log.warning(
+                    "%s; restarting in %.1f s on http %s, grpc %s",
+                    what,
+                    delay,
+                    self.http_url,
+                    self.grpc_url,
+                )
+                recent.append(now)
+                if self._stopping.wait(delay):
+                    return
+                try:
+                    self._launch()
+                    break
+                except (KilnError, OSError) as e:  # it never became ready: count it, go on
+                    if self._stopping.is_set():
+                        return
+                    what = f"tritonserver restart failed ({str(e).splitlines()[0]})"
             self.restarts += 1
-            self.downtime_s = time.monotonic() - now
-            log.warning(
+            self.downtime_s = time.monotonic() - down_since
+            log.info(
                 "tritonserver restarted (pid %d) after %.1f s down",
                 self.process.pid,
                 self.downtime_s,
@@ -301,13 +311,15 @@ class TritonServer:
                 self._workdir = None
 
     def wait(self) -> int:
-        """Block until the server exits or SIGINT/SIGTERM arrives (KeyboardInterrupt; for
-        `kiln triton up`)."""
+        """Block until the server exits (with `restart`: until the supervisor gives up) or
+        SIGINT/SIGTERM arrives (KeyboardInterrupt; for `kiln triton up`). The exit code."""
         stop_on_signals()
         while self._supervisor is not None and self._supervisor.is_alive():
             self._supervisor.join(1.0)  # restarts happen here; returns when it gives up
         proc = self.process
-        return proc.wait() if proc else 0
+        if self.gave_up:
+            return self.returncode or 1
+        return proc.wait() if proc is not None else 0
 
     def __enter__(self) -> Self:
         return self.start()

@@ -1,16 +1,21 @@
 """The REST deployment on the triton backend under bounded concurrent load; the tritonserver
 kiln started is SIGKILLed mid-load. Kiln restarts it on the same ports within 30 s; meanwhile the
 REST layer answers 503 + Retry-After (never 500), so clients retrying per KilnClient's policy
-see no 5xx and every answer equals kiln's own greedy text."""
+see no 5xx and every answer equals kiln's own greedy text. Streamed requests running beside
+them: one cut mid-generation ends with an OpenAI error event (code 503) and `[DONE]`, never a
+dropped connection; one started while the server is down is refused with 503 + Retry-After
+before any header, and retried."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,6 +25,7 @@ from tests.conftest import free_port
 REQUESTS = 48
 CONCURRENCY = 6
 MAX_TOKENS = 6
+STREAM_TOKENS = 64  # ~1-2 s of generation: a stream is cut mid-way when the server dies
 APP = "reliability-triton-faults"
 
 
@@ -41,6 +47,13 @@ def test_triton_down_is_503_with_retry_after():
                 {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
             ),
             ("/v2/models/tiny/generate", {"text_input": "hi", "max_tokens": 2}),
+            # streams fail before their first token: a plain 503 before any header is sent
+            ("/v1/completions", {"model": "tiny", "prompt": "hi", "stream": True}),
+            (
+                "/v1/chat/completions",
+                {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            ),
+            ("/v2/models/tiny/generate_stream", {"text_input": "hi", "max_tokens": 2}),
         ):
             r = client.post(path, json=body)
             assert r.status_code == 503, (path, r.text)
@@ -48,42 +61,165 @@ def test_triton_down_is_503_with_retry_after():
             assert "unavailable" in r.text
 
 
-def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path):
-    """A server that keeps dying is restarted `max_restarts` times (0.5 s, 1 s apart), then the
-    supervisor gives up with an error line and `wait()` returns the exit code."""
+def test_a_dropped_grpc_connection_is_unavailable_a_verdict_is_not():
+    """What the triton backend answers 503 for: gRPC UNAVAILABLE, and gRPC core's INTERNAL when
+    the connection broke while a streamed request was being sent; not Triton's own errors."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("tritonclient.grpc")
+    from grpc.aio import AioRpcError, Metadata
+    from tritonclient.utils import InferenceServerException
+
+    from kiln.serving.backend_triton import _is_unavailable
+
+    def rpc(code, details):
+        return AioRpcError(code, Metadata(), Metadata(), details)
+
+    assert _is_unavailable(rpc(grpc.StatusCode.UNAVAILABLE, "Socket closed"))
+    assert _is_unavailable(rpc(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+    assert _is_unavailable(ConnectionRefusedError())
+    assert not _is_unavailable(rpc(grpc.StatusCode.INTERNAL, "model tiny: out of memory"))
+    assert not _is_unavailable(InferenceServerException("in-band error from the model"))
+
+
+def dying_server(workdirs):
+    """A TritonServer whose process exits with code 3 0.3 s after start (not a tritonserver)."""
     from kiln.serving.triton_server import TritonServer
 
-    class Dying(TritonServer):  # a process that exits 0.3 s after start, not a tritonserver
+    class Dying(TritonServer):
         def _prepare(self):
-            self._workdir = tempfile.mkdtemp(dir=tmp_path)
+            self._workdir = tempfile.mkdtemp(dir=workdirs)
             return [sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"], None
 
         def _wait_ready(self):
             pass
 
+    return Dying
+
+
+@pytest.fixture
+def triton_records():
+    """WARNING+ records of the `kiln.triton` logger (the supervisor's lines)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
+    handler.emit = records.append  # whatever kiln's logging setup
     logging.getLogger("kiln.triton").addHandler(handler)
-    server = Dying(str(tmp_path), restart=True, max_restarts=2)
+    yield records
+    logging.getLogger("kiln.triton").removeHandler(handler)
+
+
+def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path, triton_records):
+    """A server that keeps dying is restarted `max_restarts` times (0.5 s, 1 s apart), then the
+    supervisor gives up with an error line and `wait()` returns the exit code."""
+    server = dying_server(tmp_path)(str(tmp_path), restart=True, max_restarts=2)
     try:
         server.start()
         assert server.wait() == 3  # returns once the supervisor gives up
     finally:
-        logging.getLogger("kiln.triton").removeHandler(handler)
         server.stop()
-    lines = [r.getMessage() for r in records]
-    assert server.restarts == 2
+    lines = [r.getMessage() for r in triton_records]
+    assert server.restarts == 2 and server.gave_up
     assert sum("exited with code 3; restarting in 0.5 s" in m for m in lines) == 1
     assert sum("exited with code 3; restarting in 1.0 s" in m for m in lines) == 1
-    assert "giving up" in lines[-1] and records[-1].levelno == logging.ERROR
+    assert "giving up" in lines[-1] and triton_records[-1].levelno == logging.ERROR
     assert server.process is None and not os.listdir(tmp_path)  # work folders removed
+
+
+def test_kiln_triton_up_gives_up_with_one_error_line(tmp_path, triton_records, monkeypatch, capsys):
+    """`kiln triton up` supervises its server as serve does: one console line per restart, and
+    after `--max-restarts` quick failures one error line and exit code 1 (no `stopped` line)."""
+    from kiln.platform.cli import build_parser
+    from kiln.serving import triton_server
+
+    monkeypatch.setattr(triton_server, "TritonServer", dying_server(tmp_path))
+    args = build_parser().parse_args(["triton", "up", str(tmp_path), "--max-restarts", "1"])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert args.func(args) == 1
+    finally:
+        for s, handler in handlers.items():  # `triton up` installs its own
+            signal.signal(s, handler)
+    out = capsys.readouterr().out
+    assert "tritonserver ready (pid " in out and "stopped" not in out
+    lines = [(r.levelno, r.getMessage()) for r in triton_records]
+    assert len(lines) == 2, lines
+    assert (
+        lines[0][0] == logging.WARNING and "exited with code 3; restarting in 0.5 s" in lines[0][1]
+    )
+    assert lines[1][0] == logging.ERROR and lines[1][1].endswith(
+        "1 restarts in 300 s already: giving up"
+    )
+
+
+class Streamer:
+    """A client that streams one prompt over and over (`/v1/completions` or chat) until told to
+    stop, retrying a 503 refused before the headers after its Retry-After (KilnClient's policy).
+    Each stream must end in `[DONE]`; it records what each request came to."""
+
+    def __init__(self, url: str, chat: bool, stop: threading.Event):
+        import httpx
+
+        self.http = httpx.Client(base_url=url, timeout=120)
+        self.chat, self.stop = chat, stop
+        self.started = threading.Event()  # set when a stream sends its first text
+        self.done: list[str] = []  # texts of streams that finished
+        self.cut: list[str] = []  # text sent before an error event (the server died)
+        self.refused = 0  # 503 + Retry-After before any header
+
+    def body(self) -> tuple[str, dict]:
+        if self.chat:
+            messages = [{"role": "user", "content": "stream 1"}]
+            return "/v1/chat/completions", {"messages": messages}
+        return "/v1/completions", {"prompt": "stream 0"}
+
+    def run(self) -> None:
+        try:
+            while not (self.stop.is_set() and self.done):  # one stream finished at least
+                self.once()
+        finally:
+            self.http.close()
+
+    def once(self) -> None:
+        path, body = self.body()
+        body |= {"model": "tiny", "max_tokens": STREAM_TOKENS, "temperature": 0, "stream": True}
+        with self.http.stream("POST", path, json=body) as r:
+            if r.status_code == 503:
+                assert r.headers["retry-after"] == "1", r.headers
+                assert "unavailable" in r.read().decode()
+                self.refused += 1
+                time.sleep(float(r.headers["retry-after"]))
+                return
+            assert r.status_code == 200, (r.status_code, r.read())
+            events, text = [], ""
+            for line in r.iter_lines():  # a dropped connection raises here
+                if not line.startswith("data: "):
+                    continue
+                events.append(line.removeprefix("data: "))
+                if events[-1] == "[DONE]":
+                    break
+                event = json.loads(events[-1])
+                if "error" in event:
+                    continue
+                choice = event["choices"][0]
+                delta = choice["delta"].get("content", "") if self.chat else choice["text"]
+                if delta and not text:
+                    self.started.set()
+                text += delta
+        assert events[-1] == "[DONE]", events  # the stream was ended, not dropped
+        errors = [json.loads(e) for e in events[:-1] if "error" in json.loads(e)]
+        if not errors:
+            self.done.append(text)
+            return
+        # the server died mid-generation: one OpenAI error event, the last before [DONE]
+        assert len(errors) == 1 and json.loads(events[-2]) == errors[0], events
+        assert errors[0]["error"]["code"] == 503 and "unavailable" in errors[0]["error"]["message"]
+        self.cut.append(text)
 
 
 @pytest.fixture(scope="module")
 def triton_repo(tmp_path_factory):
-    """A one-model repository (`tiny`, dynamic batching) as tests/serving/export/test_triton.py
-    builds it, with the small dense shape: a fast tritonserver start."""
+    """A one-model repository (`tiny`, decoupled: streams token by token, batched at every
+    step) as tests/serving/export/test_triton.py builds it, with the small dense shape: a fast
+    tritonserver start."""
     pytest.importorskip("pytriton")
     pytest.importorskip("tritonclient.grpc")
     from kiln.serving.export.triton import export_triton
@@ -91,12 +227,14 @@ def triton_repo(tmp_path_factory):
 
     repo = str(tmp_path_factory.mktemp("triton-faults") / "repo")
     gen = tiny_generator("llama", train_tokenizer())
-    export_triton(gen, repo, model_name="tiny", max_batch_size=4, torch_threads=1)
+    export_triton(gen, repo, model_name="tiny", decoupled=True, torch_threads=1)
     return repo
 
 
 @pytest.mark.slow
-def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(ray_session, triton_repo):
+def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
+    ray_session, triton_repo, triton_records
+):
     from ray import serve
 
     from kiln.serving.client import KilnClient
@@ -104,13 +242,9 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(ray_sess
     from kiln.serving.rest_launch import launch
 
     prompts = [f"the {i} quick brown fox" for i in range(REQUESTS)]
-    reference = Generator.load(os.path.join(triton_repo, "tiny", "1", "hf")).generate(
-        prompts, SamplingParams(max_new_tokens=MAX_TOKENS)
-    )
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # the supervisor's lines, whatever kiln's logging setup
-    logging.getLogger("kiln.triton").addHandler(handler)
+    generator = Generator.load(os.path.join(triton_repo, "tiny", "1", "hf"))
+    reference = generator.generate(prompts, SamplingParams(max_new_tokens=MAX_TOKENS))
+    (streamed,) = generator.generate(["stream 0"], SamplingParams(max_new_tokens=STREAM_TOKENS))
     settings = {"backend": "triton", "deployment": {"num_replicas": 2, "num_cpus": 0.25}}
     endpoint = launch(triton_repo, settings, port=free_port(), app_name=APP, route_prefix="/tf")
     try:
@@ -136,12 +270,23 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(ray_sess
             finally:
                 done.release()
 
-        with ThreadPoolExecutor(CONCURRENCY) as pool:
-            futures = [pool.submit(ask, p) for p in prompts]
-            for _ in range(REQUESTS // 4):  # a quarter answered: the rest still to come
-                assert done.acquire(timeout=120)
-            os.kill(killed_pid, signal.SIGKILL)
-            answers = [f.result(timeout=300) for f in futures]  # an error would raise here
+        stop = threading.Event()
+        streamers = [Streamer(endpoint.url, chat, stop) for chat in (False, True)]
+        with ThreadPoolExecutor(CONCURRENCY) as pool, ThreadPoolExecutor(2) as streaming:
+            streams = [streaming.submit(s.run) for s in streamers]
+            try:
+                futures = [pool.submit(ask, p) for p in prompts]
+                for _ in range(REQUESTS // 4):  # a quarter answered: the rest still to come
+                    assert done.acquire(timeout=120)
+                # a completion stream that just sent its first text, ~63 tokens to go: cut
+                streamers[0].started.clear()
+                assert streamers[0].started.wait(timeout=60)
+                os.kill(killed_pid, signal.SIGKILL)
+                answers = [f.result(timeout=300) for f in futures]  # an error would raise here
+            finally:
+                stop.set()
+            for f in streams:
+                f.result(timeout=120)  # a dropped stream or a 5xx would raise here
         assert answers == [r.text for r in reference]
 
         assert triton.restarts == 1, triton.log_tail()
@@ -149,18 +294,32 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(ray_sess
         assert restarted_s < 30
         assert triton.process.pid != killed_pid and triton.process.poll() is None
         assert (triton.http_port, triton.grpc_port) == ports
-        lines = [r.getMessage() for r in records]
-        assert any(f"pid {killed_pid}) exited with code -9; restarting" in m for m in lines), lines
-        assert any("tritonserver restarted" in m for m in lines), lines
+        lines = [r.getMessage() for r in triton_records]
+        # one warning line for the restart (the "restarted" line is INFO: the run log only)
+        assert len(lines) == 1 and f"pid {killed_pid}) exited with code -9; restarting" in lines[0]
 
         retried = sum(c.retried for c in made)
         unavailable = statuses.count(503)
         assert not [s for s in statuses if s >= 500 and s != 503], statuses
         assert unavailable == retried  # every 503 was retried, and nothing else was
         assert 0 < retried <= CONCURRENCY * (restarted_s + 5)  # ~1 per waiting client per second
-        print(f"{retried} retried 503s for {REQUESTS} requests; restarted in {restarted_s:.1f} s")
+
+        completion, chat = streamers
+        assert completion.done and set(completion.done) == {streamed.text}
+        assert chat.done and len(set(chat.done)) == 1  # greedy: every finished chat is the same
+        cut = [(s, text) for s in streamers for text in s.cut]
+        # each streamer had one stream in flight when the server died: at most that one is cut
+        assert completion.cut and len(cut) <= len(streamers), cut
+        for s, text in cut:  # what was sent before the error is the answer's beginning
+            assert (streamed.text if s is completion else chat.done[0]).startswith(text)
+        refused = sum(s.refused for s in streamers)
+        assert refused >= 1  # a stream started while the server was down: 503 before headers
+        print(
+            f"{retried} retried 503s for {REQUESTS} requests; restarted in {restarted_s:.1f} s; "
+            f"streams: {sum(len(s.done) for s in streamers)} finished, {len(cut)} cut "
+            f"mid-generation (error event + [DONE]), {refused} refused with 503 before headers"
+        )
     finally:
-        logging.getLogger("kiln.triton").removeHandler(handler)
         endpoint.close()
         serve.shutdown()
     assert endpoint.triton is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -210,39 +212,88 @@ def test_grpc_streaming_from_the_decoupled_model(server, reference):
     assert "".join(deltas) == expected
 
 
-def test_kiln_triton_up_serves_until_interrupted(repo, tmp_path):
+def _children(pid: int) -> set[int]:
+    """Child processes of `pid` (Linux /proc)."""
+    found: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            found |= {int(c) for c in f.read().split()}
+    return found
+
+
+def _ready(http_port: int, deadline: float) -> bool:
+    """Poll tritonserver's readiness until `deadline` (monotonic)."""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2
+            ) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_kiln_triton_up_restarts_a_dead_server_and_stops_on_sigint(repo, tmp_path):
+    """`kiln triton up` started with SIGINT ignored (a non-interactive shell's background job):
+    its tritonserver SIGKILLed is restarted on the same port with one console line, answering
+    again within twice the first start's time; SIGINT then stops it within 10 s, server reaped."""
     one_model = tmp_path / "repo"
     shutil.copytree(os.path.join(repo, "tiny"), one_model / "tiny")  # one model: a faster start
     http_port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "kiln",
-        "triton",
-        "up",
-        str(one_model),
-        "--http-port",
-        str(http_port),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [sys.executable, "-m", "kiln", "triton", "up", str(one_model)]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [*cmd, "--http-port", str(http_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+
+    def expect(text: str, deadline: float) -> str:
+        while True:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            if text in line:
+                return line
+
+    servers: set[int] = set()
     try:
-        deadline = time.monotonic() + 180
-        line = ""
-        while "ready" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "kiln triton up exited early"
+        line = expect("ready", started + 180)
+        startup_s = time.monotonic() - started
         assert f"127.0.0.1:{http_port}" in line
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10
-        ) as r:
-            assert r.status == 200
+        (first,) = servers = _children(proc.pid)
+        assert f"(pid {first})" in line
+        os.kill(first, signal.SIGKILL)
+        killed = time.monotonic()
+        line = expect("restarting", killed + 5)  # the supervisor polls every 0.2 s
+        assert f"(pid {first}) exited with code -9; restarting in 0.5 s" in line
+        assert _ready(http_port, killed + 0.5 + 2 * startup_s), "not restarted in time"
+        (second,) = _children(proc.pid)
+        servers.add(second)
+        assert second != first
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-        assert "stopped" in proc.stdout.read()
+        assert proc.wait(timeout=10) == 0
+        assert not os.path.exists(f"/proc/{second}")  # stopped and reaped, not orphaned
+        reader.join(timeout=5)  # the output to its end
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get())
+        assert [x for x in rest if x.strip()][-1].strip() == "tritonserver stopped", rest
+        print(f"started in {startup_s:.1f} s; restarted in {time.monotonic() - killed:.1f} s")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in servers:  # their own sessions: a server left behind goes with its stubs
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_chat_messages_are_rendered_with_the_models_template(server, reference):
