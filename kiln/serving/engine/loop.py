@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 
 from kiln.platform.errors import InputError
-from kiln.serving.engine.forward import logits_at
+from kiln.serving.engine.forward import EngineForward
 from kiln.serving.engine.request import EngineRequest, Listener
 from kiln.serving.engine.scheduler import Scheduler
 from kiln.serving.engine.slots import SlotPool
@@ -61,6 +61,7 @@ class Engine:
             device=generator.device,
         )
         self.scheduler = Scheduler(self.pool, prefill_chunk)
+        self._forward = EngineForward(model)
         self._decode_tokens = torch.zeros(max_slots, 1, dtype=torch.long, device=generator.device)
         self.steps = 0  # iterations that ran a forward
         self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
@@ -193,7 +194,7 @@ class Engine:
         # logits only at the last prompt position of the chunks that end their prompt
         ending = [row for row, (r, n) in enumerate(group) if r.prefill_left == n]
         cols = [group[row][1] - 1 for row in ending]
-        logits = logits_at(self.generator.model, tokens.to(device), cache, ending, cols)
+        logits = self._forward(tokens.to(device), cache, ending, cols)
         self.prefill_forwards += 1
         self.prefill_chunks += len(group)
         if not single:
@@ -233,8 +234,7 @@ class Engine:
         tokens = self._decode_tokens[:width]  # allocated once
         tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
         cache = self.pool.view(0, width)
-        model = self.generator.model
-        logits = logits_at(model, tokens, cache, slots, [0] * len(slots))  # type: ignore[arg-type]
+        logits = self._forward(tokens, cache, slots, [0] * len(slots))  # type: ignore[arg-type]
         for slot in slots:
             self.pool.lengths[slot] += 1  # type: ignore[index]
         self._sample(rows, logits)
