@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -237,14 +236,13 @@ def _ready(http_port: int, deadline: float) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_kiln_triton_up_restarts_a_dead_server_and_stops_on_sigint(repo, tmp_path):
+def test_kiln_triton_up_restarts_a_dead_server_and_stops_on_sigint(tmp_path):
     """`kiln triton up` started with SIGINT ignored (a non-interactive shell's background job):
     its tritonserver SIGKILLed is restarted on the same port with one console line, answering
-    again within twice the first start's time; SIGINT then stops it within 10 s, server reaped."""
-    one_model = tmp_path / "repo"
-    shutil.copytree(os.path.join(repo, "tiny"), one_model / "tiny")  # one model: a faster start
+    again within 3x the first start's time; SIGINT then stops it within 10 s, server reaped.
+    An empty model repository: the server starts in a second (serving a model is tested above)."""
     http_port = free_port()
-    cmd = [sys.executable, "-m", "kiln", "triton", "up", str(one_model)]
+    cmd = [sys.executable, "-m", "kiln", "triton", "up", str(tmp_path)]
     started = time.monotonic()
     proc = subprocess.Popen(
         [*cmd, "--http-port", str(http_port)],
@@ -258,10 +256,15 @@ def test_kiln_triton_up_restarts_a_dead_server_and_stops_on_sigint(repo, tmp_pat
     reader.start()
 
     def expect(text: str, deadline: float) -> str:
-        while True:
-            line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                assert proc.poll() is None, f"kiln triton up exited with {proc.returncode}"
+                continue
             if text in line:
                 return line
+        raise AssertionError(f"no {text!r} line in time")
 
     servers: set[int] = set()
     try:
@@ -274,7 +277,8 @@ def test_kiln_triton_up_restarts_a_dead_server_and_stops_on_sigint(repo, tmp_pat
         killed = time.monotonic()
         line = expect("restarting", killed + 5)  # the supervisor polls every 0.2 s
         assert f"(pid {first}) exited with code -9; restarting in 0.5 s" in line
-        assert _ready(http_port, killed + 0.5 + 2 * startup_s), "not restarted in time"
+        # exit seen (<= 0.2 s), backoff 0.5 s, then a start like the first: 3x its time, for load
+        assert _ready(http_port, killed + 0.7 + 3 * startup_s), "not restarted in time"
         (second,) = _children(proc.pid)
         servers.add(second)
         assert second != first
