@@ -16,6 +16,7 @@ backend directory holding `backends/python` plus the stub built for this Python 
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
 from kiln.platform.signals import stop_on_signals
-from kiln.serving.stale import clean_stale, shm_prefix, workdir_prefix
+from kiln.serving.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
 
 log = logging.getLogger("kiln.triton")
 
@@ -102,6 +103,7 @@ class TritonServer:
         self.extra_args = list(extra_args or [])
         self.process: subprocess.Popen | None = None
         self._workdir: str | None = None
+        self._shm: str | None = None  # this server's shared-memory name prefix
         self.log_path: str | None = None
         self.restart = restart
         self.max_restarts = max_restarts
@@ -148,7 +150,7 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = ":".join(p for p in lib_dirs if p)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         # each server gets its own shared-memory names, so servers running side by side never clash
-        shm = shm_prefix(uuid.uuid4().hex[:6])
+        shm = self._shm = shm_prefix(uuid.uuid4().hex[:6])
         cmd = [
             os.path.join(dist, "bin", "tritonserver"),
             f"--model-repository={self.repo_dir}",
@@ -250,7 +252,7 @@ class TritonServer:
                 except (KilnError, OSError) as e:  # it never became ready: count it, go on
                     if self._stopping.is_set():
                         return
-                    what = f"tritonserver restart failed ({str(e).splitlines()[0]})"
+                    what = f"tritonserver restart failed ({str(e).splitlines()[0].rstrip(':')})"
             self.restarts += 1
             self.downtime_s = time.monotonic() - down_since
             log.info(
@@ -309,6 +311,11 @@ class TritonServer:
             if self._workdir:
                 shutil.rmtree(self._workdir, ignore_errors=True)
                 self._workdir = None
+            if self._shm:  # the segments of stubs killed before they could unlink them
+                for name in glob.glob(os.path.join(SHM_DIR, f"{glob.escape(self._shm)}*")):
+                    with contextlib.suppress(OSError):
+                        os.remove(name)
+                self._shm = None
 
     def wait(self) -> int:
         """Block until the server exits (with `restart`: until the supervisor gives up) or

@@ -8,6 +8,7 @@ before any header, and retried."""
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -81,17 +82,23 @@ def test_a_dropped_grpc_connection_is_unavailable_a_verdict_is_not():
     assert not _is_unavailable(InferenceServerException("in-band error from the model"))
 
 
-def dying_server(workdirs):
-    """A TritonServer whose process exits with code 3 0.3 s after start (not a tritonserver)."""
+def dying_server(workdirs, never_ready: tuple[int, ...] = ()):
+    """A TritonServer whose process exits with code 3 0.3 s after start (not a tritonserver);
+    the launches numbered in `never_ready` (0: the first) fail to become ready."""
+    from kiln.platform.errors import KilnError
     from kiln.serving.triton_server import TritonServer
 
     class Dying(TritonServer):
+        launches = 0
+
         def _prepare(self):
             self._workdir = tempfile.mkdtemp(dir=workdirs)
             return [sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"], None
 
         def _wait_ready(self):
-            pass
+            self.launches += 1
+            if self.launches - 1 in never_ready:
+                raise KilnError("tritonserver not ready after 180 s:\n(its log)")
 
     return Dying
 
@@ -108,19 +115,24 @@ def triton_records():
 
 
 def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path, triton_records):
-    """A server that keeps dying is restarted `max_restarts` times (0.5 s, 1 s apart), then the
-    supervisor gives up with an error line and `wait()` returns the exit code."""
-    server = dying_server(tmp_path)(str(tmp_path), restart=True, max_restarts=2)
+    """A server that keeps dying is restarted `max_restarts` times (0.5 s, 1 s apart; a restart
+    that never becomes ready counts and is retried), then the supervisor gives up with an error
+    line and `wait()` returns the exit code."""
+    server = dying_server(tmp_path, never_ready=(1,))(str(tmp_path), restart=True, max_restarts=2)
     try:
         server.start()
         assert server.wait() == 3  # returns once the supervisor gives up
     finally:
         server.stop()
     lines = [r.getMessage() for r in triton_records]
-    assert server.restarts == 2 and server.gave_up
-    assert sum("exited with code 3; restarting in 0.5 s" in m for m in lines) == 1
-    assert sum("exited with code 3; restarting in 1.0 s" in m for m in lines) == 1
-    assert "giving up" in lines[-1] and triton_records[-1].levelno == logging.ERROR
+    assert server.restarts == 1 and server.launches == 3 and server.gave_up
+    assert len(lines) == 3, lines  # one line per restart, one to give up
+    assert "exited with code 3; restarting in 0.5 s" in lines[0]
+    assert lines[1].startswith(
+        "tritonserver restart failed (tritonserver not ready after 180 s); restarting in 1.0 s"
+    )
+    assert "exited with code 3; 2 restarts in 300 s already: giving up" in lines[2]
+    assert triton_records[-1].levelno == logging.ERROR
     assert server.process is None and not os.listdir(tmp_path)  # work folders removed
 
 
@@ -251,7 +263,7 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         triton = endpoint.triton
         assert triton is not None and triton.restart
         ports = (triton.http_port, triton.grpc_port)
-        killed_pid = triton.process.pid
+        killed_pid, killed_shm = triton.process.pid, triton._shm
         done = threading.Semaphore(0)
         clients = threading.local()
         made: list[KilnClient] = []
@@ -294,6 +306,8 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         assert restarted_s < 30
         assert triton.process.pid != killed_pid and triton.process.poll() is None
         assert (triton.http_port, triton.grpc_port) == ports
+        # the killed server's python-backend stubs could not unlink their shared memory: kiln did
+        assert not glob.glob(f"/dev/shm/{killed_shm}*")
         lines = [r.getMessage() for r in triton_records]
         # one warning line for the restart (the "restarted" line is INFO: the run log only)
         assert len(lines) == 1 and f"pid {killed_pid}) exited with code -9; restarting" in lines[0]
