@@ -100,7 +100,8 @@ def init_embedded(**init_kwargs) -> socket.socket | None:
     before = os.environ.get(API_SERVER_ENV)
     os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"  # inherited by raylet -> workers
     try:
-        ray.init(**init_kwargs)
+        with _quiet_auth_notice():
+            ray.init(**init_kwargs)
     except BaseException:
         if guard is not None:
             guard.close()
@@ -111,6 +112,21 @@ def init_embedded(**init_kwargs) -> socket.socket | None:
         else:
             os.environ[API_SERVER_ENV] = before
     return guard
+
+
+@contextlib.contextmanager
+def _quiet_auth_notice():
+    """Ray turns token auth on for a fresh local cluster when RAY_AUTH_MODE is unset and prints a
+    notice on the terminal; kiln keeps that default and notes it in its log instead."""
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice.setLevel(level)
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        log.debug("Ray token authentication is on (RAY_AUTH_MODE=disabled turns it off)")
 
 
 @dataclass
