@@ -3,6 +3,7 @@
     .venv/bin/python bench/serving_engine.py           # ~3-6 min on 2 loaded CPU cores
     .venv/bin/python bench/serving_engine.py --quick   # smaller counts, a smoke run
     .venv/bin/python bench/serving_engine.py --part generation   # only section 2
+    .venv/bin/python bench/serving_engine.py --part steps        # only section 3 (~10 s)
 
 1. The local REST backend (in-process, no Ray) under 16 and 64 concurrent clients, vLLM
    `benchmark_serving` style: requests arrive as a Poisson process (--rate per client-count per
@@ -16,6 +17,8 @@
 2. Generated tokens/s of the engine against `transformers.generate` (greedy, exactly
    --gen-tokens new tokens) at batch 1 and 8 on a 125M-shaped Llama (dim 768, 12 layers, vocab
    32000, random weights), loaded by transformers from kiln's HF export.
+3. (--part steps only) what one 200-token prefill and one 64-row decode step of section 1's model
+   cost on one thread, in thread CPU time, and the attention / matmul share of each.
 """
 
 from __future__ import annotations
@@ -212,6 +215,62 @@ def generation_comparison(tmp: str, new_tokens: int, prompt_len: int, repeats: i
         )
 
 
+def step_costs(repeats: int) -> None:
+    """One prefill and one full decode step of the serving model on one thread, in this
+    thread's CPU time (what the shared machine's load moves least), with the op split."""
+    import torch
+    from torch.profiler import profile
+
+    from kiln.serving.engine.forward import EngineForward
+    from kiln.serving.engine.slots import SlotPool
+    from kiln.training.model.config import ModelConfig
+    from kiln.training.model.transformer import Transformer
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig(
+        vocab_size=347,
+        dim=256,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden_dim=640,
+        max_seq_len=1024,
+    )  # fmt: skip  (make_model's shape and vocabulary)
+    torch.manual_seed(0)
+    forward = EngineForward(Transformer(cfg).eval())
+    rows = 64
+    pool = SlotPool(cfg, rows, 1024)
+    pool.lengths = torch.randint(20, 330, (rows,)).tolist()  # the 64-client run's spread
+    step = torch.randint(0, cfg.vocab_size, (rows, 1))
+    prompt = torch.randint(0, cfg.vocab_size, (1, 200))
+
+    def decode():
+        forward(step, pool.view(0, rows), list(range(rows)), [0] * rows)
+
+    def prefill():
+        forward(prompt, pool.view(0, 1), [0], [199])
+
+    print("\n3. step costs, 1 thread, thread CPU ms (serving model, dim 256 x 4 layers)")
+    with torch.inference_mode():
+        for name, fn, tokens in (("decode, 64 rows", decode, rows), ("prefill, 200", prefill, 200)):
+            fn()
+            t = time.thread_time()
+            for _ in range(repeats):
+                fn()
+            ms = (time.thread_time() - t) / repeats * 1e3
+            with profile() as prof:
+                fn()
+            ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+            total = sum(ops.values())
+            attention = sum(v for k, v in ops.items() if "scaled_dot_product" in k)
+            print(
+                f"{name:<16} {ms:6.1f} ms  {tokens / ms * 1e3:6.0f} tok/s  attention "
+                f"{attention / total:4.0%}  aten::mm {ops.get('aten::mm', 0) / total:4.0%}"
+                f"  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+
+
 def main() -> None:
     import torch
 
@@ -222,7 +281,7 @@ def main() -> None:
     ap.add_argument(
         "--per-client", type=int, default=2, help="requests per client (more: a longer run)"
     )
-    ap.add_argument("--part", choices=["all", "serving", "generation"], default="all")
+    ap.add_argument("--part", choices=["all", "serving", "generation", "steps"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {args.threads} threads")
@@ -234,6 +293,8 @@ def main() -> None:
             )
         if args.part in ("all", "generation"):
             generation_comparison(tmp, 8 if args.quick else 64, 32, 1 if args.quick else 3)
+    if args.part == "steps":
+        step_costs(5 if args.quick else 20)
 
 
 if __name__ == "__main__":
