@@ -2,6 +2,7 @@
 CPU step, and the GPU figures (MFU against the datasheet and the measured GEMM peak).
 
     python bench/gpu_check.py record OUT.json STAGE ok|failed|skipped [--data JSON]
+    python bench/gpu_check.py env                # interpreter, torch and its CUDA version
     python bench/gpu_check.py imports            # kiln.training without Ray
     python bench/gpu_check.py cpu-step           # one tiny training step on CPU
     python bench/gpu_check.py torchrun-config OUT.yaml METRICS.jsonl [--variant offload] [--dry]
@@ -31,6 +32,22 @@ def record(path: str, stage: str, status: str, data: dict | None = None) -> None
     results.setdefault("stages", {})[stage] = {"status": status, **(data or {})}
     with open(path, "w") as f:
         json.dump(results, f, indent=2)
+
+
+def env_line() -> str:
+    """Interpreter, torch and its CUDA build, read from torch/version.py: importing torch only
+    to print its version cost seconds of every run (the imports stage imports it anyway)."""
+    import importlib.metadata
+    import runpy
+
+    try:
+        version_py = importlib.metadata.distribution("torch").locate_file("torch/version.py")
+        found = runpy.run_path(str(version_py))
+    except (importlib.metadata.PackageNotFoundError, OSError):  # torch without pip metadata
+        import torch
+
+        found = {"__version__": torch.__version__, "cuda": torch.version.cuda}
+    return f"python {sys.version.split()[0]} torch {found['__version__']} cuda {found['cuda']}"
 
 
 def check_imports() -> dict[str, Any]:
@@ -323,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("stage")
     rec.add_argument("status", choices=["ok", "failed", "skipped"])
     rec.add_argument("--data", default="{}")
+    sub.add_parser("env")
     sub.add_parser("imports")
     sub.add_parser("cpu-step")
     trc = sub.add_parser("torchrun-config")
@@ -338,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "record":
         record(args.path, args.stage, args.status, json.loads(args.data))
+    elif args.cmd == "env":
+        print(env_line())
     elif args.cmd == "imports":
         found = check_imports()
         print(json.dumps(found))

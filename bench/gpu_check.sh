@@ -59,7 +59,7 @@ stage() {  # stage NAME SECONDS CMD...: run, record ok/failed, keep going
 }
 
 echo "== env"
-"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+"$PY" bench/gpu_check.py env
 if [ "$DRY" = 0 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
     || { record env failed --data '{"error": "no GPU"}'; exit 1; }
@@ -78,7 +78,11 @@ if [ "$wheel_kib" -gt $((64 * 1024)) ]; then
   record wheels failed --data "{\"error\": \"$wheel_kib KiB of wheels: over the 64 MiB carry\"}"
   exit 1
 fi
-if timeout 120 "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" --target "$SITE" \
+# The list is complete and pinned (fetched with --no-deps): no resolver pass over the
+# interpreter's own packages, and no byte-compiling (most of pip's time; imports compile
+# what they use).
+if timeout 120 "$PY" -m pip install --quiet --no-index --no-deps --no-compile \
+    --disable-pip-version-check --find-links "$WHEELS" --target "$SITE" \
     "${WHEEL_TAGS[@]}" -r bench/gpu_wheels.txt; then
   record wheels ok --data "{\"kib\": $wheel_kib}"
 else
