@@ -79,16 +79,24 @@ def _tables(out: str) -> list[list[dict]]:
     return [pq.read_table(f).to_pylist() for f in files]
 
 
-def test_classify_conserves_counts_and_is_deterministic(inputs, tmp_path):
+@pytest.fixture(scope="module")
+def local_run(inputs, tmp_path_factory) -> tuple[str, dict]:
+    """One `cluster: local` run: the determinism and the `cluster: ray` tests compare to it."""
+    root, good, _ = inputs
+    out = str(tmp_path_factory.mktemp("classify-out") / "local")
+    return out, classify(_cfg(root, good), out)
+
+
+def test_classify_conserves_counts_and_is_deterministic(inputs, local_run, tmp_path):
     root, good, corpus = inputs
-    a = classify(_cfg(root, good), str(tmp_path / "a"))
+    out_a, a = local_run
     b = classify(_cfg(root, good), str(tmp_path / "b"))
     assert a["documents_in"] == len(corpus) == a["kept"] + a["rejected"]
     assert a["invariant_holds"] and a["removed_by_reason"] == {"quality": a["rejected"]}
     assert sum(a["histogram"]["counts"]) == len(corpus)
-    assert _tables(str(tmp_path / "a")) == _tables(str(tmp_path / "b"))
+    assert _tables(out_a) == _tables(str(tmp_path / "b"))
     assert a["model"]["held_out_accuracy"] == b["model"]["held_out_accuracy"]
-    rows = [r for t in _tables(str(tmp_path / "a")) for r in t]
+    rows = [r for t in _tables(out_a) for r in t]
     assert {r["reason"] for r in rows if "reason" in r} == {"quality"}
     truth = {d["id"]: d["label"] for d in corpus}
     kept = [r for r in rows if "reason" not in r]
@@ -98,12 +106,12 @@ def test_classify_conserves_counts_and_is_deterministic(inputs, tmp_path):
 
 
 @pytest.mark.slow
-def test_cluster_ray_equals_cluster_local(ray_session, inputs, tmp_path):
+def test_cluster_ray_equals_cluster_local(ray_session, inputs, local_run, tmp_path):
     root, good, _ = inputs
-    local = classify(_cfg(root, good), str(tmp_path / "local"))
+    out, local = local_run
     model = local["model"]["path"]  # the same model (training is tested above): scoring differs
     on_ray = classify(_cfg(root, good, cluster="ray", actors=2, model=model), str(tmp_path / "ray"))
-    assert _tables(str(tmp_path / "local")) == _tables(str(tmp_path / "ray"))
+    assert _tables(out) == _tables(str(tmp_path / "ray"))
     assert local["kept"] == on_ray["kept"]
 
 
