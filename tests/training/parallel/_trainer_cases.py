@@ -6,7 +6,7 @@ import torch
 
 from kiln.training.config import TrainConfig
 
-STEPS = 4  # the 4th step's loss is the loss after 3 optimizer steps
+STEPS = 3  # the 3rd step's loss is the loss after 2 optimizer steps
 
 
 def train_config(parallel: dict, model: dict, optimizer: dict | None = None) -> TrainConfig:

@@ -28,7 +28,7 @@ def _single_process(model: dict, optimizer: dict) -> list[float]:
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 def test_layouts_match_single_process(world):
     layouts = LAYOUTS[world]
-    # The loss of step 4 is the loss after 3 optimizer steps; every step is compared.
+    # The loss of step 3 is the loss after 2 optimizer steps; every step is compared.
     expected = [_single_process(model, opt) for _, _, model, opt in layouts]
     per_rank = run_distributed(train_losses, world, [layout[1:] for layout in layouts])
     for rank, results in enumerate(per_rank):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-STEPS = 4  # the 4th loss is the loss after 3 optimizer steps
+STEPS = 3  # the 3rd loss is the loss after 2 optimizer steps (Adam moments, clipping, warmup)
 
 
 def tiny_config(**overrides: Any):
-    """Tiny model, short sequences, 8 sequences per optimizer step, 4 steps, fp32."""
+    """Tiny model, short sequences, 8 sequences per optimizer step, 3 steps, fp32."""
     from kiln.training.config import TrainConfig
 
     base = {
