@@ -3,6 +3,8 @@ identical gathered parameters and optimizer state, and the same continued losses
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from kiln.training.config import TrainConfig
 from tests.training.checkpoint.gather import gathered_state
 from tests.training.distributed import run_distributed
 
-SAVE_AT, STEPS = 2, 4
+SAVE_AT, STEPS = 2, 3  # one step continued after the checkpoint
 
 
 def _config(parallel: dict, **checkpoint) -> TrainConfig:
@@ -61,7 +63,11 @@ def test_reshard_tp2_pp2_dp2_to_dp4_and_one_process(tmp_path):
     continued = saved[0][1]
     ckpt = f"{root}/step-{SAVE_AT:08d}"
 
-    (state4, losses4, step4), *_ = run_distributed(_load_and_continue, 4, ckpt, {"dp_shard": 4})
+    # The one-process load trains in a thread here while the 4 ranks start and sync.
+    with ThreadPoolExecutor(1) as pool:
+        one_process = pool.submit(_load_and_continue, ckpt, {"dp_shard": 1})
+        (state4, losses4, step4), *_ = run_distributed(_load_and_continue, 4, ckpt, {"dp_shard": 4})
+        state1, losses1, _ = one_process.result()
     assert step4 == SAVE_AT
     assert state4.keys() == saved_state.keys()
     for k, v in saved_state.items():
@@ -76,7 +82,6 @@ def test_reshard_tp2_pp2_dp2_to_dp4_and_one_process(tmp_path):
     }
     for k, v in saved_state.items():
         np.testing.assert_array_equal(offline[k].float().numpy(), v, err_msg=k)
-    state1, losses1, _ = _load_and_continue(ckpt, {"dp_shard": 1})
     for k, v in saved_state.items():
         np.testing.assert_array_equal(state1[k], v, err_msg=k)
     np.testing.assert_allclose(losses1, continued, rtol=0, atol=1e-5)
