@@ -55,3 +55,9 @@ def measured_peak_bytes(cfg: TrainConfig) -> int:
         trainer.train_step()
     peak = tracker.get_tracker_snapshot("peak")
     return sum(v for per_device in peak.values() for k, v in per_device.items() if k != "Total")
+
+
+def measured_peaks(cfgs: list[TrainConfig]) -> list[int]:
+    """measured_peak_bytes of each config in turn, in one process (MemTracker counts the tensors
+    it tracks, not the process's memory, so an earlier run does not show in a later one)."""
+    return [measured_peak_bytes(cfg) for cfg in cfgs]

@@ -9,7 +9,7 @@ from kiln.training.config import TrainConfig
 from kiln.training.plan import cpu_stand_in, plan_rank, plan_step
 from kiln.training.plan.moe import planned_counts
 from tests.training.distributed import run_distributed
-from tests.training.gpu_readiness._plan_cases import MOE, measured_peak_bytes, small_config
+from tests.training.gpu_readiness._plan_cases import MOE, measured_peaks, small_config
 
 GIB = 2**30
 
@@ -18,20 +18,36 @@ def _planned_peak(cfg: TrainConfig, world: int) -> int:
     return plan_step(cfg, 0, world)[1].peak  # bytes: these runs are ~0.01 GiB
 
 
-@pytest.mark.slow  # a real run in a fresh process: ~10 s on the loaded 2-core machine
-@pytest.mark.parametrize("recompute", ["selective", "none", "full"])
-def test_planned_peak_matches_a_measured_cpu_run(recompute):
-    cfg = small_config(recompute)
-    [measured] = run_distributed(measured_peak_bytes, 1, cfg)
-    planned = _planned_peak(cfg, 1)
+RECOMPUTE = ["selective", "none", "full"]
+FSDP = small_config("selective", {"dp_shard": 2})
+MOE_EP2 = small_config("selective", {"dp_shard": 2, "ep": 2}, {**MOE, "capacity_factor": 1.25})
+
+
+@pytest.fixture(scope="module")
+def one_rank_peaks() -> dict[str, int]:
+    """The three recompute modes measured one after another in one fresh process."""
+    [peaks] = run_distributed(measured_peaks, 1, [small_config(r) for r in RECOMPUTE])
+    return dict(zip(RECOMPUTE, peaks, strict=True))
+
+
+@pytest.fixture(scope="module")
+def two_rank_peaks() -> list[list[int]]:
+    """Per rank: the FSDP run's peak, then the expert-parallel run's, on one 2-rank group."""
+    return run_distributed(measured_peaks, 2, [FSDP, MOE_EP2])
+
+
+@pytest.mark.slow  # real runs in a fresh process: ~10 s on the loaded 2-core machine
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+def test_planned_peak_matches_a_measured_cpu_run(recompute, one_rank_peaks):
+    measured = one_rank_peaks[recompute]
+    planned = _planned_peak(small_config(recompute), 1)
     assert abs(planned - measured) / measured < 0.10, (planned, measured)
 
 
 @pytest.mark.slow
-def test_planned_peak_matches_a_measured_fsdp_rank():
-    cfg = small_config("selective", {"dp_shard": 2})
-    measured = run_distributed(measured_peak_bytes, 2, cfg)[0]
-    planned = _planned_peak(cfg, 2)
+def test_planned_peak_matches_a_measured_fsdp_rank(two_rank_peaks):
+    measured = two_rank_peaks[0][0]
+    planned = _planned_peak(FSDP, 2)
     assert abs(planned - measured) / measured < 0.10, (planned, measured)
 
 
@@ -81,13 +97,12 @@ def test_llama3_widths_plan_their_states_and_activations(shape, parallel):
 
 
 @pytest.mark.slow  # two real ranks: ~15 s on the loaded 2-core machine
-def test_planned_moe_peak_matches_a_measured_expert_parallel_run():
+def test_planned_moe_peak_matches_a_measured_expert_parallel_run(two_rank_peaks):
     """ep=2 with a capacity: the planner routes every owner at the capacity (the most it can
     receive), so it may sit above a measured run's routing, not below it."""
-    cfg = small_config("selective", {"dp_shard": 2, "ep": 2}, {**MOE, "capacity_factor": 1.25})
-    measured = run_distributed(measured_peak_bytes, 2, cfg)
+    measured = [per_rank[1] for per_rank in two_rank_peaks]
     for rank in (0, 1):
-        planned = plan_step(cfg, rank, 2)[1].peak
+        planned = plan_step(MOE_EP2, rank, 2)[1].peak
         assert -0.02 < (planned - measured[rank]) / measured[rank] < 0.10, (planned, measured)
 
 
