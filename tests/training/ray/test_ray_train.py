@@ -36,8 +36,11 @@ def _uninterrupted() -> list[float]:
 
 
 @pytest.mark.slow
-def test_worker_killed_at_step_5_resumes_with_identical_losses(ray_session, tmp_path):
+def test_worker_killed_at_step_5_resumes_with_identical_losses(ray_session, tmp_path, monkeypatch):
     """A pipeline with the train stage: Ray Train, one worker SIGKILLed, one restart."""
+    # Ray Train's controller polls its workers every 2 s: it learns of the dead worker, and takes
+    # each checkpoint report, on that poll. Ray Train passes this to the controller it starts.
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     ray_options = {
         "max_failures": 1,
         "cpus_per_worker": 0.5,
