@@ -97,6 +97,27 @@ def test_batch_langid_equals_langid_classify():
     assert batch_langid(1024).classify(texts).tolist() == expected
 
 
+def test_batch_langid_unpacks_langids_model_once_into_a_cache(tmp_path, monkeypatch):
+    from kiln.curator.filters import langid_batch
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    texts = [prose(random.Random(1)), japanese(random.Random(2)), *DE_SENTENCES[:1]]
+    built = langid_batch.BatchLangid(1024).classify(texts).tolist()
+    (cached,) = tmp_path.glob("langid-*.npz")
+
+    def unpack_again(model):
+        raise AssertionError("the cached model was unpacked again")
+
+    monkeypatch.setattr(langid_batch, "_build_arrays", unpack_again)
+    assert langid_batch.BatchLangid(1024).classify(texts).tolist() == built == ["en", "ja", "de"]
+
+    cached.write_bytes(b"half-written")  # a damaged cache is rebuilt, never trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    assert langid_batch.BatchLangid(1024).classify(texts).tolist() == built
+    assert cached.stat().st_size > 1000
+
+
 class NoShouting(DocumentFilter):
     name = "shouting"
 
