@@ -93,9 +93,8 @@ def _model_arrays() -> dict[str, np.ndarray]:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln"
     )
     path = os.path.join(root, f"langid-{digest[:16]}.npz")
-    with contextlib.suppress(OSError, ValueError, KeyError, EOFError):
-        with np.load(path) as cached:
-            return {k: cached[k] for k in cached.files}
+    with contextlib.suppress(OSError, ValueError, KeyError, EOFError), np.load(path) as cached:
+        return {k: cached[k] for k in cached.files}
     arrays = _build_arrays(model)
     with contextlib.suppress(OSError):  # a read-only home: no cache, same model
         os.makedirs(root, exist_ok=True)
