@@ -27,20 +27,6 @@ def two_nodes():
     return _cluster
 
 
-# tests that leave the worker node dead: run after the others, which would restart it (~10 s)
-LEAVES_NODE_DEAD = ("test_worker_node_lost_mid_curate_gives_identical_corpus",)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The cluster's users keep their slots in the run; the ones that end with the worker node
-    dead take the last slots, so no test pays for restarting it."""
-    users = [i for i in items if "two_nodes" in getattr(i, "fixturenames", ())]
-    slots = [n for n, i in enumerate(items) if i in users]
-    last = [i for i in users if i.name in LEAVES_NODE_DEAD]
-    for slot, item in zip(slots, [i for i in users if i not in last] + last, strict=True):
-        items[slot] = item
-
-
 def _shutdown_cluster() -> None:
     global _cluster
     if _cluster is not None:
