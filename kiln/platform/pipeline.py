@@ -24,7 +24,7 @@ from kiln.platform import console
 from kiln.platform.artifact import MANIFEST, Artifact
 from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
 from kiln.platform.runtime import RayConfig, Runtime
-from kiln.platform.stage import Stage, StageContext, run_steps
+from kiln.platform.stage import Stage, StageContext, needs_ray, run_steps
 
 log = logging.getLogger("kiln")
 
@@ -169,7 +169,8 @@ class Pipeline:
         run_log = console.attach_run_log(run_dir)
         log.debug("run %s: %s", run_id, run_dir)  # the summary prints the folder
         try:
-            for st in self.stages:
+            for i, st in enumerate(self.stages):
+                runtime.ray_later = any(needs_ray(later) for later in self.stages[i + 1 :])
                 self._run_stage(st, run_dir, record, result, runtime, force=st.name in force)
                 self._write(run_dir, record)
             record["status"] = "succeeded"

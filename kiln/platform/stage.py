@@ -129,6 +129,11 @@ class Step:
     run: Callable[[StageContext], dict[str, Any] | None]
 
 
+def needs_ray(stage: Stage) -> bool:
+    """Whether any step of `stage` declares it needs Ray (the runtime keeps Ray up for it)."""
+    return any(step.needs.ray for step in stage.steps())
+
+
 def run_steps(stage: Stage, ctx: StageContext) -> dict[str, Any]:
     """Run a stage's steps, starting or releasing Ray before each; returns the merged metrics."""
     metrics: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from kiln.platform.errors import ConfigError
+from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.serving.app import DeploymentOptions
 from kiln.serving.backends import BatchingConfig
@@ -56,6 +57,7 @@ class ServeStage(Stage):
     input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
     output_kinds: ClassVar[dict[str, str]] = {"endpoint": "Endpoint"}
     cacheable: ClassVar[bool] = False
+    resources: ClassVar[Resources] = Resources(ray=True)  # the endpoint is a Ray Serve app
 
     def api_key(self) -> str | None:
         cfg: ServeConfig = self.config  # type: ignore[assignment]

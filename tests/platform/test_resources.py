@@ -15,6 +15,7 @@ import pytest
 from kiln.platform.cli import main
 from kiln.platform.errors import ConfigError
 from kiln.platform.pipeline import Pipeline
+from kiln.platform.runtime import Resources, Runtime
 from tests.platform.stages_for_tests import RayProbe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,11 +43,14 @@ print("HELD", json.dumps(held.record["stages"]["after"]["metrics"]))
 @pytest.mark.slow
 def test_spec_ray_block_and_release_between_stages(tmp_path):
     """One fresh process (no session Ray): `ray: {num_cpus: 1}` sizes the embedded Ray; a stage
-    declaring `ray: false` runs with Ray shut down; after a non-cacheable stage it stays up."""
+    declaring `ray: false` runs with Ray shut down unless a later stage needs Ray again; after a
+    non-cacheable stage it stays up."""
     (tmp_path / "spec.yaml").write_text(
         "pipeline: res\nray: {num_cpus: 1}\nstages:\n"
         f"  - {{stage: '{PROBE}', name: on_ray, config: {{needs_ray: true}}}}\n"
         f"  - {{stage: '{PROBE}', name: undeclared}}\n"
+        f"  - {{stage: '{PROBE}', name: kept, config: {{needs_ray: false}}}}\n"
+        f"  - {{stage: '{PROBE}', name: again, config: {{needs_ray: true}}}}\n"
         f"  - {{stage: '{PROBE}', name: off_ray, config: {{needs_ray: false}}}}\n"
     )
     out = subprocess.run(
@@ -62,11 +66,32 @@ def test_spec_ray_block_and_release_between_stages(tmp_path):
     stages = json.loads((tmp_path / "runs/res/cli/run.json").read_text())["stages"]
     assert stages["on_ray"]["metrics"] == {"ray_up": True, "cpus": 1.0}
     assert stages["undeclared"]["metrics"]["ray_up"] is True  # not declared: left as it is
+    # `again` needs Ray after it: kept up, not restarted (a fresh start costs ~10 CPU seconds)
+    assert stages["kept"]["metrics"] == {"ray_up": True, "cpus": 1.0}
+    assert stages["again"]["metrics"] == {"ray_up": True, "cpus": 1.0}
     assert stages["off_ray"]["metrics"] == {"ray_up": False, "cpus": None}
     run_log = (tmp_path / "runs/res/cli/logs/kiln.log").read_text()  # quiet terminal: log only
-    assert "shutting down the embedded Ray" in run_log
+    assert run_log.count("shutting down the embedded Ray") == 1
     held = json.loads(out.stdout.split("HELD ", 1)[1].splitlines()[0])
     assert held == {"ray_up": True, "cpus": 1.0}
+
+
+def test_a_no_ray_step_keeps_ray_for_a_later_stage_unless_it_reclaims_the_memory():
+    from kiln.curator.config import CurateConfig
+    from kiln.curator.pipeline import step_needs
+
+    stops: list[str] = []
+    runtime = Runtime()
+    runtime.shutdown = lambda: stops.append("stop")
+    runtime.ray_later = True
+    runtime.provide(Resources(ray=False))
+    assert stops == []  # a later stage needs Ray: no stop and restart
+    _, dedup_on_threads = step_needs(CurateConfig(input=["x"], cluster="local"))
+    runtime.provide(dedup_on_threads)
+    assert stops == ["stop"]  # the dedup peak gets Ray's memory all the same
+    runtime.ray_later = False
+    runtime.provide(Resources(ray=False))
+    assert stops == ["stop", "stop"]
 
 
 def test_ray_block_is_validated(tmp_path, capsys):
