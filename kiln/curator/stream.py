@@ -90,7 +90,9 @@ def run_stream(
         TaskActor,
         fn_constructor_args=(cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters)),
         batch_size=1,
-        compute=ray.data.ActorPoolStrategy(size=actors),
+        # one task at a time per actor: a task is a whole file chunk, and an actor holding
+        # several queued (Ray Data's default 4) leaves the others idle at the end of a run
+        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
         num_cpus=cpus_per_actor,
         num_gpus=1.0 / actors if cfg.backend == "cudf" else 0,
     )

@@ -23,8 +23,10 @@ FAST_HEALTH_CHECK = {
 # A driver resolves "127.0.0.1" in RAY_ADDRESS to the machine's outward IP (where nothing of this
 # cluster listens) unless Ray is told to stay on loopback, as it does on macOS/Windows.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-# every process on the worker node sees this (fault hooks use it to act on that node only)
+# every process on the worker node sees this (fault hooks use it to act on that node only);
+# the head node's processes see "head"
 WORKER_ENV = {"KILN_TEST_NODE": "worker"}
+HEAD_ENV = {"KILN_TEST_NODE": "head"}
 
 
 class TwoNodeCluster:
@@ -39,7 +41,7 @@ class TwoNodeCluster:
         # every process of this cluster asks its own dashboard, never another cluster's on :8265
         # (Ray Train's placement-group cleaner would otherwise drop a live run's group)
         self._api = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}
-        with _raylet_env(self._api):
+        with _raylet_env({**self._api, **HEAD_ENV}):
             self.cluster = Cluster(
                 initialize_head=True,
                 head_node_args={

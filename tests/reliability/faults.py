@@ -65,22 +65,27 @@ PAUSE_TAG = "kiln-pause-on-worker-node:"
 class PauseOnWorkerNode(DocumentFilter):
     """A curator filter that keeps every document, except that a process on the test cluster's
     worker node (`KILN_TEST_NODE=worker`) which sees `kiln-pause-on-worker-node:<marker>` writes
-    the marker and waits there, so the test kills the node with a task known to be in flight."""
+    the marker and waits there, so the test kills the node with a task known to be in flight.
+    On the head node the same document waits for that marker (bounded): an actor there that is
+    ready first would otherwise run every task before the worker node's actor takes one."""
 
     name = "pause_on_worker_node"
 
     def keep(self, batch):
         import numpy as np
 
-        if os.environ.get("KILN_TEST_NODE") == "worker":
-            for text in batch.texts:
-                if PAUSE_TAG in text:
-                    marker = text.split(PAUSE_TAG, 1)[1].split()[0]
-                    with open(marker, "w") as f:
-                        f.write(str(os.getpid()))
-                    deadline = time.monotonic() + 300
-                    while time.monotonic() < deadline:  # until the node is killed
-                        time.sleep(0.1)
+        node = os.environ.get("KILN_TEST_NODE")
+        for text in batch.texts if node in ("worker", "head") else ():
+            if PAUSE_TAG not in text:
+                continue
+            marker = text.split(PAUSE_TAG, 1)[1].split()[0]
+            if node == "worker":
+                with open(marker, "w") as f:
+                    f.write(str(os.getpid()))
+            deadline = time.monotonic() + (300 if node == "worker" else 120)
+            # the worker node: until the node is killed; the head: until the worker node pauses
+            while time.monotonic() < deadline and (node == "worker" or not os.path.exists(marker)):
+                time.sleep(0.1)
         return np.ones(len(batch), dtype=bool)
 
 
