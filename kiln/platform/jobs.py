@@ -14,6 +14,7 @@ from kiln.platform.errors import InputError, KilnError
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.egg-info", ".pytest_cache", "bench/out"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 AGENT_WAIT_S = 60.0
+UNANSWERED_S = 30.0  # how long `wait` keeps polling a dashboard that drops its requests
 
 
 def _client(address: str):
@@ -75,6 +76,8 @@ def submit(
                     submission_id=job_id,
                     metadata={"kiln_spec": str(rel)},
                 )
+            except OSError as e:  # refused or dropped mid-upload
+                raise _unreachable(address, e) from None
             except RuntimeError as e:
                 # A head node that just started answers before its job agent is up.
                 if "No available agent" not in str(e) or time.monotonic() > deadline:
@@ -87,22 +90,43 @@ def submit(
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _unreachable(address: str, e: OSError) -> KilnError:
+    """One line for a dashboard that refused or dropped a request (requests raises OSErrors)."""
+    detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return KilnError(f"--address {address}: the Ray dashboard did not answer ({detail[:200]})")
+
+
 def status(job_id: str, address: str) -> str:
-    return str(_client(address).get_job_status(job_id)).split(".")[-1]
+    try:
+        return str(_client(address).get_job_status(job_id)).split(".")[-1]
+    except OSError as e:
+        raise _unreachable(address, e) from None
 
 
 def logs(job_id: str, address: str) -> str:
-    return _client(address).get_job_logs(job_id)
+    try:
+        return _client(address).get_job_logs(job_id)
+    except OSError as e:
+        raise _unreachable(address, e) from None
 
 
 def wait(job_id: str, address: str, *, timeout_s: float = 3600, echo=print) -> str:
-    """Poll until the job ends, echoing new log lines; returns the final status."""
+    """Poll until the job ends, echoing new log lines; returns the final status. A dashboard
+    that drops a poll (a busy head node does) is asked again for up to UNANSWERED_S."""
     client = _client(address)
     shown = 0
     deadline = time.monotonic() + timeout_s
+    answered = time.monotonic()
     while True:
-        state = str(client.get_job_status(job_id)).split(".")[-1]
-        text = client.get_job_logs(job_id)
+        try:
+            state = str(client.get_job_status(job_id)).split(".")[-1]
+            text = client.get_job_logs(job_id)
+        except OSError as e:
+            if time.monotonic() - answered > UNANSWERED_S:
+                raise _unreachable(address, e) from None
+            time.sleep(1.0)
+            continue
+        answered = time.monotonic()
         if len(text) > shown:
             echo(text[shown:].rstrip("\n"))
             shown = len(text)
