@@ -6,16 +6,15 @@ a stream refused before it starts is retried."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from kiln.serving.client import KilnClient
+from tests.http_stub import JsonHandler, serving
 
 
-class _Restarting(BaseHTTPRequestHandler):
+class _Restarting(JsonHandler):
     down_until = 0.0
     status_when_up = 200
     seen = 0
@@ -37,25 +36,14 @@ class _Restarting(BaseHTTPRequestHandler):
             code, body, extra = 200, {"choices": [{"text": "Paris"}]}, {}
         else:
             code, body, extra = self.status_when_up, {"error": {"message": "bad field"}}, {}
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        for k, v in {"Content-Type": "application/json", **extra}.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(body, code, extra)
 
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Restarting)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     _Restarting.seen, _Restarting.status_when_up = 0, 200
-    yield _Restarting, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serving(_Restarting) as url:
+        yield _Restarting, url
 
 
 def test_default_budget_rides_out_a_restart_longer_than_three_retries(server):
