@@ -46,6 +46,7 @@ def server():
         yield _Restarting, url
 
 
+@pytest.mark.slow  # waits out a ~5 s restart: `make test` runs it, test-fast does not
 def test_default_budget_rides_out_a_restart_longer_than_three_retries(server):
     handler, url = server
     handler.down_until = time.monotonic() + 4.5  # > 3 retries x Retry-After 1 s

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 WHEELS = REPO / "bench" / ".gpu-wheels"
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: `make test` only
 def test_kiln_training_imports_without_ray():
     code = (
         "import sys; sys.modules['ray'] = None; "

@@ -113,6 +113,7 @@ def test_planned_routing_counts():
     assert planned_counts(4096, 2, 8, 0.5) == (512, 512)  # dropping: at most the capacity
 
 
+@pytest.mark.slow  # 5-7 s here: `make test` runs it, test-fast does not
 def test_moe_plans_experts_per_ep_rank_at_256_ranks():
     """Mixtral-like (Llama-3-8B width, 8 experts, top-2) at tp=4 x dp 8x8 with ep=8: rank 0
     holds one expert per layer in full plus 1/32 of everything else; fp32 states."""

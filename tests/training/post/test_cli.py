@@ -15,6 +15,7 @@ from tests.training.post.lora_helpers import export_base
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is", "ignore::FutureWarning")
 
 
+@pytest.mark.slow  # ~4 s of peers loading the export: `make test` only
 def test_prepare_sft_dpo_from_the_cli_and_the_export_loads_in_peers(tmp_path, capsys):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

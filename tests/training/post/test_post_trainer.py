@@ -77,6 +77,7 @@ def test_lora_sft_trains_only_adapters_on_the_base(data, tmp_path):
         assert torch.equal(resumed.model_parts[0].state_dict()[k], state[k])
 
 
+@pytest.mark.slow  # 5-7 s here: `make test` runs it, test-fast does not
 def test_dpo_precomputed_reference_equals_adapters_disabled(data, tmp_path):
     runs = {}
     for ref in ("precomputed", "adapters_disabled"):
