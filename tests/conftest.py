@@ -21,7 +21,16 @@ def _has_cuda() -> bool:
         return False
 
 
+# A test on a live Ray cluster (the session's, or the 2-node one) pays Ray's start and its
+# daemons' CPU for the rest of the run: `slow` by definition, whatever its own duration.
+LIVE_RAY_FIXTURES = {"ray_session", "two_nodes"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LIVE_RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -194,6 +194,11 @@ class Runtime:
                 raise ConfigError(f"{who}: needs {wanted:g} {name}s, the Ray cluster has {have:g}")
 
     @property
+    def embedded(self) -> bool:
+        """Ray was started here, by this runtime: one machine, no node can be preempted."""
+        return self._started_here
+
+    @property
     def cpus(self) -> float:
         import ray
 

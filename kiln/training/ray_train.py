@@ -17,6 +17,7 @@ has no `resume_from_checkpoint`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -41,6 +42,9 @@ from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_
 
 log = logging.getLogger("kiln.train")
 TRAINER, CONFIG = "kiln.training.trainer:Trainer", "kiln.training.config:TrainConfig"
+# Ray Train's preemption watcher: one more actor per worker group (~4 CPU s to start) that polls
+# Ray for nodes being drained (spot instances); an embedded Ray on one machine has none.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 class RayOptions(BaseModel):
@@ -116,7 +120,8 @@ def train_on_ray(
             storage_path,
         )
         try:
-            result = ray_trainer.fit()
+            with _watcher_off(runtime.embedded):
+                result = ray_trainer.fit()
             break
         except ray_train_failure() as exc:
             if not options.elastic or restart == options.elastic.max_restarts:
@@ -137,6 +142,20 @@ def train_on_ray(
         "world_size": n,
         "layout_changes": read_layout_changes(run_dir),
     }
+
+
+@contextlib.contextmanager
+def _watcher_off(embedded: bool):
+    """No preemption watcher on an embedded Ray (Ray Train hands the driver's environment to
+    its controller at `fit`); a value the user set is kept."""
+    if not embedded or PREEMPTION_WATCHER_ENV in os.environ:
+        yield
+        return
+    os.environ[PREEMPTION_WATCHER_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(PREEMPTION_WATCHER_ENV, None)
 
 
 def _failure_reason(exc: Exception) -> str:

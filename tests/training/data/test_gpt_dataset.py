@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -11,11 +9,11 @@ from kiln.training.data.blended_dataset import BlendedDataset, build_blending_in
 from kiln.training.data.gpt_dataset import GPTDataset, build_indices
 from kiln.training.data.indexed_dataset import IndexedDataset
 from tests.training.data.helpers import write_unique_dataset
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from megatron.core.datasets import helpers_cpp
-    from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
+from tests.training.data.megatron_peer import (
+    _build_document_index,
+    _build_shuffle_index,
+    helpers_cpp,
+)
 
 
 @pytest.mark.parametrize(

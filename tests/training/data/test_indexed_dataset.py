@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
 
 from kiln.training.data.indexed_dataset import IndexedDataset, IndexedDatasetWriter, merge
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" is harmless
-    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from tests.training.data.megatron_peer import IndexedDataset as MegatronIndexedDataset
+from tests.training.data.megatron_peer import IndexedDatasetBuilder
 
 
 def _documents(n: int, vocab: int, seed: int = 0) -> list[np.ndarray]:

@@ -4,7 +4,6 @@ batches."""
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,7 @@ from kiln.training.data.parallel_tokenize import corpus_files, split_of
 from kiln.training.data.tokenize_stage import TokenizeConfig, TokenizeStage, obtain_tokenizer
 from kiln.training.data.tokenizer import load_tokenizer
 from tests.training.data.corpus import documents, write_corpus
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
+from tests.training.data.megatron_peer import IndexedDataset as MegatronIndexedDataset
 
 N_DOCS = 400
 pytestmark = pytest.mark.slow  # the stage end to end on Ray Data actors

@@ -60,7 +60,7 @@ def test_only_adapters_train_and_merge_disable_roundtrip(base_export):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.endswith(("lora_a", "lora_b")) for n in trainable)
     model.load_state_dict(base.state_dict(), strict=False)  # base names are unchanged
-    tokens = torch.randint(0, VOCAB, (1, 12))
+    tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), base(tokens))  # B = 0 at init
         random_adapters(model)
@@ -68,13 +68,14 @@ def test_only_adapters_train_and_merge_disable_roundtrip(base_export):
         assert (adapted - base(tokens)).abs().max() > 1e-3
         with adapters_disabled(model):
             torch.testing.assert_close(model(tokens), base(tokens))
+        # W x + s B A x and (W + s B A) x round differently: float32 relative tolerance
         merge_lora(model)
-        torch.testing.assert_close(model(tokens), adapted, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model(tokens), adapted, rtol=1e-5, atol=1e-5)
         unmerge_lora(model)
-        torch.testing.assert_close(model(tokens), adapted, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model(tokens), adapted, rtol=1e-5, atol=1e-5)
         merge_lora(model)
         with adapters_disabled(model):  # merged weights are the adapted model
-            torch.testing.assert_close(model(tokens), adapted, rtol=0, atol=1e-5)
+            torch.testing.assert_close(model(tokens), adapted, rtol=1e-5, atol=1e-5)
 
 
 def test_peft_adapter_folder_loads_in_peft_and_equals_merged_export(base_export, tmp_path):
