@@ -10,6 +10,9 @@ import pytest
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No test cluster here has preemptible nodes: no Ray Train preemption watcher (one actor, ~4 CPU s,
+# per worker group) on the attached test clusters either (kiln turns it off on its embedded Ray).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def _has_cuda() -> bool:

@@ -71,6 +71,7 @@ def test_quickstart_teaches_the_facts_quietly(tmp_path):
         cmd += ["--set", o]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)  # kiln's own choice is under test
     out = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False
     )

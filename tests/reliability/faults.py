@@ -8,8 +8,9 @@ import time
 
 from kiln.curator.filters.base import DocumentFilter
 
-PAUSE_STEP = 2  # on 4 workers: the test removes the worker node here
-REGROW_STEP = 2  # on the 2 workers left (step 2 again): the test brings the node back here
+PAUSE_STEP = 2  # on 2 workers: the test removes the worker node here
+REGROW_STEP = 2  # on the 1 worker left (step 2 again): the test brings the node back here
+SMALL_WORLD = 1
 NODE_REMOVED = "node-removed"
 NODE_BACK = "node-back"
 
@@ -18,7 +19,7 @@ def pause_for_node_changes(metrics: dict, info: dict) -> None:
     """Every rank stops once at PAUSE_STEP until the test has removed the worker node, and (on
     the smaller layout) once at REGROW_STEP until the node is back, so each change happens at a
     known step however loaded the machine is."""
-    small = metrics["world_size"] == 2
+    small = metrics["world_size"] == SMALL_WORLD
     if metrics["step"] == PAUSE_STEP and not small:
         _pause(info, "paused", NODE_REMOVED)
     elif metrics["step"] == REGROW_STEP and small:
