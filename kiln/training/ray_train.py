@@ -109,7 +109,16 @@ def train_on_ray(
     change = None
     for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
         ray_trainer = _torch_trainer(  # not `trainer`: that is the class path, on every restart
-            cfg, run_dir, options, storage_path, n, use_gpu, cpus, change, trainer_path=trainer
+            cfg,
+            run_dir,
+            options,
+            storage_path,
+            n,
+            use_gpu,
+            cpus,
+            change,
+            trainer_path=trainer,
+            embedded=runtime.embedded,
         )
         log.info(
             "training on Ray: %d workers (%s, %.2g CPU each), run %r in %s",
@@ -208,12 +217,14 @@ def _torch_trainer(
     cpus: float,
     layout_change: dict | None = None,
     trainer_path: str = "",
+    embedded: bool = False,
 ):
     """A TorchTrainer running `_train_loop` on n workers (gloo on CPU, NCCL on GPU)."""
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from kiln.training.launch import process_group_backend
+    from kiln.training.lean_trainer import LeanTorchTrainer
 
     loop_config = {
         "train": cfg.model_dump(mode="json", by_alias=True),
@@ -233,8 +244,9 @@ def _torch_trainer(
         "trainer": trainer_path or TRAINER,
         "config_class": f"{type(cfg).__module__}:{type(cfg).__name__}",
     }
-    return TorchTrainer(
+    return LeanTorchTrainer(
         _train_loop,
+        embedded=embedded,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend=process_group_backend(use_gpu, cfg.optimizer_offload)),
         scaling_config=ray.train.ScalingConfig(
