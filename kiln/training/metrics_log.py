@@ -59,6 +59,16 @@ class ProgressClock:
         return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def progress_line(m: dict[str, Any], total_steps: int, eta: str) -> str:
+    """The one console line of a logged step."""
+    mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
+    return (
+        f"step {m['step']}/{total_steps} loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f} "
+        f"lr {m['lr']:.2e} tokens/s {m['tokens_per_s']:.0f} mfu {mfu} "
+        f"peak_mem {m['peak_mem_gb']:.2f}GB ETA {eta}"
+    )
+
+
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     """Per-step metrics; after a restart the re-run steps replace the first attempt's."""
     path = os.path.join(run_dir, METRICS_FILE)

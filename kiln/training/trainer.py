@@ -21,7 +21,7 @@ from torch import nn
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
-from kiln.training.metrics_log import ProgressClock
+from kiln.training.metrics_log import ProgressClock, progress_line
 from kiln.training.model import Transformer
 from kiln.training.optimizer import (
     build_lr_scheduler,
@@ -385,20 +385,7 @@ class Trainer:
             return
         eta = self._clock.eta(m["step"])
         if m["step"] % self.cfg.log_every == 0 or m["step"] == self.cfg.steps:
-            mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
-            log.info(
-                "step %d/%d loss %.4f grad_norm %.3f lr %.2e tokens/s %.0f mfu %s "
-                "peak_mem %.2fGB ETA %s",
-                m["step"],
-                self.cfg.steps,
-                m["loss"],
-                m["grad_norm"],
-                m["lr"],
-                m["tokens_per_s"],
-                mfu,
-                m["peak_mem_gb"],
-                eta,
-            )
+            log.info("%s", progress_line(m, self.cfg.steps, eta))
         if self.cfg.metrics_file:
             with open(self.cfg.metrics_file, "a") as f:
                 f.write(json.dumps(m) + "\n")
