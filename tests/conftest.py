@@ -16,6 +16,9 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 # Ray Train's controller looks at its workers every 2 s: a finished or failed worker group is
 # noticed ~1 s sooner on average at 0.5 s (tiny groups here, so the polls cost nothing)
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# Ray workers at the test's niceness, not Ray's 15, on the clusters tests start with `ray start` /
+# cluster_utils too (kiln's embedded Ray does this itself): else a busy neighbour starves them
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def _has_cuda() -> bool:

@@ -71,7 +71,8 @@ def test_quickstart_teaches_the_facts_quietly(tmp_path):
         cmd += ["--set", o]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)  # kiln's own choice is under test
+    for kilns_own_choice in ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "RAY_worker_niceness"):
+        env.pop(kilns_own_choice, None)
     out = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False
     )
@@ -97,6 +98,14 @@ def test_quickstart_teaches_the_facts_quietly(tmp_path):
     }
     assert "TrainController" in actors, actors
     assert not actors & {"PreemptionWatcher", "PlacementGroupCleaner", "DatasetManager"}, actors
+    # ... and its workers at kiln's niceness (Ray's default renices them to 15)
+    nice = {
+        line.rsplit(" ", 1)[1]
+        for log in (run_dir / "logs" / "ray").glob("python-core-worker-*.log")
+        for line in log.read_text(errors="replace").splitlines()
+        if "Adjusted worker niceness to" in line
+    }
+    assert nice == {"0"}, nice
     rows = json.loads((run_dir / "compare/answers/answers.json").read_text())
     assert [r["question"] for r in rows] == QUESTIONS
     assert all(r["base"] and r["tuned"] for r in rows)
