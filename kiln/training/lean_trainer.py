@@ -2,15 +2,23 @@
 
 Beside its workers, each Ray Train worker group brings a controller and helper actors, each one
 a process that imports ray.train (~4 CPU s on a laptop core). kiln never hands Ray Train a
-dataset (its loader reads the token files itself), so the DatasetManager actor is left out; on an
-embedded Ray, which ends with its driver, so is the PlacementGroupCleaner (it removes a run's
-placement group when the controller dies and the cluster lives on). The helpers are found by
-class name: a Ray that renames them keeps them, which costs time, never correctness.
+dataset (its loader reads the token files itself), so the DatasetManager actor is left out. On an
+embedded Ray, which runs on one machine and ends with its driver, so are the PlacementGroupCleaner
+(it removes a run's placement group when the controller dies and the cluster lives on) and the
+preemption watcher (it polls for nodes being drained; a value of its variable the user set is
+kept). The helpers are found by class name: a Ray that renames them keeps them, which costs time,
+never correctness.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from ray.train.torch import TorchTrainer
+
+# read by the controller, which Ray Train hands the driver's environment at `fit`
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 class LeanTorchTrainer(TorchTrainer):
@@ -24,3 +32,18 @@ class LeanTorchTrainer(TorchTrainer):
             unused.add("PlacementGroupCleanerCallback")
         callbacks = super()._create_default_callbacks()
         return [cb for cb in callbacks if type(cb).__name__ not in unused]
+
+    def fit(self):
+        with self._watcher_off() if self._embedded else contextlib.nullcontext():
+            return super().fit()
+
+    @contextlib.contextmanager
+    def _watcher_off(self):
+        if PREEMPTION_WATCHER_ENV in os.environ:
+            yield
+            return
+        os.environ[PREEMPTION_WATCHER_ENV] = "0"
+        try:
+            yield
+        finally:
+            os.environ.pop(PREEMPTION_WATCHER_ENV, None)

@@ -17,7 +17,6 @@ has no `resume_from_checkpoint`).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import logging
@@ -42,9 +41,6 @@ from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_
 
 log = logging.getLogger("kiln.train")
 TRAINER, CONFIG = "kiln.training.trainer:Trainer", "kiln.training.config:TrainConfig"
-# Ray Train's preemption watcher: one more actor per worker group (~4 CPU s to start) that polls
-# Ray for nodes being drained (spot instances); an embedded Ray on one machine has none.
-PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 class RayOptions(BaseModel):
@@ -129,8 +125,7 @@ def train_on_ray(
             storage_path,
         )
         try:
-            with _watcher_off(runtime.embedded):
-                result = ray_trainer.fit()
+            result = ray_trainer.fit()
             break
         except ray_train_failure() as exc:
             if not options.elastic or restart == options.elastic.max_restarts:
@@ -151,20 +146,6 @@ def train_on_ray(
         "world_size": n,
         "layout_changes": read_layout_changes(run_dir),
     }
-
-
-@contextlib.contextmanager
-def _watcher_off(embedded: bool):
-    """No preemption watcher on an embedded Ray (Ray Train hands the driver's environment to
-    its controller at `fit`); a value the user set is kept."""
-    if not embedded or PREEMPTION_WATCHER_ENV in os.environ:
-        yield
-        return
-    os.environ[PREEMPTION_WATCHER_ENV] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop(PREEMPTION_WATCHER_ENV, None)
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -45,14 +45,12 @@ class ImportModelStage(Stage):
 
         from kiln.serving.export.hf import export_hf
         from kiln.serving.import_hf import read_model
-        from kiln.training.model.config import ModelConfig
         from kiln.training.model.weights import build_model
 
         work = Path(ctx.work_dir or ctx.stage_dir)
         tokenizer_dir = work / "tokenizer"
         cfg, state = read_model(self.config.source, str(tokenizer_dir))
         # straight to hf/: no checkpoint written and read back (540 MB each way for a 135M model)
-        cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
         model = build_model(cfg, state, device="cpu")
         out = ctx.outputs["model"]
         hf = os.path.join(out.path, "hf")
