@@ -83,6 +83,12 @@ def run_stream(
     import ray
 
     actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
+    # An actor that dies while starting (its node lost, or a pending one Ray Data itself let go)
+    # is replaced, up to once per actor in a row; a constructor that always fails still fails
+    # the run. Ray Data's default (0) fails the whole curate on the first such death.
+    data_ctx = ray.data.DataContext.get_current()
+    if 0 <= data_ctx.max_consecutive_actor_init_deaths < actors:
+        data_ctx.max_consecutive_actor_init_deaths = actors
     ds = ray.data.from_items(
         [{"task": json.dumps(t.to_dict())} for t in tasks], override_num_blocks=len(tasks)
     )

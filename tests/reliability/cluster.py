@@ -8,6 +8,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import free_port
@@ -58,6 +59,7 @@ class TwoNodeCluster:
                 },
             )
         self.worker = None
+        self.node_killed = False  # once a node was killed, the next test gets a fresh cluster
         self.start_worker_node()
         self.address = self.cluster.address
         self.dashboard_url = f"http://{self.cluster.webui_url}"
@@ -77,13 +79,28 @@ class TwoNodeCluster:
             )
 
     def kill_worker_node(self) -> None:
+        """SIGKILL the worker node's processes (raylet, agents, every worker) all at once and
+        return when they are gone, as a machine losing power. Ray's own removal kills the raylet,
+        and a worker notices that only later: a paused training rank could still run its next
+        step (and save a checkpoint) after this returned."""
+        import psutil
+
+        tree = []
+        for procs in self.worker.all_processes.values():
+            for info in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc = psutil.Process(info.process.pid)
+                    tree += [proc, *proc.children(recursive=True)]
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
         self.cluster.remove_node(self.worker, allow_graceful=False)
         self.worker = None
-
-    def ensure_worker_node(self) -> None:
-        """Back to two nodes (a test that killed the worker node leaves the cluster as found)."""
-        if self.worker is None:
-            self.start_worker_node()
+        self.node_killed = True
+        deadline = time.monotonic() + 30
+        while alive := [p for p in tree if _running(p)]:
+            assert time.monotonic() < deadline, f"worker node processes survived SIGKILL: {alive}"
+            time.sleep(0.05)
 
     def driver(self, args: list[str], log_path: str) -> subprocess.Popen:
         """Start `python *args` as a driver of this cluster, its output in `log_path` (a file, not
@@ -101,6 +118,17 @@ class TwoNodeCluster:
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+
+
+def _running(proc) -> bool:
+    """Not yet dead: a killed process whose parent (here, often a container's init that does not
+    reap) has not collected it is a zombie, which runs nothing."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @contextlib.contextmanager

@@ -60,6 +60,40 @@ class KillWorkerOnce(DocumentFilter):
         return np.ones(len(batch), dtype=bool)
 
 
+def kill_on_init_marker() -> str:
+    """Armed by the test (created), disarmed by the first process that removes it: one per Ray
+    job, so the driver and its actors name the same file."""
+    import tempfile
+
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    return os.path.join(tempfile.gettempdir(), f"kiln-kill-on-init-{job}")
+
+
+class FailOnInitOnce(DocumentFilter):
+    """A curator filter that keeps every document; while the job's marker is armed, the first
+    Ray actor to build it fails in its constructor: an actor that dies while it starts, which Ray
+    Core does not restart (a SIGKILL there would be restarted by Ray Core, not by Ray Data)."""
+
+    name = "fail_on_init_once"
+
+    def __init__(self) -> None:
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id():  # actors only
+            try:
+                os.remove(kill_on_init_marker())  # only one process wins this
+            except FileNotFoundError:
+                return
+            raise RuntimeError("fail_on_init_once: this actor dies while it starts")
+
+    def keep(self, batch):
+        import numpy as np
+
+        return np.ones(len(batch), dtype=bool)
+
+
 PAUSE_TAG = "kiln-pause-on-worker-node:"
 
 

@@ -16,7 +16,7 @@ from kiln.curator.stage import CurateStage
 from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
 from tests.curator.corpus import prose
-from tests.reliability.faults import KILL_TAG, PAUSE_TAG
+from tests.reliability.faults import KILL_TAG, PAUSE_TAG, kill_on_init_marker
 
 DRIVER = """
 import json, sys
@@ -89,6 +89,33 @@ def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
     marker.unlink()
     faulty = curate("faulty", "ray")
     assert marker.exists()  # a Ray Data worker was SIGKILLed mid-task
+    _check_same_corpus(faulty, clean)
+
+
+@pytest.mark.slow
+def test_actor_dead_while_starting_is_replaced(ray_session, tmp_path):
+    """A Ray Data actor that dies in its constructor is replaced: Ray Data's default fails the
+    whole curate on the first such death (seen when a node went away as an actor started)."""
+    files = _inputs(tmp_path, _documents("", tagged=[]))
+    config = {
+        "input": files,
+        "actors": 2,
+        "filters": {"custom": ["tests.reliability.faults:FailOnInitOnce"]},
+    }
+
+    def curate(runs: str, stream: str):
+        stage = CurateStage({**config, "stream": stream})
+        result = Pipeline("cur", [stage], runs_dir=tmp_path / runs).run(shutdown=False)
+        return result.artifact("curate.corpus")
+
+    clean = curate("clean", "inline")
+    marker = Path(kill_on_init_marker())
+    marker.touch()
+    try:
+        faulty = curate("faulty", "ray")
+        assert not marker.exists()  # an actor took it and failed in its constructor
+    finally:
+        marker.unlink(missing_ok=True)
     _check_same_corpus(faulty, clean)
 
 
