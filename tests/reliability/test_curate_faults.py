@@ -68,6 +68,13 @@ def _check_same_corpus(faulty, clean) -> None:
     assert counts["rejected"] >= 4  # three too short, one duplicate
 
 
+def _curate(config: dict, runs_dir: Path, stream: str) -> Artifact:
+    """One curate stage in this process (on the session's Ray for stream: ray)."""
+    stage = CurateStage({**config, "stream": stream})
+    result = Pipeline("cur", [stage], runs_dir=runs_dir).run(shutdown=False)
+    return result.artifact("curate.corpus")
+
+
 @pytest.mark.slow
 def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
     marker = tmp_path / "killed"
@@ -79,15 +86,10 @@ def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
         "filters": {"custom": ["tests.reliability.faults:KillWorkerOnce"]},
     }
 
-    def curate(runs: str, stream: str):
-        stage = CurateStage({**config, "stream": stream})
-        result = Pipeline("cur", [stage], runs_dir=tmp_path / runs).run(shutdown=False)
-        return result.artifact("curate.corpus")
-
     marker.touch()  # the clean reference (in-process, no Ray) does not kill itself
-    clean = curate("clean", "inline")
+    clean = _curate(config, tmp_path / "clean", "inline")
     marker.unlink()
-    faulty = curate("faulty", "ray")
+    faulty = _curate(config, tmp_path / "faulty", "ray")
     assert marker.exists()  # a Ray Data worker was SIGKILLed mid-task
     _check_same_corpus(faulty, clean)
 
@@ -103,16 +105,11 @@ def test_actor_dead_while_starting_is_replaced(ray_session, tmp_path):
         "filters": {"custom": ["tests.reliability.faults:FailOnInitOnce"]},
     }
 
-    def curate(runs: str, stream: str):
-        stage = CurateStage({**config, "stream": stream})
-        result = Pipeline("cur", [stage], runs_dir=tmp_path / runs).run(shutdown=False)
-        return result.artifact("curate.corpus")
-
-    clean = curate("clean", "inline")
+    clean = _curate(config, tmp_path / "clean", "inline")
     marker = Path(kill_on_init_marker())
     marker.touch()
     try:
-        faulty = curate("faulty", "ray")
+        faulty = _curate(config, tmp_path / "faulty", "ray")
         assert not marker.exists()  # an actor took it and failed in its constructor
     finally:
         marker.unlink(missing_ok=True)
@@ -137,9 +134,7 @@ def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes, tmp_path)
     driver = two_nodes.driver(args, log_path)
     try:
         # meanwhile the clean reference, in this process (no worker node here: nothing pauses)
-        clean_stage = CurateStage({**config, "stream": "inline"})
-        clean = Pipeline("cur", [clean_stage], runs_dir=tmp_path / "clean").run(shutdown=False)
-        clean = clean.artifact("curate.corpus")
+        clean = _curate(config, tmp_path / "clean", "inline")
         deadline = time.monotonic() + 180
         while not marker.exists():
             if driver.poll() is not None or time.monotonic() > deadline:
