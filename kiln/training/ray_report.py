@@ -85,7 +85,10 @@ class RayReporter:
             if not (final or fresh or time.monotonic() - last >= self.heartbeat_s):
                 continue
             self._signal(_FINAL if final else _REPORT)
-            self._report(newest[1] if fresh else None, final)
+            # the final report names the newest checkpoint even when an earlier report did (the
+            # last save can be committed and reported just before the loop ends): Ray Train's
+            # result for the run is its latest checkpoint's report, and that must be the final one
+            self._report(newest[1] if fresh or (final and newest) else None, final)
             last = time.monotonic()
             if final:
                 return
