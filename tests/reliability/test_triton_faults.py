@@ -2,9 +2,9 @@
 kiln started is SIGKILLed mid-load. Kiln restarts it on the same ports within 30 s; meanwhile the
 REST layer answers 503 + Retry-After (never 500), so clients retrying per KilnClient's policy
 see no 5xx and every answer equals kiln's own greedy text. Streamed requests running beside
-them: one cut mid-generation ends with an OpenAI error event (code 503) and `[DONE]`, never a
-dropped connection; one started while the server is down is refused with 503 + Retry-After
-before any header, and retried."""
+them: one cut mid-generation (most runs: see the assertion) ends with an OpenAI error event
+(code 503) and `[DONE]`, never a dropped connection; one started while the server is down is
+refused with 503 + Retry-After before any header, and retried."""
 
 from __future__ import annotations
 
@@ -322,8 +322,11 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         assert completion.done and set(completion.done) == {streamed.text}
         assert chat.done and len(set(chat.done)) == 1  # greedy: every finished chat is the same
         cut = [(s, text) for s in streamers for text in s.cut]
-        # each streamer had one stream in flight when the server died: at most that one is cut
-        assert completion.cut and len(cut) <= len(streamers), cut
+        # each streamer had at most one stream in flight when the server died: at most that one
+        # is cut. Usually the completion stream is (its error event checked in Streamer.once),
+        # but not always: by the time its first text reaches the client, the server may have
+        # generated all of it (1 idle run in ~7 saw no cut), so a cut is counted, not required.
+        assert len(cut) <= len(streamers), cut
         for s, text in cut:  # what was sent before the error is the answer's beginning
             assert (streamed.text if s is completion else chat.done[0]).startswith(text)
         refused = sum(s.refused for s in streamers)
