@@ -60,7 +60,7 @@ class KillWorkerOnce(DocumentFilter):
         return np.ones(len(batch), dtype=bool)
 
 
-def kill_on_init_marker() -> str:
+def fail_on_init_marker() -> str:
     """Armed by the test (created), disarmed by the first process that removes it: one per Ray
     job, so the driver and its actors name the same file."""
     import tempfile
@@ -68,7 +68,7 @@ def kill_on_init_marker() -> str:
     import ray
 
     job = ray.get_runtime_context().get_job_id()
-    return os.path.join(tempfile.gettempdir(), f"kiln-kill-on-init-{job}")
+    return os.path.join(tempfile.gettempdir(), f"kiln-fail-on-init-{job}")
 
 
 class FailOnInitOnce(DocumentFilter):
@@ -83,7 +83,7 @@ class FailOnInitOnce(DocumentFilter):
 
         if ray.is_initialized() and ray.get_runtime_context().get_actor_id():  # actors only
             try:
-                os.remove(kill_on_init_marker())  # only one process wins this
+                os.remove(fail_on_init_marker())  # only one process wins this
             except FileNotFoundError:
                 return
             raise RuntimeError("fail_on_init_once: this actor dies while it starts")

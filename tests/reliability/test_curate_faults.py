@@ -16,7 +16,7 @@ from kiln.curator.stage import CurateStage
 from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
 from tests.curator.corpus import prose
-from tests.reliability.faults import KILL_TAG, PAUSE_TAG, kill_on_init_marker
+from tests.reliability.faults import KILL_TAG, PAUSE_TAG, fail_on_init_marker
 
 DRIVER = """
 import json, sys
@@ -106,7 +106,7 @@ def test_actor_dead_while_starting_is_replaced(ray_session, tmp_path):
     }
 
     clean = _curate(config, tmp_path / "clean", "inline")
-    marker = Path(kill_on_init_marker())
+    marker = Path(fail_on_init_marker())
     marker.touch()
     try:
         faulty = _curate(config, tmp_path / "faulty", "ray")
