@@ -27,6 +27,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# Which kernels step the optimizer is this run's choice (its device, its layout), not the run's
+# that saved the checkpoint: a CPU run's foreach must not become a GPU run's, nor the reverse.
+_KERNEL_FLAGS = ("foreach", "fused")
 
 
 def model_state(parts: list[torch.nn.Module]) -> tuple[dict[str, Any], list[list[str]]]:
@@ -57,6 +60,9 @@ def apply_model_state(parts, state: dict[str, Any], keys: list[list[str]]) -> No
 
 def apply_optimizer_state(parts, optimizers, state: dict[str, Any], keys: list[list[str]]) -> None:
     for part, opt, part_keys in zip(parts, optimizers, keys, strict=True):
+        kernels = [{k: g.get(k) for k in _KERNEL_FLAGS} for g in opt.param_groups]
         set_optimizer_state_dict(
             part, opt, {k: state[k] for k in part_keys}, options=_OPTIM_OPTIONS
         )
+        for group, flags in zip(opt.param_groups, kernels, strict=True):
+            group.update(flags)

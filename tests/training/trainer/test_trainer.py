@@ -142,3 +142,30 @@ def test_train_launches_torchrun_for_a_multi_rank_layout():
         history = train(tiny_config(**layout))
         reference = reference.result()
     assert [m["loss"] for m in history] == pytest.approx(reference, abs=1e-5)
+
+
+def test_a_loaded_optimizer_keeps_this_runs_kernels():
+    """The saving run's foreach/fused flags are not this run's: resuming keeps its own."""
+    from kiln.training.checkpoint.state import apply_optimizer_state, optimizer_state
+    from kiln.training.config import OptimizerConfig
+    from kiln.training.optimizer import build_optimizer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset("tiny"))
+    saver = build_optimizer(model, OptimizerConfig(implementation="foreach"))
+    model(torch.randint(0, 256, (2, 8))).square().mean().backward()
+    saver.step()
+    saved, _ = optimizer_state([model], [saver])
+    model.zero_grad(set_to_none=True)  # as a resuming run is: no gradients yet
+    loader = build_optimizer(model, OptimizerConfig(implementation="for_loop"))
+    state, keys = optimizer_state([model], [loader])  # the placeholders a resume fills (as DCP)
+    for k, v in saved.items():
+        if isinstance(v, torch.Tensor):
+            state[k].copy_(v)
+        else:
+            state[k] = v
+    apply_optimizer_state([model], [loader], state, keys)
+    assert {g["foreach"] for g in loader.param_groups} == {False}
+    assert {g["foreach"] for g in saver.param_groups} == {True}
+    first = next(iter(model.parameters()))
+    torch.testing.assert_close(loader.state[first]["exp_avg"], saver.state[first]["exp_avg"])
