@@ -132,10 +132,14 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """tokens [B, S] -> logits [B, S, V]. As a pipeline stage, parts set to None are skipped."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, *, init: bool = True):
+        """`init=False` draws no weights and builds no RoPE tables: for a build on the meta device
+        whose storage comes later (`to_empty`, then `init_weights()` or loaded weights)."""
         super().__init__()
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # nn.Embedding draws N(0, 1) unless handed its weight (a meta normal_ imports torch._dynamo)
+        empty = None if init else torch.empty(cfg.vocab_size, cfg.dim)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=empty)
         # A ModuleDict keyed by global index keeps names like `layers.7` in every pipeline stage.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
@@ -144,7 +148,8 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.init_weights()
+        if init:
+            self.init_weights()
 
     def _rope_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
