@@ -124,3 +124,30 @@ def test_meta_init_and_stage_skips():
     assert model(tokens).shape == (1, 8, cfg.vocab_size)
     model.tok_embeddings, model.output = None, None  # a middle pipeline stage takes hidden states
     assert model(torch.randn(1, 8, cfg.dim)).shape == (1, 8, cfg.dim)
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch
+def test_loading_weights_builds_on_meta_without_torch_dynamo(tmp_path):
+    """`build_model(cfg, state)` draws no weights and imports no torch._dynamo (~3.5 CPU s that
+    a serving replica or a tritonserver model would pay at each start); it holds the state."""
+    import subprocess
+    import sys
+
+    cfg = ModelConfig.preset("tiny")
+    reference = Transformer(cfg)
+    torch.save(reference.state_dict(), tmp_path / "state.pt")
+    code = f"""
+import sys, torch
+from kiln.training.model import ModelConfig
+from kiln.training.model.weights import build_model
+state = torch.load({str(tmp_path / "state.pt")!r}, weights_only=True)
+model = build_model(ModelConfig.preset("tiny"), state, device="cpu")
+assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+assert model.rope_cos.numel() > 0
+print("DYNAMO", "torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DYNAMO False" in out.stdout
