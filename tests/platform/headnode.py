@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Self
@@ -63,17 +64,24 @@ class HeadNode:
             f"--metrics-export-port={free_port()}",
             f"--ray-client-server-port={free_port()}",
         ]
+        # `ray start` gives its dashboard 60 s to register, then exits 1 (RAY_DASHBOARD_STARTUP_
+        # TIMEOUT_S); a likely cause of the exit 1 once seen beside stress-ng, whose output was
+        # not kept then. Now it gets this fixture's own bound, and its output is kept.
+        env = {**self.env, "RAY_DASHBOARD_STARTUP_TIMEOUT_S": str(START_TIMEOUT_S)}
+        self._output = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             cmd,
-            env=self.env,
+            env=env,
             start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT_S  # fails at once if `ray start` exits
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {self.proc.returncode}")
+                self._output.seek(0)
+                said = self._output.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}:\n{said}")
             try:
                 if httpx.get(f"{self.dashboard_url}/api/version", timeout=2).status_code == 200:
                     return self
@@ -97,3 +105,4 @@ class HeadNode:
             except subprocess.TimeoutExpired:
                 continue
         self.proc = None
+        self._output.close()
