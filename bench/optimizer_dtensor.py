@@ -11,31 +11,21 @@ the losses of both must be equal.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import socket
+import sys
 import time
 
-CTX = mp.get_context("forkserver")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.training.distributed import run_distributed  # noqa: E402
 
 
-def _rank(rank: int, world: int, port: int, impl: str, steps: int, queue) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-    )
+def train_timed(impl: str, steps: int) -> tuple[float, list[float]]:
+    """On every rank: (this rank's CPU seconds, the losses) of one run."""
     import torch
-    import torch.distributed as dist
 
     from kiln.training.config import TrainConfig
     from kiln.training.trainer import Trainer
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = TrainConfig.model_validate(
         {
             "model": "tiny",
@@ -51,27 +41,16 @@ def _rank(rank: int, world: int, port: int, impl: str, steps: int, queue) -> Non
     )
     start = time.process_time()
     losses = [m["loss"] for m in Trainer(cfg).train()]
-    queue.put((rank, time.process_time() - start, losses))
-    dist.destroy_process_group()
+    assert torch.get_num_threads() == 1
+    return time.process_time() - start, losses
 
 
 def run(impl: str, steps: int, world: int = 8) -> tuple[float, list[float], float]:
     """(mean per-rank CPU s, rank 0's losses, wall s) of one run."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    queue = CTX.Queue()
-    procs = [
-        CTX.Process(target=_rank, args=(r, world, port, impl, steps, queue)) for r in range(world)
-    ]
     t0 = time.perf_counter()
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=900) for _ in procs)
-    for p in procs:
-        p.join()
-    cpu = sum(r[1] for r in results) / world
-    return cpu, results[0][2], time.perf_counter() - t0
+    per_rank = run_distributed(train_timed, world, impl, steps, timeout=900)
+    cpu = sum(r[0] for r in per_rank) / world
+    return cpu, per_rank[0][1], time.perf_counter() - t0
 
 
 def main() -> None:
