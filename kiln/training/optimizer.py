@@ -42,8 +42,9 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         # on a 3-D mesh); a per-parameter loop reuses one cached sharding per parameter shape.
         for g in groups:
             g["foreach"] = not isinstance(g["params"][0], DTensor)
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+        kwargs = {}
+    else:
+        kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **kwargs)
 
 

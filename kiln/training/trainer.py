@@ -131,7 +131,8 @@ class Trainer:
         """Build on the meta device, carve this rank's pipeline stage(s), parallelize, then
         allocate and initialise only the local shards (torchtitan's order; the same weights as
         one process, see parallel/meta_init.py). Otherwise every rank builds the full model."""
-        from kiln.training.parallel.meta_init import build_on_meta, materialize
+        from kiln.training.model.meta import build_on_meta
+        from kiln.training.parallel.meta_init import materialize
         from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
         cfg, dims = self.cfg, self.dims

@@ -9,7 +9,7 @@ from kiln.training.model.config import ModelConfig
 from kiln.training.model.transformer import Transformer
 
 
-def on_meta(cfg: ModelConfig) -> Transformer:
+def build_on_meta(cfg: ModelConfig) -> Transformer:
     """The full model on the meta device: `to_empty(device=...)` it, then load or init weights.
 
     Nothing is drawn and no RoPE table is built on meta: they would hold nothing, and torch's

@@ -16,7 +16,7 @@ import torch
 from kiln.platform.errors import InputError
 from kiln.training.model.config import ModelConfig
 from kiln.training.model.hf_names import from_hf_config, from_hf_state
-from kiln.training.model.meta import on_meta
+from kiln.training.model.meta import build_on_meta
 from kiln.training.model.transformer import Transformer
 
 StateDict = dict[str, torch.Tensor]
@@ -49,7 +49,7 @@ def build_model(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if state is None:
         return Transformer(cfg).to(device=device, dtype=dtype).eval()
-    model = on_meta(cfg)  # no random init of weights about to be overwritten
+    model = build_on_meta(cfg)  # no random init of weights about to be overwritten
     model.to_empty(device=device)
     model.init_buffers(device)
     load_weights(model, state)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kiln.training.model import ModelConfig
-from kiln.training.parallel.meta_init import build_on_meta, init_full, materialize
+from kiln.training.model.meta import build_on_meta
+from kiln.training.parallel.meta_init import init_full, materialize
 from tests.training.distributed import run_distributed
 
 
