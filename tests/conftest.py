@@ -40,12 +40,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if LIVE_RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    _live_ray_modules_last(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _live_ray_modules_last(items) -> None:
+    """The modules that use a live Ray run last, in their usual order otherwise: first those on
+    the 2-node cluster alone, then one on both clusters, then those on the session's Ray. Each
+    Ray idles at ~0.15 cores (daemons, pooled workers) from the test that starts it to the one
+    that shuts it down; the session's, started by the first curator test, idled through two
+    thirds of the run."""
+
+    def uses(fixture: str) -> set:
+        return {i.path for i in items if fixture in getattr(i, "fixturenames", ())}
+
+    two_nodes, session = uses("two_nodes"), uses("ray_session")
+    rank = {path: 1 for path in two_nodes} | {path: 3 for path in session}
+    rank |= {path: 2 for path in two_nodes & session}
+    items.sort(key=lambda item: rank.get(item.path, 0))  # stable
 
 
 @pytest.fixture(scope="session")

@@ -81,4 +81,4 @@ def test_sft_facts_are_answered_by_the_served_model(ray_session, tmp_path):
                 assert reply.choices[0].finish_reason == "stop"  # ended on <|im_end|>
     finally:
         endpoint.close()
-        serve.delete("facts")
+        serve.shutdown()  # its controller and proxy idle at ~0.04 cores for the rest of the run
