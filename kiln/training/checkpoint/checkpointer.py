@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +32,19 @@ from kiln.training.checkpoint.safe_reader import SafeLoadPlanner
 
 # DCP gathers the ranks' write errors into a CheckpointException, a BaseException
 WRITE_ERRORS = (Exception, CheckpointException)
+
+
+def _one_process_saves_are_meant() -> None:
+    """A one-process run saves with no process group on purpose; DCP warns about that at every
+    save (even given no_dist=True), and the warning would land in every such run's log.
+    (Installed by each one-process Checkpointer: a filter added inside a `catch_warnings` block,
+    as pytest runs each test, ends with it.)"""
+    warnings.filterwarnings(  # replaces an identical filter: never a growing list
+        "ignore",
+        message="torch.distributed is disabled, unavailable or uninitialized",
+        category=UserWarning,
+        module=r"torch\.distributed\.checkpoint",
+    )
 
 
 class CheckpointWriteError(KilnError):
@@ -90,6 +104,8 @@ class Checkpointer:
         # thread must not interleave with training collectives (or with our control messages).
         self._save_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._control_pg = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        if not dist.is_initialized():
+            _one_process_saves_are_meant()
         self._inflight: tuple[Future, int, str, dict] | None = None
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()

@@ -169,3 +169,21 @@ def test_a_loaded_optimizer_keeps_this_runs_kernels():
     assert {g["foreach"] for g in saver.param_groups} == {True}
     first = next(iter(model.parameters()))
     torch.testing.assert_close(loader.state[first]["exp_avg"], saver.state[first]["exp_avg"])
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_one_process_saves_and_resumes_without_a_warning(tmp_path, async_save):
+    """DCP warns "torch.distributed is disabled ..." unless told a save is one process's: a
+    successful run's log holds no warning."""
+    import warnings
+
+    from kiln.training.trainer import Trainer
+
+    checkpoint = {"dir": str(tmp_path / "ckpt"), "interval_steps": 1, "async": async_save}
+    small = {"preset": "tiny", "n_layers": 2}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", append=True)  # behind kiln's own filters
+        Trainer(tiny_config(steps=1, model=small, checkpoint=checkpoint)).train()
+        resumed = Trainer(tiny_config(steps=2, model=small, checkpoint=checkpoint)).train()
+    assert [m["step"] for m in resumed] == [2]  # the second run loaded step 1's checkpoint
+    assert [str(w.message) for w in caught] == []
