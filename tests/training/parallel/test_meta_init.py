@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,9 +84,17 @@ def _setup_peak_mb(meta_init: bool) -> float:
     return peak
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
 def _one_path(meta_init: bool) -> float:
     # A fresh process per path; imports and process groups first (a tiny model on the same
     # path), so the measurement is the model alone and no other path's freed memory is reused.
+    # Blocks of 1 MiB and up come from, and go back to, the OS: the resident set follows the live
+    # tensors. (glibc raises its threshold after a large free and then keeps freed blocks in the
+    # heap: one scratch unit of the replayed init could stay resident beside the next, and a
+    # rank measured 100 or 220 MB on meta from run to run.)
+    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
     warm = _build(meta_init, {"n_layers": 4})
     del warm
     return _setup_peak_mb(meta_init)
@@ -123,8 +132,8 @@ def test_meta_build_lowers_peak_host_memory_tp2_pp2():
         print(f"rank {rank}: setup peak {meta_mb:.0f} MB on meta vs {full_mb:.0f} MB before")
         assert full_mb > full_model_mb  # every rank held the whole model (and a stage copy)
         assert meta_mb < 0.5 * full_mb, (rank, meta_mb, full_mb)
-    # No rank held the whole model: the typical rank's peak is well under it. (Not every rank's:
-    # in 2 of 6 full-suite runs rank 0 alone measured 216-227 MB on meta, anonymous memory,
-    # against 101 MB on the others and in every run of this test alone; cause not found.)
+    # No rank held the whole model: every rank's peak is well under it (its shards and one
+    # full-size unit of the replayed init: 101-109 MB on all 32 ranks of 8 runs with glibc's
+    # threshold fixed; without it, 217-227 MB on one or two ranks in 3 of 7 runs, and a failure)
     meta_peaks = sorted(meta_mb for meta_mb, _ in per_rank)
-    assert meta_peaks[len(meta_peaks) // 2] < 0.6 * full_model_mb, meta_peaks
+    assert meta_peaks[-1] < 0.6 * full_model_mb, meta_peaks
