@@ -37,11 +37,16 @@ demo: $(VENV)/.kiln-installed $(VENV)/.kiln-model-installed
 demo-pretrain: $(VENV)/.kiln-installed
 	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/pretrain_tiny.yaml
 
+# Two pytest workers (pytest-xdist): the modules on a live Ray run in order on one, the other
+# modules whole on either (tests/conftest.py groups them). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: lint
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q --durations=25
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q $(XDIST) --durations=25
 
 test-fast: $(VENV)/.kiln-test-installed
-	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q -m "not slow"
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 # The rule set (E, F, I, B, UP, SIM, 100 columns) lives in pyproject.toml; `make test` runs this first.
 lint: $(VENV)/.kiln-test-installed

@@ -35,12 +35,17 @@ def _has_cuda() -> bool:
 LIVE_RAY_FIXTURES = {"ray_session", "two_nodes"}
 
 
+def _fixtures(item) -> set[str]:
+    return set(getattr(item, "fixturenames", ()))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if LIVE_RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if LIVE_RAY_FIXTURES & _fixtures(item):
             item.add_marker(pytest.mark.slow)
     _live_ray_modules_last(items)
+    _xdist_groups(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -57,12 +62,24 @@ def _live_ray_modules_last(items) -> None:
     thirds of the run."""
 
     def uses(fixture: str) -> set:
-        return {i.path for i in items if fixture in getattr(i, "fixturenames", ())}
+        return {i.path for i in items if fixture in _fixtures(i)}
 
     two_nodes, session = uses("two_nodes"), uses("ray_session")
     rank = {path: 1 for path in two_nodes} | {path: 3 for path in session}
     rank |= {path: 2 for path in two_nodes & session}
-    items.sort(key=lambda item: rank.get(item.path, 0))  # stable
+    # stable; in the module on both, its 2-node test first: the cluster is gone before the rest
+    items.sort(key=lambda i: (rank.get(i.path, 0), "two_nodes" not in _fixtures(i)))
+
+
+def _xdist_groups(items) -> None:
+    """Under `pytest -n N --dist loadgroup` (`make test`): every module on a live Ray goes to one
+    worker, in the order above, so one session Ray and one 2-node cluster serve them all; any
+    other module goes whole to one worker, so its module fixtures are built once. xdist hands
+    the largest group out first: the Ray block starts at once, the rest fills the other workers."""
+    live = {i.path for i in items if LIVE_RAY_FIXTURES & _fixtures(i)}
+    for item in items:
+        group = "live-ray" if item.path in live else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
@@ -77,13 +94,19 @@ def ray_session():
 
     guard = None
     if not ray.is_initialized():
-        guard = init_embedded(
-            address="local",
-            num_cpus=8,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            configure_logging=False,
-        )
+        # Serve's replicas log each request to the driver's stderr, which pytest captures only
+        # while a test runs (they showed between tests' dots); their log files still have them
+        os.environ["RAY_SERVE_LOG_TO_STDERR"] = "0"  # read by the raylet, inherited by replicas
+        try:
+            guard = init_embedded(
+                address="local",
+                num_cpus=8,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                configure_logging=False,
+            )
+        finally:
+            del os.environ["RAY_SERVE_LOG_TO_STDERR"]  # not for the kiln processes tests start
     yield ray
     ray.shutdown()
     if guard is not None:

@@ -38,10 +38,10 @@ def _shutdown_cluster() -> None:
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """Shut the cluster down after the last test that uses it, not at the end of the suite."""
-    items = item.session.items
-    later = items[items.index(item) + 1 :] if item in items else []
-    if not any("two_nodes" in getattr(i, "fixturenames", ()) for i in later):
+    """Shut the cluster down after the last test that uses it, not at the end of the suite: its
+    users run back to back (tests/conftest.py orders them), on one xdist worker, whose
+    `session.items` is the whole collection, so the next item is what tells."""
+    if nextitem is None or "two_nodes" not in getattr(nextitem, "fixturenames", ()):
         _shutdown_cluster()
 
 
