@@ -82,6 +82,14 @@ def _xdist_groups(items) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on its controller
+def pytest_xdist_node_collection_finished(node, ids):
+    """Tests that carry no group (an xdist that no longer fits this pytest) would split the
+    live-Ray block over the workers: a Ray and a 2-node cluster on each."""
+    if node.config.getoption("dist") == "loadgroup" and not all("@" in i for i in ids):
+        pytest.exit("pytest-xdist's --dist loadgroup left tests ungrouped (pytest >= 9.2?)", 4)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A fresh local Ray for the whole session (never a stray head node), shut down at the end.
