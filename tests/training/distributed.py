@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_lib
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -31,12 +30,6 @@ _CTX.set_forkserver_preload(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(fn, rank: int, world_size: int, port: int, args, queue) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -51,7 +44,8 @@ def _worker(fn, rank: int, world_size: int, port: int, args, queue) -> None:
 
     torch.set_num_threads(1)  # N ranks share 2 cores: oversubscription costs more than it gives
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)  # the parent's
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         result = fn(*args)
         queue.put((rank, True, result))
     except BaseException:  # noqa: BLE001 - report any failure to the parent
@@ -68,7 +62,13 @@ def run_distributed(
 
     A rank that dies fails the call at once; `timeout` only bounds a hang, so it is generous:
     8 ranks on 2 loaded cores can take minutes."""
-    port = _free_port()
+    import torch.distributed as dist
+
+    # The rendezvous store lives in this process, bound before any rank starts and held until
+    # they end: a port picked free and bound later by rank 0 could be taken in between by
+    # another process (the other xdist worker's ranks, a server), and two groups would meet.
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     queue = _CTX.Queue()
     procs = [
         _CTX.Process(target=_worker, args=(fn, rank, world_size, port, args, queue), daemon=True)
@@ -104,4 +104,5 @@ def run_distributed(
             if p.is_alive():
                 p.kill()
                 p.join()
+        del store
     return [results[r] for r in range(world_size)]
