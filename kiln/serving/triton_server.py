@@ -278,9 +278,25 @@ class TritonServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.25)
+        self._dump_stubs()
         raise KilnError(
-            f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
+            f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail(120)}"
         )
+
+    def _dump_stubs(self) -> None:
+        """SIGUSR1 to the server's python-backend stubs (its children, from Linux /proc): each
+        prints every thread's stack to the server log (model.py registers faulthandler for it),
+        so a start that timed out says where a model's `initialize` hung."""
+        stubs = []
+        for children in glob.glob(f"/proc/{self.process.pid}/task/*/children"):
+            with contextlib.suppress(OSError), open(children) as f:
+                stubs += [int(pid) for pid in f.read().split()]
+        for pid in stubs:
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("triton_python"):
+                    os.kill(pid, signal.SIGUSR1)
+        if stubs:
+            time.sleep(1.0)  # the dumps are written from the stubs' signal handlers
 
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path or not os.path.exists(self.log_path):

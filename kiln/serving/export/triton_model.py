@@ -15,8 +15,10 @@ Runs in Triton's python stub with torch, safetensors, tokenizers, pydantic, jinj
 the kiln code it needs is vendored next to this file under `runtime/` (no Ray).
 """
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -24,6 +26,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# `kill -USR1 <stub>` prints every thread's stack to the server log: kiln's TritonServer does so
+# when a start times out, to show where `initialize` hung
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 sys.path.insert(0, os.path.join(HERE, "runtime"))
 
 OPTIONAL_INPUTS = {

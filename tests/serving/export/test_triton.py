@@ -356,3 +356,24 @@ def test_decoupled_model_batches_at_every_step(server, reference):
         client.close()
     assert order == ["short", "long"]
     assert texts == expected
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_start_that_times_out_shows_where_initialize_hung(repo, tmp_path):
+    """A model whose `initialize` never returns: the timeout's error carries the stub's stacks
+    (kiln's model.py registers faulthandler on SIGUSR1, TritonServer signals its stubs)."""
+    import shutil
+
+    from kiln.platform.errors import KilnError
+
+    hung = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "tiny"), hung / "tiny")
+    model_py = hung / "tiny" / "1" / "model.py"
+    source = model_py.read_text()
+    hang = "    def initialize(self, args):\n        import time\n\n        time.sleep(3600)\n"
+    model_py.write_text(source.replace("    def initialize(self, args):\n", hang, 1))
+    server = TritonServer(str(hung), startup_timeout_s=20)
+    with pytest.raises(KilnError, match="not ready after 20 s") as failed:
+        server.start()
+    assert "in initialize" in str(failed.value), str(failed.value)[-2000:]
+    assert server.process is None  # the server and its stubs are gone
