@@ -105,19 +105,33 @@ def route_library_loggers() -> None:
                 target.addFilter(_RUN_LOG_ONLY)
 
 
+class _RunLog(logging.FileHandler):
+    """`<run_dir>/logs/kiln.log`; remembers the `kiln` logger's level to restore on detach."""
+
+    kiln_level = logging.NOTSET
+
+
 def attach_run_log(run_dir: Path) -> logging.Handler:
-    """Every record of this process, full format, to `<run_dir>/logs/kiln.log`."""
+    """Every record of this process, full format, to `<run_dir>/logs/kiln.log`. From the SDK
+    (no `configure`: the root logger at Python's default WARNING) kiln's own INFO lines, the
+    stage lines, would never be made: the `kiln` logger takes INFO while the run lasts."""
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(logs / "kiln.log", encoding="utf-8")
+    handler = _RunLog(logs / "kiln.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter(FULL_FORMAT))
     handler.setLevel(logging.DEBUG)
+    kiln = logging.getLogger("kiln")
+    handler.kiln_level = kiln.level
+    if kiln.getEffectiveLevel() > logging.INFO:
+        kiln.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
     return handler
 
 
 def detach_run_log(handler: logging.Handler) -> None:
     logging.getLogger().removeHandler(handler)
+    if isinstance(handler, _RunLog):
+        logging.getLogger("kiln").setLevel(handler.kiln_level)
     handler.close()
 
 

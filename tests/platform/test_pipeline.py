@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -149,3 +150,31 @@ stages:
     rec = _run_json(runs[-1])
     assert rec["stages"]["first"]["status"] == "cached"
     assert rec["stages"]["second"]["status"] == "done"
+
+
+def test_an_sdk_run_in_a_plain_script_logs_its_stage_lines(tmp_path):
+    """No `kiln` CLI, no logging set up (the root logger at Python's default WARNING): the run
+    log still gets the stage lines, the script's stderr gets nothing, and the `kiln` logger's
+    level is the script's again afterwards."""
+    script = f"""
+import logging
+from kiln import Pipeline
+from tests.platform.stages_for_tests import CountRuns
+run = Pipeline("plain", [CountRuns(log={str(tmp_path / "log.txt")!r}, name="a")],
+               runs_dir={str(tmp_path / "runs")!r}).run()
+print("LEVEL", logging.getLogger("kiln").level, "RUN", run.run_dir)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    level, run_dir = out.stdout.split("LEVEL ")[1].split(" RUN ")
+    assert int(level) == logging.NOTSET
+    saved = (Path(run_dir.strip()) / "logs" / "kiln.log").read_text()
+    assert "stage a: started" in saved and "stage a: done in" in saved, saved
