@@ -19,9 +19,6 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # Ray workers at the test's niceness, not Ray's 15, on the clusters tests start with `ray start` /
 # cluster_utils too (kiln's embedded Ray does this itself): else a busy neighbour starves them
 os.environ.setdefault("RAY_worker_niceness", "0")
-# A subprocess (a kiln run, a Ray worker) that dies of SIGSEGV/SIGABRT prints its Python stacks
-# to its stderr, which the failing test shows
-os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 def _has_cuda() -> bool:

@@ -39,6 +39,7 @@ from kiln.platform.signals import stop_on_signals
 from kiln.serving.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
 
 log = logging.getLogger("kiln.triton")
+START_ATTEMPTS = 3  # a server that dies of a signal while starting is started again (see start)
 
 
 def _free_port() -> int:
@@ -169,12 +170,33 @@ class TritonServer:
         return cmd, env
 
     def start(self) -> Self:
+        """Start and wait until ready. A server that dies of a signal while its models load is
+        started again, up to `START_ATTEMPTS` times in all: the python backend can abort at
+        random while a stub starts on a loaded machine (a `boost::interprocess::lock_exception`,
+        as in triton-inference-server/server#8882). An error exit (a model that does not load)
+        or a start that times out fails at once."""
         self._stopping.clear()
-        try:
-            self._launch()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.returncode = None
+            try:
+                self._launch()
+                break
+            except KilnError:
+                crashed = self.returncode is not None and self.returncode < 0
+                if crashed and attempt < START_ATTEMPTS and not self._stopping.is_set():
+                    log.warning(
+                        "tritonserver died of signal %d while starting (attempt %d of %d): "
+                        "starting it again",
+                        -self.returncode,
+                        attempt,
+                        START_ATTEMPTS,
+                    )
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
         if self.restart:
             self._supervisor = threading.Thread(
                 target=self._supervise, name="triton-supervisor", daemon=True

@@ -212,8 +212,9 @@ print("RAY_DURING_DEDUP", seen)
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "RAY_ADDRESS": ""},
+        # a crash (once: SIGSEGV after Ray Data finished) prints its Python stacks
+        env={**os.environ, "RAY_ADDRESS": "", "PYTHONFAULTHANDLER": "1"},
         check=False,
     )
-    assert out.returncode == 0, out.stderr[-12000:]  # a crash: faulthandler's stacks (conftest)
+    assert out.returncode == 0, out.stderr[-12000:]
     assert "RAY_DURING_DEDUP [False, False]" in out.stdout

@@ -377,3 +377,29 @@ def test_a_start_that_times_out_shows_where_initialize_hung(repo, tmp_path):
         server.start()
     assert "in initialize" in str(failed.value), str(failed.value)[-2000:]
     assert server.process is None  # the server and its stubs are gone
+
+
+def test_a_server_that_dies_of_a_signal_while_starting_is_started_again(repo, tmp_path, caplog):
+    """The python backend can abort while a stub starts on a loaded machine: here the stub
+    kills its server with SIGABRT the first time. `start` tries again, with one warning."""
+    import shutil
+
+    crashed = tmp_path / "crashed-once"
+    flaky = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "tiny"), flaky / "tiny")
+    model_py = flaky / "tiny" / "1" / "model.py"
+    abort_once = (
+        "    def initialize(self, args):\n"
+        f"        if not os.path.exists({str(crashed)!r}):\n"
+        f"            open({str(crashed)!r}, 'w').close()\n"
+        "            os.kill(os.getppid(), signal.SIGABRT)\n"
+    )
+    source = model_py.read_text()
+    model_py.write_text(source.replace("    def initialize(self, args):\n", abort_once, 1))
+    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(str(flaky)) as server:
+        assert _ready(server.http_port, time.monotonic() + 5)
+    assert crashed.exists()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kiln.triton"]
+    assert warnings == [
+        "tritonserver died of signal 6 while starting (attempt 1 of 3): starting it again"
+    ]
