@@ -3,6 +3,7 @@ Ray's JobSubmissionClient and runs `python -m kiln run SPEC` on the cluster."""
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ from kiln.platform.errors import InputError, KilnError
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.egg-info", ".pytest_cache", "bench/out"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 AGENT_WAIT_S = 60.0
-UNANSWERED_S = 30.0  # how long `wait` keeps polling a dashboard that drops its requests
+UNANSWERED_S = 30.0  # how long `submit` and `wait` ask again a dashboard that drops requests
 
 
 def _client(address: str):
@@ -66,7 +67,11 @@ def submit(
     if runs_dir:
         cmd += ["--runs-dir", runs_dir]
     client = _client(address)
+    # the id is chosen here, so a request sent again after a drop is recognised if the first
+    # one was accepted after all
+    job_id = job_id or f"kiln_{secrets.token_hex(8)}"
     deadline = time.monotonic() + AGENT_WAIT_S
+    dropped_since = None
     try:
         while True:
             try:
@@ -76,9 +81,14 @@ def submit(
                     submission_id=job_id,
                     metadata={"kiln_spec": str(rel)},
                 )
-            except OSError as e:  # refused or dropped mid-upload
-                raise _unreachable(address, e) from None
+            except OSError as e:  # dropped mid-request (a busy head node): ask again
+                dropped_since = dropped_since or time.monotonic()
+                if time.monotonic() - dropped_since > UNANSWERED_S:
+                    raise _unreachable(address, e) from None
+                time.sleep(1.0)
             except RuntimeError as e:
+                if dropped_since is not None and "already exists" in str(e):
+                    return job_id  # the dropped request had been accepted
                 # A head node that just started answers before its job agent is up.
                 if "No available agent" not in str(e) or time.monotonic() > deadline:
                     raise KilnError(

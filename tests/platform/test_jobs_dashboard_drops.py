@@ -3,6 +3,9 @@ does): polling rides out short drops, a dashboard that stays silent gives one li
 
 from __future__ import annotations
 
+import json
+from typing import ClassVar
+
 import pytest
 import ray
 
@@ -52,3 +55,37 @@ def test_a_silent_dashboard_is_one_line_not_a_traceback(dashboard, monkeypatch):
     assert "\n" not in message
     with pytest.raises(KilnError, match="did not answer"):
         jobs.status("j", dashboard)
+
+
+class AcceptingDashboard(JsonHandler):
+    """Accepts a job submission but drops the connection before answering, the first time;
+    a second submission of the same id is refused as Ray's job head refuses it."""
+
+    accepted: ClassVar[list[str]] = []
+    posts = 0
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path == "/api/version":
+            return self.send_json({"version": "4", "ray_version": ray.__version__})
+        return self.send_json({})  # the working-dir package "exists": no upload
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).posts += 1
+        job = body["submission_id"]
+        if job in self.accepted:
+            message = f"Job with submission_id {job} already exists. Please use a different one."
+            return self.send_json({"detail": message}, code=400)
+        self.accepted.append(job)
+        if type(self).posts == 1:
+            self.connection.shutdown(2)  # accepted, but the answer never comes
+            return None
+        return self.send_json({"job_id": job, "submission_id": job})
+
+
+def test_submit_asks_again_after_a_drop_and_takes_the_accepted_job(tmp_path):
+    (tmp_path / "spec.yaml").write_text("pipeline: p\nstages: []\n")
+    with serving(AcceptingDashboard) as url:
+        job_id = jobs.submit(str(tmp_path / "spec.yaml"), url, working_dir=str(tmp_path))
+    assert AcceptingDashboard.posts == 2 and AcceptingDashboard.accepted == [job_id]
+    assert job_id.startswith("kiln_")

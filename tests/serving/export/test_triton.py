@@ -403,3 +403,40 @@ def test_a_server_that_dies_of_a_signal_while_starting_is_started_again(repo, tm
     assert warnings == [
         "tritonserver died of signal 6 while starting (attempt 1 of 3): starting it again"
     ]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, caplog):
+    """The python backend's deadlock on a loaded machine, made on purpose: the stub is stopped
+    for 3 s inside `initialize` (its health thread misses the 1 s the server allows), so the
+    server judges it unhealthy and waits for it to exit, for good. kiln sees the server blocked
+    in waitpid, kills it and starts it again, with one warning."""
+    import shutil
+
+    from kiln.serving import triton_server
+
+    stopped = tmp_path / "stopped-once"
+    starved = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "tiny"), starved / "tiny")
+    model_py = starved / "tiny" / "1" / "model.py"
+    stop_once = (
+        "    def initialize(self, args):\n"
+        f"        if not os.path.exists({str(stopped)!r}):\n"
+        f"            open({str(stopped)!r}, 'w').close()\n"
+        "            import subprocess, time\n"
+        "            me = os.getpid()\n"
+        "            subprocess.Popen(['sh', '-c', f'kill -STOP {me}; sleep 3; kill -CONT {me}'])\n"
+        "            time.sleep(1)\n"
+    )
+    source = model_py.read_text()
+    model_py.write_text(source.replace("    def initialize(self, args):\n", stop_once, 1))
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(str(starved)) as server:
+        assert _ready(server.http_port, time.monotonic() + 5)
+    assert stopped.exists()
+    assert time.monotonic() - started > triton_server.STUB_WAIT_DEADLOCK_S
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kiln.triton"]
+    assert warnings == [
+        "tritonserver deadlocked on a python-backend stub while starting (attempt 1 of 3): "
+        "starting it again"
+    ]
