@@ -98,6 +98,7 @@ def ray_session():
     """
     import ray
 
+    from kiln.platform.ray_shutdown import shutdown_ray
     from kiln.platform.runtime import init_embedded
 
     guard = None
@@ -116,7 +117,7 @@ def ray_session():
         finally:
             del os.environ["RAY_SERVE_LOG_TO_STDERR"]  # not for the kiln processes tests start
     yield ray
-    ray.shutdown()
+    shutdown_ray()  # bounded: a GCS that stopped answering once hung the suite's end
     if guard is not None:
         guard.close()
 

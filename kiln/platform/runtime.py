@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
+from kiln.platform.ray_shutdown import shutdown_ray
 
 log = logging.getLogger("kiln")
 
@@ -234,7 +235,7 @@ class Runtime:
 
             if ray.is_initialized():
                 log.debug("shutting down the embedded Ray")
-                ray.shutdown()
+                shutdown_ray()
         if self._api_guard is not None:
             with contextlib.suppress(OSError):
                 self._api_guard.close()

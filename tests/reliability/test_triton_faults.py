@@ -271,8 +271,9 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
 
         def ask(prompt: str) -> str:
             if not hasattr(clients, "c"):
-                # ~1 s Retry-After x 40 covers a tritonserver restart on a loaded machine
-                clients.c = KilnClient(endpoint.url, retries=40)
+                # ~1 s Retry-After x 120: a restart on a loaded machine can take more than one
+                # start (Triton's python backend fails some: docs/reliability.md), ~25 s each
+                clients.c = KilnClient(endpoint.url, retries=120)
                 clients.c._http.event_hooks["response"].append(
                     lambda r: statuses.append(r.status_code)
                 )
@@ -307,15 +308,18 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         while triton.restarts == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert triton.restarts == 1, triton.log_tail()
+        lines = [r.getMessage() for r in triton_records]
+        # one warning line for the restart (the "restarted" line is INFO: the run log only), and
+        # one more for each start the python backend failed on the way (beside a CPU hog)
+        assert f"pid {killed_pid}) exited with code -9; restarting" in lines[0], lines
+        assert all("tritonserver restart failed" in line for line in lines[1:]), lines
+        assert len(lines) <= 3, lines
         restarted_s = triton.downtime_s  # from the exit seen (<= 0.2 s after it) to ready
-        assert restarted_s < 30
+        assert restarted_s < 30 * len(lines)
         assert triton.process.pid != killed_pid and triton.process.poll() is None
         assert (triton.http_port, triton.grpc_port) == ports
         # the killed server's python-backend stubs could not unlink their shared memory: kiln did
         assert not glob.glob(f"/dev/shm/{killed_shm}*")
-        lines = [r.getMessage() for r in triton_records]
-        # one warning line for the restart (the "restarted" line is INFO: the run log only)
-        assert len(lines) == 1 and f"pid {killed_pid}) exited with code -9; restarting" in lines[0]
 
         retried = sum(c.retried for c in made)
         unavailable = statuses.count(503)

@@ -1,0 +1,51 @@
+"""`shutdown_ray`: a GCS that stops answering cannot hang the process at exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow  # a Ray of its own, in a fresh process
+
+SCRIPT = """
+import os, signal, time
+import ray
+from kiln.platform.ray_shutdown import shutdown_ray, _own_ray_pids
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process.pid
+pids = _own_ray_pids()
+assert gcs in pids, pids
+os.kill(gcs, signal.SIGSTOP)  # alive, answering nothing: what a deadlocked GCS looks like
+started = time.monotonic()
+shutdown_ray(timeout_s=5)
+took = round(time.monotonic() - started, 1)
+def running(pid):  # a killed child not yet reaped is a zombie: it runs nothing
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except OSError:
+        return False
+print("SHUTDOWN_S", took, "ALIVE", [p for p in pids if running(p)])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_gcs_that_answers_nothing_is_killed_after_the_bound(tmp_path):
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "RAY_ADDRESS": ""},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    took, alive = out.stdout.split("SHUTDOWN_S ")[1].split(" ALIVE ")
+    assert 5 <= float(took) < 60, out.stdout  # the bound, not Ray's forever
+    assert alive.strip() == "[]"  # every process of that Ray is gone
+    assert "Ray did not shut down in 5 s: killing its" in out.stderr
+    assert time.monotonic() - started < 200
