@@ -39,7 +39,7 @@ from kiln.platform.signals import stop_on_signals
 from kiln.serving.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
 
 log = logging.getLogger("kiln.triton")
-START_ATTEMPTS = 3  # a start that crashes or deadlocks is tried again, this many times in all
+START_ATTEMPTS = 5  # a start that crashes or deadlocks is tried again, this many times in all
 # A server thread blocked in waitpid this long while models load: the python backend's deadlock
 # (see _StubDeadlock); its only legitimate wait then, on `stub` run without arguments, takes ~0.1 s.
 STUB_WAIT_DEADLOCK_S = 10.0

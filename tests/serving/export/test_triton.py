@@ -358,21 +358,28 @@ def test_decoupled_model_batches_at_every_step(server, reference):
     assert texts == expected
 
 
+def _with_initialize_prelude(repo: str, tmp_path: Path, prelude: str) -> str:
+    """A copy of `repo`'s `tiny` model whose `initialize` runs `prelude` (indented code) first:
+    how the tests below make a server start hang, crash or deadlock."""
+    import shutil
+
+    copy = tmp_path / "repo"
+    shutil.copytree(os.path.join(repo, "tiny"), copy / "tiny")
+    model_py = copy / "tiny" / "1" / "model.py"
+    head = "    def initialize(self, args):\n"
+    model_py.write_text(model_py.read_text().replace(head, head + prelude, 1))
+    return str(copy)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_start_that_times_out_shows_where_initialize_hung(repo, tmp_path):
     """A model whose `initialize` never returns: the timeout's error carries the stub's stacks
     (kiln's model.py registers faulthandler on SIGUSR1, TritonServer signals its stubs)."""
-    import shutil
-
     from kiln.platform.errors import KilnError
 
-    hung = tmp_path / "repo"
-    shutil.copytree(os.path.join(repo, "tiny"), hung / "tiny")
-    model_py = hung / "tiny" / "1" / "model.py"
-    source = model_py.read_text()
-    hang = "    def initialize(self, args):\n        import time\n\n        time.sleep(3600)\n"
-    model_py.write_text(source.replace("    def initialize(self, args):\n", hang, 1))
-    server = TritonServer(str(hung), startup_timeout_s=20)
+    hang = "        import time\n        time.sleep(3600)\n"
+    hung = _with_initialize_prelude(repo, tmp_path, hang)
+    server = TritonServer(hung, startup_timeout_s=20)
     with pytest.raises(KilnError, match="not ready after 20 s") as failed:
         server.start()
     assert "in initialize" in str(failed.value), str(failed.value)[-2000:]
@@ -382,26 +389,19 @@ def test_a_start_that_times_out_shows_where_initialize_hung(repo, tmp_path):
 def test_a_server_that_dies_of_a_signal_while_starting_is_started_again(repo, tmp_path, caplog):
     """The python backend can abort while a stub starts on a loaded machine: here the stub
     kills its server with SIGABRT the first time. `start` tries again, with one warning."""
-    import shutil
-
     crashed = tmp_path / "crashed-once"
-    flaky = tmp_path / "repo"
-    shutil.copytree(os.path.join(repo, "tiny"), flaky / "tiny")
-    model_py = flaky / "tiny" / "1" / "model.py"
     abort_once = (
-        "    def initialize(self, args):\n"
         f"        if not os.path.exists({str(crashed)!r}):\n"
         f"            open({str(crashed)!r}, 'w').close()\n"
         "            os.kill(os.getppid(), signal.SIGABRT)\n"
     )
-    source = model_py.read_text()
-    model_py.write_text(source.replace("    def initialize(self, args):\n", abort_once, 1))
-    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(str(flaky)) as server:
+    flaky = _with_initialize_prelude(repo, tmp_path, abort_once)
+    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(flaky) as server:
         assert _ready(server.http_port, time.monotonic() + 5)
     assert crashed.exists()
     warnings = [r.getMessage() for r in caplog.records if r.name == "kiln.triton"]
     assert warnings == [
-        "tritonserver died of signal 6 while starting (attempt 1 of 3): starting it again"
+        "tritonserver died of signal 6 while starting (attempt 1 of 5): starting it again"
     ]
 
 
@@ -411,16 +411,10 @@ def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, c
     for 3 s inside `initialize` (its health thread misses the 1 s the server allows), so the
     server judges it unhealthy and waits for it to exit, for good. kiln sees the server blocked
     in waitpid, kills it and starts it again, with one warning."""
-    import shutil
-
     from kiln.serving import triton_server
 
     stopped = tmp_path / "stopped-once"
-    starved = tmp_path / "repo"
-    shutil.copytree(os.path.join(repo, "tiny"), starved / "tiny")
-    model_py = starved / "tiny" / "1" / "model.py"
     stop_once = (
-        "    def initialize(self, args):\n"
         f"        if not os.path.exists({str(stopped)!r}):\n"
         f"            open({str(stopped)!r}, 'w').close()\n"
         "            import subprocess, time\n"
@@ -428,15 +422,14 @@ def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, c
         "            subprocess.Popen(['sh', '-c', f'kill -STOP {me}; sleep 3; kill -CONT {me}'])\n"
         "            time.sleep(1)\n"
     )
-    source = model_py.read_text()
-    model_py.write_text(source.replace("    def initialize(self, args):\n", stop_once, 1))
+    starved = _with_initialize_prelude(repo, tmp_path, stop_once)
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(str(starved)) as server:
+    with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(starved) as server:
         assert _ready(server.http_port, time.monotonic() + 5)
     assert stopped.exists()
     assert time.monotonic() - started > triton_server.STUB_WAIT_DEADLOCK_S
     warnings = [r.getMessage() for r in caplog.records if r.name == "kiln.triton"]
     assert warnings == [
-        "tritonserver deadlocked on a python-backend stub while starting (attempt 1 of 3): "
+        "tritonserver deadlocked on a python-backend stub while starting (attempt 1 of 5): "
         "starting it again"
     ]
