@@ -271,9 +271,10 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
 
         def ask(prompt: str) -> str:
             if not hasattr(clients, "c"):
-                # ~1 s Retry-After x 120: a restart on a loaded machine can take more than one
-                # start (Triton's python backend fails some: docs/reliability.md), ~25 s each
-                clients.c = KilnClient(endpoint.url, retries=120)
+                # ~1 s Retry-After, for up to 150 s: a restart on a loaded machine can take more
+                # than one start (Triton's python backend fails some: docs/reliability.md), up
+                # to ~30 s each, and the supervisor tries up to 5 (max_restarts)
+                clients.c = KilnClient(endpoint.url, retries=150, retry_for=150)
                 clients.c._http.event_hooks["response"].append(
                     lambda r: statuses.append(r.status_code)
                 )
@@ -313,7 +314,7 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         # one more for each start the python backend failed on the way (beside a CPU hog)
         assert f"pid {killed_pid}) exited with code -9; restarting" in lines[0], lines
         assert all("tritonserver restart failed" in line for line in lines[1:]), lines
-        assert len(lines) <= 3, lines
+        assert len(lines) <= 5, lines  # the supervisor's max_restarts
         restarted_s = triton.downtime_s  # from the exit seen (<= 0.2 s after it) to ready
         assert restarted_s < 30 * len(lines)
         assert triton.process.pid != killed_pid and triton.process.poll() is None
