@@ -40,12 +40,14 @@ def test_a_gcs_that_answers_nothing_is_killed_after_the_bound(tmp_path):
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "RAY_ADDRESS": ""},
+        # Ray's own clients give up on an unreachable GCS after 60 s and end the process: not
+        # the bound under test, and on a loaded machine it can come first
+        env={**os.environ, "RAY_ADDRESS": "", "RAY_gcs_rpc_server_reconnect_timeout_s": "600"},
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     took, alive = out.stdout.split("SHUTDOWN_S ")[1].split(" ALIVE ")
-    assert 5 <= float(took) < 60, out.stdout  # the bound, not Ray's forever
+    assert 5 <= float(took) < 120, out.stdout  # the bound, not Ray's forever
     assert alive.strip() == "[]"  # every process of that Ray is gone
     assert "Ray did not shut down in 5 s: killing its" in out.stderr
     assert time.monotonic() - started < 200

@@ -310,9 +310,14 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
             time.sleep(0.1)
         assert triton.restarts == 1, triton.log_tail()
         lines = [r.getMessage() for r in triton_records]
+        # beside a CPU hog the python backend fails some starts: the first start's retries
+        # ("... while starting") come before the kill, the supervisor's failed restarts after it
+        killed = [i for i, line in enumerate(lines) if f"pid {killed_pid}) exited" in line]
+        assert len(killed) == 1 and "with code -9; restarting" in lines[killed[0]], lines
+        assert all("while starting" in line for line in lines[: killed[0]]), lines
         # one warning line for the restart (the "restarted" line is INFO: the run log only), and
-        # one more for each start the python backend failed on the way (beside a CPU hog)
-        assert f"pid {killed_pid}) exited with code -9; restarting" in lines[0], lines
+        # one more for each restart that failed
+        lines = lines[killed[0] :]
         assert all("tritonserver restart failed" in line for line in lines[1:]), lines
         assert len(lines) <= 5, lines  # the supervisor's max_restarts
         restarted_s = triton.downtime_s  # from the exit seen (<= 0.2 s after it) to ready
