@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
+from http.client import HTTPException
 from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
@@ -284,10 +285,13 @@ class TritonServer:
                 try:
                     self._launch()
                     break
-                except (KilnError, OSError) as e:  # it never became ready: count it, go on
+                # it never became ready, or anything else went wrong with it: count it, go
+                # on (a supervisor that dies of an odd exception would leave no server)
+                except Exception as e:  # noqa: BLE001
                     if self._stopping.is_set():
                         return
-                    what = f"tritonserver restart failed ({str(e).splitlines()[0].rstrip(':')})"
+                    first = (str(e).splitlines() or [type(e).__name__])[0].rstrip(":")
+                    what = f"tritonserver restart failed ({first})"
             self.restarts += 1
             self.downtime_s = time.monotonic() - down_since
             log.info(
@@ -322,7 +326,8 @@ class TritonServer:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            # a server still starting can also end an answer early (http.client's errors)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException):
                 pass
             time.sleep(0.25)
         self._dump_stubs()
