@@ -38,18 +38,10 @@ from typing import Self
 from kiln.platform.errors import InputError, KilnError
 from kiln.platform.signals import stop_on_signals
 from kiln.serving.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
+from kiln.serving.triton_stubs import DeadlockWatch, StubDeadlock, dump_stubs
 
 log = logging.getLogger("kiln.triton")
 START_ATTEMPTS = 5  # a start that crashes or deadlocks is tried again, this many times in all
-# A server thread blocked in waitpid this long while models load: the python backend's deadlock
-# (see _StubDeadlock); its only legitimate wait then, on `stub` run without arguments, takes ~0.1 s.
-STUB_WAIT_DEADLOCK_S = 10.0
-
-
-class _StubDeadlock(KilnError):
-    """The python backend judged a starting stub unhealthy (its health thread, which must tick
-    within 1 s, was starved of CPU) and now waits for that stub to exit, which it never does: the
-    server would hang in model loading for good. Seen under `stress-ng --cpu 2`; started again."""
 
 
 def _free_port() -> int:
@@ -182,7 +174,7 @@ class TritonServer:
     def start(self) -> Self:
         """Start and wait until ready. On a loaded machine the python backend can fail a start
         at random while a stub starts: it aborts (a `boost::interprocess::lock_exception`, as in
-        triton-inference-server/server#8882) or deadlocks (`_StubDeadlock`). Such a start is
+        triton-inference-server/server#8882) or deadlocks (`StubDeadlock`). Such a start is
         tried again, up to `START_ATTEMPTS` times in all. An error exit (a model that does not
         load) or a start that times out fails at once."""
         self._stopping.clear()
@@ -192,7 +184,7 @@ class TritonServer:
                 self._launch()
                 break
             except KilnError as e:
-                if isinstance(e, _StubDeadlock):
+                if isinstance(e, StubDeadlock):
                     what = "deadlocked on a python-backend stub"
                 elif self.returncode is not None and self.returncode < 0:
                     what = f"died of signal {-self.returncode}"
@@ -303,19 +295,9 @@ class TritonServer:
     def _wait_ready(self) -> None:
         url = f"http://{self.http_url}/v2/health/ready"
         deadline = time.monotonic() + self.startup_timeout_s
-        waiting_since = None  # since when a server thread has been in waitpid
+        deadlock = DeadlockWatch()
         while time.monotonic() < deadline:
-            if not self._in_waitpid():
-                waiting_since = None
-            elif waiting_since is None:
-                waiting_since = time.monotonic()
-            elif time.monotonic() - waiting_since > STUB_WAIT_DEADLOCK_S:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)  # SIGTERM would wait on it too
-                raise _StubDeadlock(
-                    f"tritonserver waited {STUB_WAIT_DEADLOCK_S:.0f} s for a python-backend stub "
-                    "it judged unhealthy to exit (a stub starved of CPU while starting)"
-                )
+            deadlock.check(self.process.pid)
             if self._stopping.is_set():
                 raise KilnError("tritonserver stopped while starting")
             if self.process.poll() is not None:
@@ -330,33 +312,10 @@ class TritonServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException):
                 pass
             time.sleep(0.25)
-        self._dump_stubs()
+        dump_stubs(self.process.pid)
         raise KilnError(
             f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail(120)}"
         )
-
-    def _in_waitpid(self) -> bool:
-        """Whether a thread of the server is blocked in waitpid (Linux /proc wchan)."""
-        for wchan in glob.glob(f"/proc/{self.process.pid}/task/*/wchan"):
-            with contextlib.suppress(OSError), open(wchan) as f:
-                if f.read() == "do_wait":
-                    return True
-        return False
-
-    def _dump_stubs(self) -> None:
-        """SIGUSR1 to the server's python-backend stubs (its children, from Linux /proc): each
-        prints every thread's stack to the server log (model.py registers faulthandler for it),
-        so a start that timed out says where a model's `initialize` hung."""
-        stubs = []
-        for children in glob.glob(f"/proc/{self.process.pid}/task/*/children"):
-            with contextlib.suppress(OSError), open(children) as f:
-                stubs += [int(pid) for pid in f.read().split()]
-        for pid in stubs:
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
-                if f.read().startswith("triton_python"):
-                    os.kill(pid, signal.SIGUSR1)
-        if stubs:
-            time.sleep(1.0)  # the dumps are written from the stubs' signal handlers
 
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path or not os.path.exists(self.log_path):

@@ -411,7 +411,7 @@ def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, c
     for 3 s inside `initialize` (its health thread misses the 1 s the server allows), so the
     server judges it unhealthy and waits for it to exit, for good. kiln sees the server blocked
     in waitpid, kills it and starts it again, with one warning."""
-    from kiln.serving import triton_server
+    from kiln.serving.triton_stubs import STUB_WAIT_DEADLOCK_S
 
     stopped = tmp_path / "stopped-once"
     stop_once = (
@@ -427,7 +427,7 @@ def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, c
     with caplog.at_level("WARNING", logger="kiln.triton"), TritonServer(starved) as server:
         assert _ready(server.http_port, time.monotonic() + 5)
     assert stopped.exists()
-    assert time.monotonic() - started > triton_server.STUB_WAIT_DEADLOCK_S
+    assert time.monotonic() - started > STUB_WAIT_DEADLOCK_S
     warnings = [r.getMessage() for r in caplog.records if r.name == "kiln.triton"]
     assert warnings == [
         "tritonserver deadlocked on a python-backend stub while starting (attempt 1 of 5): "
