@@ -72,7 +72,7 @@ class HeadNode:
         self.proc = subprocess.Popen(
             cmd,
             env=env,
-            start_new_session=True,
+            process_group=0,  # not a new session: its own autogroup starves it under load
             stdout=self._output,
             stderr=subprocess.STDOUT,
         )

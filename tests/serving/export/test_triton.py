@@ -126,6 +126,24 @@ def test_repository_layout_and_config(repo):
     subprocess.run([sys.executable, "-c", script, runtime_dir, hf_dir], check=True, cwd="/")
 
 
+def test_server_and_stubs_run_in_kilns_session_in_their_own_process_group(server):
+    """A new session would be a new scheduler autogroup, where beside a CPU hog a stub's health
+    thread waited up to 2 s for a CPU and Triton deadlocked the start (docs/reliability.md);
+    its own process group is what lets kiln killpg the server with its stubs."""
+    pid = server.process.pid
+    stubs = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        stubs += [int(p) for p in children.read_text().split()]
+    assert stubs, "no python-backend stub under the server"
+    autogroup = Path("/proc/self/autogroup")  # absent without CONFIG_SCHED_AUTOGROUP
+    for p in [pid, *stubs]:
+        assert os.getsid(p) == os.getsid(0)
+        assert os.getpgid(p) == pid
+        if autogroup.exists():
+            group = Path(f"/proc/{p}/autogroup").read_text().split()[0]
+            assert group == autogroup.read_text().split()[0]
+
+
 def test_http_returns_kilns_greedy_text(server, reference):
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
