@@ -53,17 +53,27 @@ class DeadlockWatch:
             )
 
 
-def dump_stubs(server_pid: int) -> None:
-    """SIGUSR1 to the server's python-backend stubs (its children): each prints every thread's
-    stack to the server log (model.py registers faulthandler for it), so a start that timed out
-    says where a model's `initialize` hung."""
+def stub_pids(server_pid: int) -> list[int]:
+    """The server's python-backend stubs: its children (of any of its threads) named so."""
+    children = []
+    for path in glob.glob(f"/proc/{server_pid}/task/*/children"):
+        with contextlib.suppress(OSError), open(path) as f:
+            children += [int(pid) for pid in f.read().split()]
     stubs = []
-    for children in glob.glob(f"/proc/{server_pid}/task/*/children"):
-        with contextlib.suppress(OSError), open(children) as f:
-            stubs += [int(pid) for pid in f.read().split()]
-    for pid in stubs:
+    for pid in children:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
             if f.read().startswith("triton_python"):
-                os.kill(pid, signal.SIGUSR1)
+                stubs.append(pid)
+    return stubs
+
+
+def dump_stubs(server_pid: int) -> None:
+    """SIGUSR1 to the server's python-backend stubs: each prints every thread's stack to the
+    server log (model.py registers faulthandler for it), so a start that timed out says where a
+    model's `initialize` hung."""
+    stubs = stub_pids(server_pid)
+    for pid in stubs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
     if stubs:
         time.sleep(1.0)  # the dumps are written from the stubs' signal handlers

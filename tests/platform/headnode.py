@@ -72,7 +72,7 @@ class HeadNode:
         self.proc = subprocess.Popen(
             cmd,
             env=env,
-            process_group=0,  # not a new session: its own autogroup starves it under load
+            process_group=0,  # not a new session: a new scheduler autogroup (triton_server.py)
             stdout=self._output,
             stderr=subprocess.STDOUT,
         )

@@ -20,6 +20,7 @@ import pytest
 from kiln.serving.export.triton import export_triton
 from kiln.serving.generate import Generator, SamplingParams
 from kiln.serving.triton_server import TritonServer
+from kiln.serving.triton_stubs import stub_pids
 from tests.conftest import free_port
 from tests.serving.generate.tiny import tiny_generator, train_tokenizer
 
@@ -131,9 +132,7 @@ def test_server_and_stubs_run_in_kilns_session_in_their_own_process_group(server
     thread waited up to 2 s for a CPU and Triton deadlocked the start (docs/reliability.md);
     its own process group is what lets kiln killpg the server with its stubs."""
     pid = server.process.pid
-    stubs = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        stubs += [int(p) for p in children.read_text().split()]
+    stubs = stub_pids(pid)
     assert stubs, "no python-backend stub under the server"
     autogroup = Path("/proc/self/autogroup")  # absent without CONFIG_SCHED_AUTOGROUP
     for p in [pid, *stubs]:
