@@ -71,15 +71,40 @@ def _live_ray_modules_last(items) -> None:
     items.sort(key=lambda i: (rank.get(i.path, 0), "two_nodes" not in _fixtures(i)))
 
 
+SESSION_RAY_GROUP, TWO_NODES_GROUP = "live-ray", "two-nodes"
+
+
 def _xdist_groups(items) -> None:
-    """Under `pytest -n N --dist loadgroup` (`make test`): every module on a live Ray goes to one
-    worker, in the order above, so one session Ray and one 2-node cluster serve them all; any
-    other module goes whole to one worker, so its module fixtures are built once. xdist hands
-    the largest group out first: the Ray block starts at once, the rest fills the other workers."""
+    """Under `pytest -n N --dist loadgroup` (`make test`): the tests on the 2-node cluster go to
+    one worker and the rest of the modules on a live Ray to one (each block alone took ~40% of
+    the suite's wall), in the order above, so one session Ray and one 2-node cluster serve them
+    all; any other module goes whole to one worker, so its module fixtures are built once. xdist
+    hands the largest group out first: the Ray blocks start at once, the rest fills in."""
     live = {i.path for i in items if LIVE_RAY_FIXTURES & _fixtures(i)}
     for item in items:
-        group = "live-ray" if item.path in live else item.nodeid.split("::")[0]
+        if "two_nodes" in _fixtures(item):
+            group = TWO_NODES_GROUP
+        elif item.path in live:
+            group = SESSION_RAY_GROUP
+        else:
+            group = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _group(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group") if item is not None else None
+    return mark.args[0] if mark else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The session's Ray is shut down after the last test of its block (its fixtures torn down
+    first), not at the worker's end: it idled at ~0.1 core through the modules that follow."""
+    try:
+        return (yield)
+    finally:
+        if _group(item) == SESSION_RAY_GROUP and _group(nextitem) != SESSION_RAY_GROUP:
+            _shutdown_session_ray()
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on its controller
@@ -92,13 +117,13 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A fresh local Ray for the whole session (never a stray head node), shut down at the end.
+    """A fresh local Ray for the whole session (never a stray head node), shut down after the
+    last test of its block (pytest_runtest_teardown) or at the end.
 
     Started as kiln starts its embedded Ray, so its processes' state API is its own.
     """
     import ray
 
-    from kiln.platform.ray_shutdown import shutdown_ray
     from kiln.platform.runtime import init_embedded
 
     guard = None
@@ -116,10 +141,25 @@ def ray_session():
             )
         finally:
             del os.environ["RAY_SERVE_LOG_TO_STDERR"]  # not for the kiln processes tests start
+    _session_ray_guards.append(guard)
     yield ray
-    shutdown_ray()  # bounded: a GCS that stopped answering once hung the suite's end
-    if guard is not None:
-        guard.close()
+    _shutdown_session_ray()
+
+
+_session_ray_guards: list = []
+
+
+def _shutdown_session_ray() -> None:
+    import ray
+
+    from kiln.platform.ray_shutdown import shutdown_ray
+
+    if ray.is_initialized():
+        shutdown_ray()  # bounded: a GCS that stopped answering once hung the suite's end
+    while _session_ray_guards:
+        guard = _session_ray_guards.pop()
+        if guard is not None:
+            guard.close()
 
 
 def free_port() -> int:

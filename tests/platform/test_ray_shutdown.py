@@ -19,6 +19,22 @@ ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ER
 gcs = ray._private.worker._global_node.all_processes["gcs_server"][0].process.pid
 pids = _own_ray_pids()
 assert gcs in pids, pids
+# The driver's error-listener thread asks the GCS for a key as it starts, bounded only by Ray's
+# reconnect timeout (600 s here); a GCS stopped before it answers leaves ray.shutdown joining
+# that thread, which no kill of Ray's processes ends (a 240 s hang seen). Stop it once the
+# listener is in its poll loop.
+import inspect, sys
+listen = ray._private.worker.listen_error_messages
+lines, first = inspect.getsourcelines(listen)
+poll_line = first + next(i for i, l in enumerate(lines) if "gcs_error_subscriber.poll()" in l)
+listener = ray._private.worker.global_worker.listener_thread
+deadline = time.monotonic() + 120
+while True:
+    frame = sys._current_frames().get(listener.ident)
+    if frame is not None and frame.f_code is listen.__code__ and frame.f_lineno == poll_line:
+        break
+    assert time.monotonic() < deadline, "the error listener never reached its poll loop"
+    time.sleep(0.05)
 os.kill(gcs, signal.SIGSTOP)  # alive, answering nothing: what a deadlocked GCS looks like
 started = time.monotonic()
 shutdown_ray(timeout_s=5)
