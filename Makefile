@@ -40,10 +40,11 @@ demo: $(VENV)/.kiln-installed $(VENV)/.kiln-model-installed
 demo-pretrain: $(VENV)/.kiln-installed
 	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/pretrain_tiny.yaml
 
-# Two pytest workers (pytest-xdist): the modules on a live Ray run in order on one, the other
-# modules whole on either (tests/conftest.py groups them). TEST_WORKERS=0 runs in one process.
+# Two pytest workers (pytest-xdist): the tests on the 2-node cluster in order on one, the other
+# modules on a live Ray in order on one, every other module whole on either (tests/conftest.py
+# groups and orders them). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: lint
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pytest -q $(XDIST) --durations=25
