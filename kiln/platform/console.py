@@ -97,10 +97,14 @@ def route_library_loggers() -> None:
     the run log only."""
     if verbose():
         return
+    # A root handler that is on a library logger too (seen: pytest's capture handlers on `ray`
+    # in a test worker) carries every logger's records: never filter it.
+    shared = set(logging.getLogger().handlers)
     for name in LIBRARY_LOGGERS:
         lg = logging.getLogger(name)
         # on the logger for its own records, on its terminal handlers for its children's
-        for target in [lg, *(h for h in lg.handlers if not isinstance(h, logging.FileHandler))]:
+        own = [h for h in lg.handlers if not isinstance(h, logging.FileHandler) and h not in shared]
+        for target in [lg, *own]:
             if _RUN_LOG_ONLY not in target.filters:
                 target.addFilter(_RUN_LOG_ONLY)
 

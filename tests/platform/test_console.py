@@ -55,6 +55,26 @@ def test_terminal_shows_stage_lines_and_the_run_log_keeps_the_rest(quiet, capsys
         assert line in saved, line
 
 
+def test_a_root_handler_on_a_library_logger_keeps_every_record(quiet, tmp_path):
+    """A root handler that is on the `ray` logger as well (pytest's capture handlers were, in a
+    test worker) is not filtered: caplog lost every record below ERROR for the rest of that
+    worker after a test ran a pipeline in-process."""
+    seen: list[str] = []
+    shared = logging.Handler()
+    shared.emit = lambda record: seen.append(record.getMessage())
+    ray_log = logging.getLogger("ray")
+    logging.getLogger().addHandler(shared)
+    ray_log.addHandler(shared)
+    try:
+        console.route_library_loggers()
+        logging.getLogger("kiln.triton").warning("restarting tritonserver")
+    finally:
+        ray_log.removeHandler(shared)
+        logging.getLogger().removeHandler(shared)
+    assert seen == ["restarting tritonserver"]
+    assert shared.filters == []
+
+
 def test_follow_metrics_reads_the_steps_into_the_run_log_off_a_terminal(quiet, capsys, tmp_path):
     path = tmp_path / "metrics.jsonl"
     handler = console.attach_run_log(tmp_path)
