@@ -78,10 +78,9 @@ SESSION_RAY_GROUP, TWO_NODES_GROUP = "live-ray", "two-nodes"
 
 def _xdist_groups(items) -> None:
     """Under `pytest -n N --dist loadgroup` (`make test`): the tests on the 2-node cluster go to
-    one worker and the rest of the modules on a live Ray to one (each block alone took ~40% of
-    the suite's wall), in the order above, so one session Ray and one 2-node cluster serve them
-    all; any other module goes whole to one worker, so its module fixtures are built once. xdist
-    hands the largest group out first: the Ray blocks start at once, the rest fills in."""
+    one worker and the rest of the modules on a live Ray to one (as one block they took 815 s of
+    a ~900 s run), in the order above, so one session Ray and one 2-node cluster serve them all;
+    any other module goes whole to one worker, so its module fixtures are built once."""
     live = {i.path for i in items if LIVE_RAY_FIXTURES & _fixtures(i)}
     for item in items:
         if "two_nodes" in _fixtures(item):

@@ -17,14 +17,18 @@ from tests.http_stub import JsonHandler, serving
 class _Restarting(JsonHandler):
     down_until = 0.0
     refuse_first = 0  # requests answered 503 whatever the time (a deadline can pass unseen)
+    down_for = 0.0  # seconds down from the first request on (sets down_until then)
     status_when_up = 200
     seen = 0
 
     def _down(self) -> bool:
-        if type(self).refuse_first > 0:
-            type(self).refuse_first -= 1
+        cls = type(self)
+        if cls.refuse_first > 0:
+            cls.refuse_first -= 1
             return True
-        return time.monotonic() < self.down_until
+        if cls.down_for and not cls.down_until:
+            cls.down_until = time.monotonic() + cls.down_for
+        return time.monotonic() < cls.down_until
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         type(self).seen += 1
@@ -50,6 +54,7 @@ class _Restarting(JsonHandler):
 @pytest.fixture
 def server():
     _Restarting.seen, _Restarting.status_when_up, _Restarting.refuse_first = 0, 200, 0
+    _Restarting.down_for, _Restarting.down_until = 0.0, 0.0
     with serving(_Restarting) as url:
         yield _Restarting, url
 
@@ -57,7 +62,7 @@ def server():
 @pytest.mark.slow  # waits out a ~5 s restart: `make test` runs it, test-fast does not
 def test_default_budget_rides_out_a_restart_longer_than_three_retries(server):
     handler, url = server
-    handler.down_until = time.monotonic() + 4.5  # > 3 retries x Retry-After 1 s
+    handler.down_for = 4.5  # > 3 retries x Retry-After 1 s, timed from the first request
     with KilnClient(url) as client:
         assert client.complete("capital of France?") == "Paris"
         assert 4 <= client.retried <= 6, client.retried
