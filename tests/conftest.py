@@ -100,9 +100,11 @@ def _heavy_groups_first(items) -> None:
     for item in items:
         members.setdefault(_group(item), []).append(item)
 
+    blocks = {TWO_NODES_GROUP: 0, SESSION_RAY_GROUP: 1}
+
     def weight(group: str) -> tuple:
-        if group in (TWO_NODES_GROUP, SESSION_RAY_GROUP):
-            return (group != TWO_NODES_GROUP, 0, 0)
+        if group in blocks:
+            return (blocks[group], 0, 0)
         group_items = members[group]
         return (2, -sum("slow" in i.keywords for i in group_items), -len(group_items))
 
@@ -160,12 +162,13 @@ def ray_session():
             )
         finally:
             del os.environ["RAY_SERVE_LOG_TO_STDERR"]  # not for the kiln processes tests start
-    _session_ray_guards.append(guard)
+    global _session_ray_guard
+    _session_ray_guard = guard
     yield ray
     _shutdown_session_ray()
 
 
-_session_ray_guards: list = []
+_session_ray_guard = None
 
 
 def _shutdown_session_ray() -> None:
@@ -173,12 +176,12 @@ def _shutdown_session_ray() -> None:
 
     from kiln.platform.ray_shutdown import shutdown_ray
 
+    global _session_ray_guard
     if ray.is_initialized():
         shutdown_ray()  # bounded: a GCS that stopped answering once hung the suite's end
-    while _session_ray_guards:
-        guard = _session_ray_guards.pop()
-        if guard is not None:
-            guard.close()
+    if _session_ray_guard is not None:
+        _session_ray_guard, guard = None, _session_ray_guard
+        guard.close()
 
 
 def free_port() -> int:

@@ -16,16 +16,12 @@ from tests.http_stub import JsonHandler, serving
 
 class _Restarting(JsonHandler):
     down_until = 0.0
-    refuse_first = 0  # requests answered 503 whatever the time (a deadline can pass unseen)
-    down_for = 0.0  # seconds down from the first request on (sets down_until then)
+    down_for = 0.0  # seconds down from the first request on (a deadline set before it can pass)
     status_when_up = 200
     seen = 0
 
     def _down(self) -> bool:
         cls = type(self)
-        if cls.refuse_first > 0:
-            cls.refuse_first -= 1
-            return True
         if cls.down_for and not cls.down_until:
             cls.down_until = time.monotonic() + cls.down_for
         return time.monotonic() < cls.down_until
@@ -53,7 +49,7 @@ class _Restarting(JsonHandler):
 
 @pytest.fixture
 def server():
-    _Restarting.seen, _Restarting.status_when_up, _Restarting.refuse_first = 0, 200, 0
+    _Restarting.seen, _Restarting.status_when_up = 0, 200
     _Restarting.down_for, _Restarting.down_until = 0.0, 0.0
     with serving(_Restarting) as url:
         yield _Restarting, url
@@ -95,7 +91,7 @@ def test_a_stream_is_retried_until_it_starts(server):
     """A 503 before the stream's headers (a Triton server down before the first token) is
     retried like a completion; the stream then comes through whole."""
     handler, url = server
-    handler.refuse_first = 1  # not a deadline: on a loaded machine 0.5 s passed before it asked
+    handler.down_for = 0.5  # < Retry-After 1 s: the first request is refused, the retry is not
     with KilnClient(url) as client:
         assert list(client.stream("capital of France?")) == ["Par", "is"]
         assert client.retried == 1 and handler.seen == 2
