@@ -7,6 +7,8 @@ import socket
 
 import pytest
 
+pytest_plugins = ["tests.two_nodes"]  # the 2-node cluster's fixtures, for any test folder
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -56,12 +58,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# The 2-node block's order, so that one cluster serves it: first the tests that leave both nodes
+# up, then these, which kill the worker node: Ray Data's first (it needs a cluster that never lost
+# a node), then the one that restarts the node itself.
+NODE_KILLERS_LAST = ("test_curate_faults.py", "test_elastic.py")
+
+
 def _live_ray_modules_last(items) -> None:
-    """The modules that use a live Ray run last, in their usual order otherwise: first those on
-    the 2-node cluster alone, then one on both clusters, then those on the session's Ray. Each
-    Ray idles at ~0.15 cores (daemons, pooled workers) from the test that starts it to the one
-    that shuts it down; the session's, started by the first curator test, idled through two
-    thirds of the run."""
+    """The modules that use a live Ray run last, in their usual order otherwise: first the tests
+    on the 2-node cluster (NODE_KILLERS_LAST last), then the rest of the modules with one, then
+    those on the session's Ray. Each Ray idles at ~0.15 cores (daemons, pooled workers) from the
+    test that starts it to the one that shuts it down; the session's, started by the first
+    curator test, idled through two thirds of the run."""
 
     def uses(fixture: str) -> set:
         return {i.path for i in items if fixture in _fixtures(i)}
@@ -69,8 +77,14 @@ def _live_ray_modules_last(items) -> None:
     two_nodes, session = uses("two_nodes"), uses("ray_session")
     rank = {path: 1 for path in two_nodes} | {path: 3 for path in session}
     rank |= {path: 2 for path in two_nodes & session}
-    # stable; in the module on both, its 2-node test first: the cluster is gone before the rest
-    items.sort(key=lambda i: (rank.get(i.path, 0), "two_nodes" not in _fixtures(i)))
+
+    def order(item) -> tuple:
+        if "two_nodes" in _fixtures(item):
+            name = item.path.name
+            return (0, NODE_KILLERS_LAST.index(name) + 1 if name in NODE_KILLERS_LAST else 0)
+        return (rank.get(item.path, -1), 0)
+
+    items.sort(key=order)  # stable
 
 
 SESSION_RAY_GROUP, TWO_NODES_GROUP = "live-ray", "two-nodes"

@@ -16,7 +16,8 @@ from kiln.training.config import OptimizerConfig, ScheduleConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not norms), fused or foreach kernels when asked."""
+    """AdamW with weight decay on matrices only (not norms); `auto` picks its kernels (fused, or a
+    per-parameter loop for DTensor on CPU)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # foreach/fused kernels cannot mix DTensor (FSDP/TP) and plain tensors (EP's local experts)
     # in one group, so each kind gets its own groups.
@@ -37,11 +38,14 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     if impl == "auto" and params and params[0].is_cuda:
         impl = "fused"
     if impl == "auto":
-        # On CPU a foreach kernel is a C++ loop, and DTensor propagates a sharding for each
+        # On CPU: plain tensors take the fused kernel (one pass over each parameter and its
+        # states, no temporaries: 5x faster than foreach on a 135M model, bench/optimizer_cpu.py).
+        # DTensor groups take a per-parameter loop: DTensor propagates a sharding for each
         # foreach op over its whole parameter list (seconds of CPU per op on a run's first step
-        # on a 3-D mesh); a per-parameter loop reuses one cached sharding per parameter shape.
+        # on a 3-D mesh); a per-parameter op reuses one cached sharding per parameter shape.
         for g in groups:
-            g["foreach"] = not isinstance(g["params"][0], DTensor)
+            plain = not isinstance(g["params"][0], DTensor)
+            g["foreach"], g["fused"] = False, plain
         kwargs = {}
     else:
         kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}

@@ -1,25 +1,25 @@
-"""Pipelines as Ray jobs on a real local head node: `kiln submit` and plain `ray job submit`."""
+"""Pipelines as Ray jobs on a real cluster (the suite's 2-node one, tests/two_nodes.py): `kiln
+submit` and plain `ray job submit`."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 from kiln.platform.cli import main
 from kiln.platform.jobs import logs, wait
-from tests.platform.headnode import BIN, HeadNode
 
-pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
 
 SPEC = """
 pipeline: job
 stages:
   - stage: text.read
     name: read
-    config: {paths: [docs]}
+    config: {paths: [DOCS]}
   - stage: text.stats
     name: stats
 """
@@ -29,71 +29,52 @@ def _runs(runs_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(runs_dir.glob("job/*/run.json"))]
 
 
-def test_kiln_submit_and_ray_job_submit_both_succeed(tmp_path, capsys):
-    work = tmp_path / "work"
-    (work / "docs").mkdir(parents=True)
-    (work / "docs" / "a.txt").write_text("one two three")
-    (work / "spec.yaml").write_text(SPEC)
+def test_kiln_submit_and_ray_job_submit_both_succeed(two_nodes, tmp_path, capsys):
+    work, docs = tmp_path / "work", tmp_path / "docs"
+    work.mkdir()
+    docs.mkdir()
+    (docs / "a.txt").write_text("one two three")
+    # an absolute input: each job reads its own copy of the uploaded working folder, on
+    # whichever node it runs, and the second job must find the first's output by its inputs
+    (work / "spec.yaml").write_text(SPEC.replace("DOCS", str(docs)))
     runs = tmp_path / "runs"
-    with HeadNode() as head:
-        out = subprocess.run(
-            check=False,
-            args=[
-                str(BIN / "kiln"),
-                "submit",
-                "spec.yaml",
-                "--address",
-                head.dashboard_url,
-                "--wait",
-                "--runs-dir",
-                str(runs),
-            ],
-            cwd=work,
-            env=head.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        assert "SUCCEEDED" in out.stdout
-        job_id = out.stdout.split("submitted job ")[1].split()[0]
-        # `kiln status` in this process (its command, not its process start, is under test)
-        assert main(["status", job_id, "--address", head.dashboard_url]) == 0
-        assert capsys.readouterr().out.strip() == "SUCCEEDED"
+    python = str(two_nodes.loopback_python(tmp_path))  # the jobs' `python` (cluster.py says why)
+    address = two_nodes.dashboard_url
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["RAY_ADDRESS"] = ""  # the dashboard address is given: no driver attaches here
+    submit = ["submit", "spec.yaml", "--address", address, "--wait", "--runs-dir", str(runs)]
+    out = subprocess.run(
+        [str(BIN / "kiln"), *submit, "--python", python],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "SUCCEEDED" in out.stdout
+    job_id = out.stdout.split("submitted job ")[1].split()[0]
+    # `kiln status` in this process (its command, not its process start, is under test)
+    assert main(["status", job_id, "--address", address]) == 0
+    assert capsys.readouterr().out.strip() == "SUCCEEDED"
 
-        out = subprocess.run(
-            check=False,
-            args=[
-                str(BIN / "ray"),
-                "job",
-                "submit",
-                "--address",
-                head.dashboard_url,
-                "--working-dir",
-                str(work),
-                "--submission-id",
-                "plain-ray-job",
-                "--no-wait",  # its log tail lingers ~6 s after the job ends: poll the status
-                "--",
-                "python",
-                "-m",
-                "kiln",
-                "run",
-                "spec.yaml",
-                "--runs-dir",
-                str(runs),
-                "--force",
-                "stats",
-            ],
-            cwd=work,
-            env=head.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        state = wait("plain-ray-job", head.dashboard_url, timeout_s=300, echo=lambda _: None)
-        assert state == "SUCCEEDED", logs("plain-ray-job", head.dashboard_url)[-3000:]
+    run_again = ["-m", "kiln", "run", "spec.yaml", "--runs-dir", str(runs), "--force", "stats"]
+    out = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(work)]
+        + ["--submission-id", "plain-ray-job"]
+        + ["--no-wait"]  # its log tail lingers ~6 s after the job ends: poll the status
+        + ["--", python, *run_again],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    state = wait("plain-ray-job", address, timeout_s=300, echo=lambda _: None)
+    assert state == "SUCCEEDED", logs("plain-ray-job", address)[-3000:]
     records = _runs(runs)
     assert len(records) == 2 and all(r["status"] == "succeeded" for r in records)
     assert records[0]["stages"]["stats"]["status"] == "done"

@@ -116,6 +116,15 @@ class TwoNodeCluster:
                 stderr=subprocess.STDOUT,
             )
 
+    def loopback_python(self, folder: Path) -> Path:
+        """A `python` for job entrypoints (`kiln submit --python`, `ray job submit -- ...`) that
+        attaches to this cluster: a job's driver attaches by RAY_ADDRESS, which Ray sets to the
+        machine's outward IP, and this cluster lives on loopback."""
+        python = folder / "python-loopback"
+        python.write_text(f'#!/bin/sh\nRAY_ADDRESS={self.address} exec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        return python
+
     def shutdown(self) -> None:
         self.cluster.shutdown()
 

@@ -1,6 +1,4 @@
-"""One 2-node Ray cluster shared by every reliability test that needs nodes: built by the first,
-shut down after the last (or at the session's end when a test fails); rebuilt for a test when
-an earlier one killed a node."""
+"""Fixtures of the reliability tests: a small disk (the 2-node cluster is tests/two_nodes.py)."""
 
 from __future__ import annotations
 
@@ -10,43 +8,6 @@ import os
 import subprocess
 
 import pytest
-
-_cluster = None
-
-
-@pytest.fixture
-def two_nodes():
-    """The shared cluster with both nodes up: a fresh one when an earlier test killed a node.
-    (On a cluster whose worker node was killed and restarted, Ray Data actors created by a new
-    driver were destroyed as soon as registered, "all references removed": Ray's, seen in
-    test_curate_faults after test_elastic; Ray Train and jobs ran on such a cluster fine.)"""
-    global _cluster
-    if _cluster is not None and _cluster.node_killed:
-        _shutdown_cluster()
-    if _cluster is None:
-        from tests.reliability.cluster import TwoNodeCluster
-
-        _cluster = TwoNodeCluster(head_cpus=1, worker_cpus=1)
-    return _cluster
-
-
-def _shutdown_cluster() -> None:
-    global _cluster
-    if _cluster is not None:
-        _cluster, cluster = None, _cluster
-        cluster.shutdown()
-
-
-def pytest_runtest_teardown(item, nextitem):
-    """Shut the cluster down after the last test that uses it, not at the end of the suite: its
-    users run back to back (tests/conftest.py orders them), on one xdist worker, whose
-    `session.items` is the whole collection, so the next item is what tells."""
-    if nextitem is None or "two_nodes" not in getattr(nextitem, "fixturenames", ()):
-        _shutdown_cluster()
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _shutdown_cluster()
 
 
 @contextlib.contextmanager

@@ -117,7 +117,7 @@ def test_actor_dead_while_starting_is_replaced(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes, tmp_path):
+def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes_never_lost, tmp_path):
     """Two actors spread over the two nodes; the worker node's actor pauses inside its first
     task and the test kills the node: the task reruns on an actor restarted on the head."""
     marker = tmp_path / "paused-on-worker-node"
@@ -131,7 +131,7 @@ def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes, tmp_path)
     }
     log_path = str(tmp_path / "driver.log")
     args = ["-c", DRIVER, json.dumps(config), str(tmp_path / "faulty")]
-    driver = two_nodes.driver(args, log_path)
+    driver = two_nodes_never_lost.driver(args, log_path)
     try:
         # meanwhile the clean reference, in this process (no worker node here: nothing pauses)
         clean = _curate(config, tmp_path / "clean", "inline")
@@ -140,7 +140,7 @@ def test_worker_node_lost_mid_curate_gives_identical_corpus(two_nodes, tmp_path)
             if driver.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"no task paused on the worker node:\n{_tail(log_path)}")
             time.sleep(0.1)
-        two_nodes.kill_worker_node()
+        two_nodes_never_lost.kill_worker_node()
         driver.wait(timeout=180)
     finally:
         if driver.poll() is None:

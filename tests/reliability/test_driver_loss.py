@@ -53,11 +53,7 @@ def _spec(docs: Path) -> dict:
 
 
 def _submit(cluster, work: Path, runs: Path, job_id: str) -> None:
-    # the job's driver attaches by RAY_ADDRESS, which Ray sets to the machine's outward IP;
-    # this cluster lives on loopback (tests/reliability/cluster.py)
-    python = work.parent / "python-loopback"
-    python.write_text(f'#!/bin/sh\nRAY_ADDRESS={cluster.address} exec {sys.executable} "$@"\n')
-    python.chmod(0o755)
+    python = cluster.loopback_python(work.parent)
     args = ["submit", "spec.yaml", "--address", cluster.dashboard_url, "--runs-dir", str(runs)]
     out = subprocess.run(
         [sys.executable, "-m", "kiln", *args, "--python", str(python), "--job-id", job_id],

@@ -171,6 +171,31 @@ def test_a_loaded_optimizer_keeps_this_runs_kernels():
     torch.testing.assert_close(loader.state[first]["exp_avg"], saver.state[first]["exp_avg"])
 
 
+def test_auto_steps_plain_cpu_tensors_fused_as_foreach_does():
+    """`auto` on CPU: the fused kernel for plain tensors (bench/optimizer_cpu.py), the same
+    parameters after three steps as torch's foreach kernel, weight decay on matrices only."""
+    from kiln.training.config import OptimizerConfig
+    from kiln.training.optimizer import build_optimizer
+
+    models = []
+    for impl in ("auto", "foreach"):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig.preset("tiny"))
+        opt = build_optimizer(model, OptimizerConfig(lr=1e-2, implementation=impl))
+        for step in range(3):
+            torch.manual_seed(step)
+            model(torch.randint(0, 256, (2, 8))).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        models.append(model)
+        if impl == "auto":
+            assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, False)] * 2
+            assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    fused, foreach = (dict(m.named_parameters()) for m in models)
+    for name, param in fused.items():
+        torch.testing.assert_close(param, foreach[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 def test_one_process_saves_and_resumes_without_a_warning(tmp_path, async_save):
     """DCP warns "torch.distributed is disabled ..." unless told a save is one process's: a
