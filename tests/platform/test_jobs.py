@@ -29,6 +29,17 @@ def _runs(runs_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(runs_dir.glob("job/*/run.json"))]
 
 
+def _succeeds(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run a client command (`kiln submit`, `ray job submit`) and check it exited 0."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["RAY_ADDRESS"] = ""  # the dashboard address is given: no driver attaches here
+    out = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
 def test_kiln_submit_and_ray_job_submit_both_succeed(two_nodes, tmp_path, capsys):
     work, docs = tmp_path / "work", tmp_path / "docs"
     work.mkdir()
@@ -40,19 +51,8 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(two_nodes, tmp_path, capsys
     runs = tmp_path / "runs"
     python = str(two_nodes.loopback_python(tmp_path))  # the jobs' `python` (cluster.py says why)
     address = two_nodes.dashboard_url
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["RAY_ADDRESS"] = ""  # the dashboard address is given: no driver attaches here
     submit = ["submit", "spec.yaml", "--address", address, "--wait", "--runs-dir", str(runs)]
-    out = subprocess.run(
-        [str(BIN / "kiln"), *submit, "--python", python],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = _succeeds([str(BIN / "kiln"), *submit, "--python", python], work)
     assert "SUCCEEDED" in out.stdout
     job_id = out.stdout.split("submitted job ")[1].split()[0]
     # `kiln status` in this process (its command, not its process start, is under test)
@@ -60,19 +60,13 @@ def test_kiln_submit_and_ray_job_submit_both_succeed(two_nodes, tmp_path, capsys
     assert capsys.readouterr().out.strip() == "SUCCEEDED"
 
     run_again = ["-m", "kiln", "run", "spec.yaml", "--runs-dir", str(runs), "--force", "stats"]
-    out = subprocess.run(
+    _succeeds(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(work)]
         + ["--submission-id", "plain-ray-job"]
         + ["--no-wait"]  # its log tail lingers ~6 s after the job ends: poll the status
         + ["--", python, *run_again],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        work,
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     state = wait("plain-ray-job", address, timeout_s=300, echo=lambda _: None)
     assert state == "SUCCEEDED", logs("plain-ray-job", address)[-3000:]
     records = _runs(runs)
