@@ -113,6 +113,7 @@ class TritonServer:
         self.restart_window_s = restart_window_s
         self.restarts = 0  # how many times the supervisor restarted the server
         self.downtime_s: float | None = None  # the last restart: exit seen -> ready again
+        self.launch_s: float | None = None  # the last successful launch: process start -> ready
         self.returncode: int | None = None  # the last exit code the supervisor saw
         self.gave_up = False  # the supervisor stopped restarting (too many quick failures)
         self._stopping = threading.Event()
@@ -214,6 +215,7 @@ class TritonServer:
         """Start the process and wait until it is ready (killing it if it never is)."""
         with self._lock:
             cmd, env = self._prepare()
+            launched = time.monotonic()
             self.log_path = os.path.join(self._workdir, "tritonserver.log")
             log.info("starting tritonserver on http %s, grpc %s", self.http_url, self.grpc_url)
             with open(self.log_path, "wb") as out:
@@ -241,6 +243,7 @@ class TritonServer:
                 self.returncode = self.process.returncode
             self._terminate()
             raise
+        self.launch_s = time.monotonic() - launched
 
     def _supervise(self) -> None:
         """Restart the server when it exits while not stopping: 0.5 s, 1 s, 2 s ... (at most

@@ -264,6 +264,7 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         assert triton is not None and triton.restart
         ports = (triton.http_port, triton.grpc_port)
         killed_pid, killed_shm = triton.process.pid, triton._shm
+        first_launch_s = triton.launch_s
         done = threading.Semaphore(0)
         clients = threading.local()
         made: list[KilnClient] = []
@@ -321,7 +322,10 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         assert all("tritonserver restart failed" in line for line in lines[1:]), lines
         assert len(lines) <= 5, lines  # the supervisor's max_restarts
         restarted_s = triton.downtime_s  # from the exit seen (<= 0.2 s after it) to ready
-        assert restarted_s < 30 * len(lines)
+        # < 30 s a start (4.8-10.9 s measured at load 0.5-7.9); where this server's first start
+        # was slower (beside a CPU hog, where a restart once took 31.8 s), twice its time
+        per_start = max(30.0, 2 * first_launch_s)
+        assert restarted_s < per_start * len(lines), (restarted_s, first_launch_s)
         assert triton.process.pid != killed_pid and triton.process.poll() is None
         assert (triton.http_port, triton.grpc_port) == ports
         # the killed server's python-backend stubs could not unlink their shared memory: kiln did
@@ -347,7 +351,8 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
         refused = sum(s.refused for s in streamers)
         assert refused >= 1  # a stream started while the server was down: 503 before headers
         print(
-            f"{retried} retried 503s for {REQUESTS} requests; restarted in {restarted_s:.1f} s; "
+            f"{retried} retried 503s for {REQUESTS} requests; restarted in {restarted_s:.1f} s "
+            f"(first start {first_launch_s:.1f} s); "
             f"streams: {sum(len(s.done) for s in streamers)} finished, {len(cut)} cut "
             f"mid-generation (error event + [DONE]), {refused} refused with 503 before headers"
         )
