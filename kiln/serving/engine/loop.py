@@ -77,9 +77,11 @@ class Engine:
         if self._thread is None or not self._thread.is_alive():
             # torch's intra-op thread count is process-wide: the engine thread uses the caller's
             log.info(
-                "engine: %d KV-cache slots of %d tokens, prefill %d tokens/step, torch threads %d",
+                "engine: %d KV-cache slots of up to %d tokens (%d allocated), prefill %d "
+                "tokens/step, torch threads %d",
                 self.pool.size,
                 self.pool.max_len,
+                self.pool.allocated,
                 self.scheduler.prefill_chunk,
                 torch.get_num_threads(),
             )
@@ -190,7 +192,7 @@ class Engine:
             start = request.prefilled
             tokens[row, :n] = torch.tensor(request.prompt_ids[start : start + n])
         single = len(group) == 1
-        cache = pool.view(slots[0], slots[0] + 1) if single else pool.gather(slots, width)
+        cache = pool.view(slots[0], slots[0] + 1, width) if single else pool.gather(slots, width)
         # logits only at the last prompt position of the chunks that end their prompt
         ending = [row for row, (r, n) in enumerate(group) if r.prefill_left == n]
         cols = [group[row][1] - 1 for row in ending]
@@ -233,7 +235,7 @@ class Engine:
         width = len(rows)
         tokens = self._decode_tokens[:width]  # allocated once
         tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
-        cache = self.pool.view(0, width)
+        cache = self.pool.view(0, width, 1)
         logits = self._forward(tokens, cache, slots, [0] * len(slots))  # type: ignore[arg-type]
         for slot in slots:
             self.pool.lengths[slot] += 1  # type: ignore[index]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kiln.platform.errors import InputError
-from kiln.serving.engine import Engine, EngineEvent, stream_events
+from kiln.serving.engine import Engine, EngineEvent, slots, stream_events
 from kiln.serving.sampling import SamplingParams
 from tests.serving.generate.tiny import tiny_generator, train_tokenizer
 
@@ -59,7 +59,9 @@ def submit_at_random_moments(engine, requests, params_of, seed=0):
 
 
 @pytest.mark.parametrize("shape", ["llama", "mistral", "mixtral"])
-def test_greedy_under_continuous_batching_equals_sequential_generate(shape, tokenizer):
+def test_greedy_under_continuous_batching_equals_sequential_generate(shape, tokenizer, monkeypatch):
+    """... with KV-cache rows that start at 8 tokens and grow (to 64 here) as requests need."""
+    monkeypatch.setattr(slots, "FIRST_ROW_TOKENS", 8)
     gen = tiny_generator(shape, tokenizer, eos=False)
     requests = random_requests(tokenizer.get_vocab_size(), 24)
 
@@ -81,6 +83,7 @@ def test_greedy_under_continuous_batching_equals_sequential_generate(shape, toke
     assert [f.token_ids for f in finals] == expected
     assert any(f.finish_reason == "stop" for f in finals)  # some rows end at end-of-text
     assert engine.pool.free == 6
+    assert 8 < engine.pool.allocated <= engine.pool.max_len  # grown while rows were running
     assert engine.slot_moves > 0  # rows were packed past freed slots, tokens unchanged
     # fewer forwards than one request at a time would need: rows really shared steps
     assert engine.steps < sum(len(e) + 1 for e in expected)
