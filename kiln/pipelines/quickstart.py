@@ -37,7 +37,7 @@ def build(sft_steps: int = 12, pretrain_steps: int = 2) -> Pipeline:
                 micro_batch_size=2,
                 steps=pretrain_steps,
                 optimizer={"lr": 1e-5, "weight_decay": 0.0},
-                checkpoint={"interval_steps": 0, "keep_last": 1},
+                checkpoint={"interval_steps": 0, "keep_last": 1, "last_save_model_only": True},
                 log_every=1,
                 **fp32_constant,
             ),

@@ -271,7 +271,7 @@ class Checkpointer:
             "train": {**self.train_state.state_dict(), "step": int(step)},
             "rng": {f"rank{self.rank}": json_state.encode_rng()},
         }
-        if self.optimizers:  # none: a weights-only checkpoint (`kiln import-hf`)
+        if self.optimizers and not self._model_only(step):  # none: weights-only (import-hf)
             state["optimizer"] = S.optimizer_state(self.model_parts, self.optimizers)[0]
         if self.lr_schedulers:
             state["lr_scheduler"] = self.lr_schedulers[0].state_dict()
@@ -281,10 +281,16 @@ class Checkpointer:
             }
         return state
 
+    def _model_only(self, step: int) -> bool:
+        """The last save of a run with `last_save_model_only`: no optimizer state."""
+        last = self.total_steps is not None and step >= self.total_steps
+        return self.cfg.last_save_model_only and last
+
     def _sidecar(self, step: int) -> dict[str, Any]:
         return {
             "format": "kiln-dcp-v1",
             "step": int(step),
+            "model_only": self._model_only(step),
             "tokens_seen": int(self.train_state.tokens_seen),
             "model": self.model_config,
             "layout": {
@@ -320,11 +326,17 @@ class Checkpointer:
             raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         model_sd, model_keys = self._model_state()
         state: dict[str, Any] = {"model": model_sd}
-        has_training_state = any(k.startswith("optimizer.") for k in available)
-        full = self.cfg.load_optimizer and has_training_state and not weights_only
-        if self.cfg.load_optimizer and not has_training_state:
+        has_optimizer = any(k.startswith("optimizer.") for k in available)
+        # a run's last save without optimizer state still resumes: step, data position, schedule
+        model_only = bool(sidecar.get("model_only")) and not weights_only
+        full = self.cfg.load_optimizer and (has_optimizer or model_only) and not weights_only
+        if self.cfg.load_optimizer and not (has_optimizer or model_only):
             log.info("%s holds weights only (e.g. imported): starting a fresh run from them", path)
-        optim_keys = self._request_training_state(state, available, sidecar) if full else None
+        elif full and not has_optimizer:
+            log.info("%s holds no optimizer state (last_save_model_only): a fresh one", path)
+        optim_keys = (
+            self._request_training_state(state, available, sidecar, has_optimizer) if full else None
+        )
         try:
             dcp.load(
                 state,
@@ -335,7 +347,7 @@ class Checkpointer:
         except WRITE_ERRORS as exc:  # a truncated or corrupt shard file: one line, no traceback
             raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         self._apply_model_state(state["model"], model_keys)
-        if optim_keys is not None:
+        if full:
             self._apply_training_state(state, optim_keys, sidecar)
         self._last_saved_step = int(sidecar.get("step", -1))
         self.committed = (self._last_saved_step, path)
@@ -360,12 +372,17 @@ class Checkpointer:
         return None
 
     def _request_training_state(
-        self, state: dict[str, Any], available: set[str], sidecar: dict[str, Any]
-    ) -> list[list[str]]:
-        """Add placeholders for the optimizer, schedule, train state, data position and RNG that
-        DCP fills in; returns each part's optimizer keys."""
-        optim_sd, optim_keys = S.optimizer_state(self.model_parts, self.optimizers)
-        state["optimizer"] = optim_sd
+        self,
+        state: dict[str, Any],
+        available: set[str],
+        sidecar: dict[str, Any],
+        optimizer: bool,
+    ) -> list[list[str]] | None:
+        """Add placeholders for the optimizer (if saved), schedule, train state, data position
+        and RNG that DCP fills in; returns each part's optimizer keys (None: no optimizer)."""
+        optim_keys = None
+        if optimizer:
+            state["optimizer"], optim_keys = S.optimizer_state(self.model_parts, self.optimizers)
         state["train"] = self.train_state.state_dict()
         if self.lr_schedulers and any(k.startswith("lr_scheduler.") for k in available):
             state["lr_scheduler"] = self.lr_schedulers[0].state_dict()
@@ -380,9 +397,12 @@ class Checkpointer:
         return optim_keys
 
     def _apply_training_state(
-        self, state: dict[str, Any], optim_keys: list[list[str]], sidecar: dict[str, Any]
+        self, state: dict[str, Any], optim_keys: list[list[str]] | None, sidecar: dict[str, Any]
     ) -> None:
-        S.apply_optimizer_state(self.model_parts, self.optimizers, state["optimizer"], optim_keys)
+        if optim_keys is not None:
+            S.apply_optimizer_state(
+                self.model_parts, self.optimizers, state["optimizer"], optim_keys
+            )
         if "lr_scheduler" in state:
             for scheduler in self.lr_schedulers:
                 scheduler.load_state_dict(dict(state["lr_scheduler"]))

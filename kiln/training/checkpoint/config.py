@@ -29,6 +29,12 @@ class CheckpointConfig(BaseModel):
         "checkpoint, resuming wins.",
     )
     save_final: bool = Field(True, description="Always save after the last training step.")
+    last_save_model_only: bool = Field(
+        False,
+        description="The save after the last step holds no optimizer state (torchtitan's name): "
+        "about 1/3 of an AdamW checkpoint, for export. Resuming from it continues the step "
+        "count and data position with a fresh optimizer.",
+    )
     load_optimizer: bool = Field(
         True,
         description="Restore optimizer, schedulers, data position and step "
