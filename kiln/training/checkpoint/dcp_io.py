@@ -4,9 +4,13 @@ URI; reading goes through `safe_reader`, so loading never unpickles arbitrary ob
 from __future__ import annotations
 
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
 from kiln.training.checkpoint import storage
 from kiln.training.checkpoint.safe_reader import SafeFileSystemReader, safe_fsspec_reader
+
+# DCP gathers the ranks' read/write errors into a CheckpointException, a BaseException
+WRITE_ERRORS = (Exception, CheckpointException)
 
 
 def make_writer(uri: str, thread_count: int = 1):
