@@ -23,6 +23,7 @@ from typing import Any
 from kiln.platform import console
 from kiln.platform.artifact import MANIFEST, Artifact
 from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
+from kiln.platform.provenance import provenance
 from kiln.platform.runtime import RayConfig, Runtime
 from kiln.platform.stage import Stage, StageContext, needs_ray, run_steps
 
@@ -95,6 +96,9 @@ class Pipeline:
         self.stages = list(stages)
         self.runs_dir = local_runs_dir(runs_dir or _default_runs_dir())
         self.ray = ray or RayConfig()
+        # what run.json records as the spec: the file it came from and its `--set` overrides
+        self.spec_source: str | None = None
+        self.overrides: list[str] = []
         seen: set[str] = set()
         for st in self.stages:
             if st.name in seen:
@@ -163,6 +167,7 @@ class Pipeline:
             "status": "running",
             "started": _now(),
             "stages": {st.name: {"type": st.type_name, "status": "pending"} for st in self.stages},
+            **provenance(self),
         }
         result = RunResult(run_dir=run_dir, record=record)
         self._write(run_dir, record)
