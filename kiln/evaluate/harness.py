@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from kiln.evaluate.task_files import TaskFile
 from kiln.platform.errors import InputError, KilnError
+from kiln.platform.extras import require_extra
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -35,6 +36,15 @@ HEADLINE_METRICS = ("acc", "exact_match", "acc_norm", "word_perplexity")
 
 class EvalError(KilnError):
     """lm-eval failed; the message names its log file."""
+
+
+# lm-eval itself, and transformers for its tokenizer on log-likelihood tasks (the `eval` extra)
+HARNESS_MODULES = ("lm_eval", "transformers")
+
+
+def require_harness(what: str) -> None:
+    """One line naming the `eval` extra when lm-eval cannot run here (before any work starts)."""
+    require_extra("eval", HARNESS_MODULES, f"{what} (lm-evaluation-harness)")
 
 
 @dataclass

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from kiln.evaluate.config import EvaluateConfig
-from kiln.evaluate.harness import HarnessRun, check_endpoint, run_harness, task_scores
+from kiln.evaluate.harness import (
+    HarnessRun,
+    check_endpoint,
+    require_harness,
+    run_harness,
+    task_scores,
+)
 from kiln.evaluate.report import console_lines, flat_metrics, write_report
 from kiln.evaluate.task_files import prepare_tasks
 from kiln.platform.errors import InputError
@@ -81,6 +87,8 @@ def evaluate(
     ensure_ray: Callable[[], Any] = lambda: None,
 ) -> dict[str, Any]:
     """Run the configured tasks and perplexity; returns metrics.json's content."""
+    if cfg.tasks:
+        require_harness("evaluate.tasks")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = _hf_dir(model_dir)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kiln.evaluate.config import EvaluateConfig
+from kiln.evaluate.harness import require_harness
 from kiln.platform.stage import Stage, StageContext
 
 
@@ -33,6 +34,11 @@ class EvaluateStage(Stage):
     }
     optional_inputs: ClassVar[frozenset[str]] = frozenset({"endpoint", "model", "tokens"})
     output_kinds: ClassVar[dict[str, str]] = {"metrics": "EvalResults"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.config.tasks:  # when the pipeline is built, before its first stage runs
+            require_harness(f"{self.name}.tasks")
 
     def extra_fingerprint(self) -> str:
         # an external URL may serve another model tomorrow: never reuse its scores
