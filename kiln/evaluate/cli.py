@@ -37,7 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--split", default="valid", help="perplexity split (default valid)")
     p.add_argument("--seq-len", type=int, help="perplexity window (default: the model's context)")
     p.add_argument("--api-key", default=os.environ.get("KILN_API_KEY"))
-    p.add_argument("--out", default=None, help="results folder (default runs/eval/<time>)")
+    p.add_argument(
+        "--out", "--output", default=None, help="results folder (default runs/eval/<time>)"
+    )
     p.add_argument("--address", help="Ray address when an endpoint is started (default: embedded)")
     p.set_defaults(func=_eval)
 

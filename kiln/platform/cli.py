@@ -25,16 +25,46 @@ COMMAND_MODULES = [
 ]
 
 
+class KilnParser(argparse.ArgumentParser):
+    """argparse with "did you mean ...?" for a mistyped command or choice."""
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            from kiln.platform.suggest import did_you_mean
+
+            hint = did_you_mean(value, action.choices)
+            choices = ", ".join(map(str, action.choices))
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{hint} (choose from {choices})"
+            )
+
+
+VERBOSE_HELP = "show Ray's, libraries' and debug output too"
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """`-v` after the command too (`kiln run spec.yaml -v`), in every subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action._name_parser_map.values()):
+                if "-v" not in sub._option_string_actions:
+                    # SUPPRESS: absent, it leaves the top-level value alone
+                    sub.add_argument(
+                        "-v",
+                        "--verbose",
+                        action="store_true",
+                        default=argparse.SUPPRESS,
+                        help=VERBOSE_HELP,
+                    )
+                _verbose_everywhere(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kiln import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="kiln", description="Raw text to a served language model, on Ray."
-    )
+    parser = KilnParser(prog="kiln", description="Raw text to a served language model, on Ray.")
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="show Ray's, libraries' and debug output too"
-    )
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -44,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(sub)
+    _verbose_everywhere(parser)
     return parser
 
 

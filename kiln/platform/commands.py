@@ -62,7 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"))
         p.set_defaults(func=_status if name == "status" else _logs)
 
-    p = sub.add_parser("stages", help="list the stages a spec can name, with their config fields")
+    p = sub.add_parser(
+        "stages", help="list the stages a spec can name; one stage's fields and model presets"
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="a stage: show its config fields")
     p.set_defaults(func=_stages)
 
 
@@ -131,17 +134,6 @@ def _logs(args) -> int:
 
 
 def _stages(args) -> int:
-    from kiln.platform.errors import KilnError
-    from kiln.platform.registry import available_stages, stage_class
+    from kiln.platform.stage_help import print_stages
 
-    for name in available_stages():
-        try:
-            cls = stage_class(name)
-        except KilnError as e:
-            print(f"{name:<12} (unavailable: {e})")
-            continue
-        fields = ", ".join(cls.Config.model_fields)
-        ins = ", ".join(f"{s}:{k}" for s, k in cls.input_kinds.items()) or "-"
-        outs = ", ".join(f"{s}:{k}" for s, k in cls.output_kinds.items()) or "-"
-        print(f"{name:<12} in [{ins}] out [{outs}] config [{fields}]")
-    return 0
+    return print_stages(args.name)

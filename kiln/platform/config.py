@@ -69,15 +69,42 @@ def apply_overrides(body: dict[str, Any], overrides: Iterable[str], route: Route
     return body
 
 
-def validate(model: type[M], body: Any, *, prefix: str = "", source: str | Path | None = None) -> M:
-    """`model.model_validate(body)` with the one-line error `<source>: <prefix.field>: ...`."""
+def override_paths(overrides: Iterable[str], route: Route | None = None) -> dict[tuple, str]:
+    """Each `--set` item keyed by where it lands in the body, so an error there blames it."""
+    paths = {}
+    for item in overrides:
+        parts, _ = parse_override(item)
+        paths[tuple(str(p) for p in (route(parts) if route else parts))] = item
+    return paths
+
+
+def validate(
+    model: type[M],
+    body: Any,
+    *,
+    prefix: str = "",
+    source: str | Path | None = None,
+    overrides: dict[tuple, str] | None = None,
+) -> M:
+    """`model.model_validate(body)` with the one-line error `<source>: <prefix.field>: ...`
+    (`--set ITEM: ...` where an override in `overrides`, from `override_paths`, set the field)."""
     head = f"{source}: " if source else ""
     if not isinstance(body, dict):
         raise ConfigError(f"{head}expected a mapping of {prefix or model.__name__} fields")
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise ConfigError(head + format_validation_error(e, prefix)) from None
+        raise ConfigError(
+            format_validation_error(
+                e, prefix, model=model, overrides=overrides, source=str(source) if source else None
+            )
+        ) from None
+
+
+def reject_pipeline_spec(path: str | Path | None, body: Any) -> None:
+    """A pipeline spec handed to a stage command (`kiln train --config quickstart.yaml`)."""
+    if isinstance(body, dict) and "pipeline" in body and "stages" in body:
+        raise ConfigError(f"{path}: this is a pipeline spec: use `kiln run {path}`")
 
 
 def load_body(
@@ -112,5 +139,9 @@ def load_config(
 ) -> M:
     """Load `path` (its `block:` mapping when the file has one, else the whole file), add `fields`
     (None values skipped), apply `--set` overrides and validate into `model`."""
+    if path:
+        reject_pipeline_spec(path, read_yaml(path))
+    overrides = list(overrides)
     body = load_body(path, block=block, fields=fields, overrides=overrides, route=route)
-    return validate(model, body, prefix=prefix, source=path)
+    paths = override_paths(overrides, route)
+    return validate(model, body, prefix=prefix, source=path, overrides=paths)

@@ -21,16 +21,53 @@ class StageFailed(KilnError):
     """A stage raised; the run directory records where."""
 
 
-def format_validation_error(exc, prefix: str = "") -> str:
-    """One line from a pydantic ValidationError: `field.path: what was expected (got X)`."""
-    parts = []
+def _field_names_at(model, path) -> list[str]:
+    """The field names (and aliases) of the pydantic model found at `path` under `model`."""
+    from kiln.platform.reference import _submodel
+
+    for part in path:
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None
+        )
+        if field is None:  # a list index or a dict key: the item's model is the same
+            continue
+        model = _submodel(field.annotation)
+        if model is None:
+            return []
+    return [n for name, f in model.model_fields.items() for n in {name, f.alias or name}]
+
+
+def format_validation_error(
+    exc, prefix: str = "", model=None, overrides=None, source: str | None = None
+) -> str:
+    """One line from a pydantic ValidationError: `field.path: what was expected (got X)`.
+
+    With `model`, an unknown field gets "did you mean" its nearest sibling; `overrides` maps a
+    field path (a tuple of `model`'s keys) to the `--set` item that put it there, which then
+    takes the blame instead of `source` (the file, which prefixes the other errors)."""
+    from kiln.platform.suggest import did_you_mean
+
+    blamed, parts = [], []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        where = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        loc = tuple(str(p) for p in err.get("loc", ()))
+        where = ".".join(x for x in (prefix, ".".join(loc)) if x)
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
+            if model is not None and loc:
+                msg += did_you_mean(loc[-1], _field_names_at(model, loc[:-1]))
         got = err.get("input")
         got_s = "" if err.get("type") in ("missing", "extra_forbidden") else f" (got {got!r})"
-        parts.append(f"{where}: {msg}{got_s}")
-    return "; ".join(parts)
+        item = next((item for path, item in (overrides or {}).items() if _covers(path, loc)), None)
+        if item:
+            blamed.append(f"--set {item}: {msg}{got_s}")
+        else:
+            parts.append(f"{where}: {msg}{got_s}")
+    head = f"{source}: " if source and parts else ""
+    return "; ".join([*blamed, *([head + "; ".join(parts)] if parts else [])])
+
+
+def _covers(override_path: tuple, loc: tuple) -> bool:
+    """Whether the error at `loc` is about the value an override at `override_path` set."""
+    n = min(len(override_path), len(loc))
+    return n > 0 and override_path[:n] == loc[:n]

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from kiln.platform.errors import KilnError
-from kiln.platform.registry import available_stages, stage_class
+from kiln.platform.registry import public_stages, stage_class
 
 HEADER = """# YAML reference
 
@@ -85,18 +85,22 @@ def _default(field) -> str:
     return f"`{value!r}`"
 
 
-def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
+def field_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every field, nested models' fields after
+    their parent's row; markdown-escaped."""
     rows = []
     for name, field in model.model_fields.items():
         key = field.alias or name
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
-        rows.append(
-            f"| `{prefix}{key}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |"
-        )
+        rows.append((f"{prefix}{key}", _type_name(field.annotation), _default(field), desc))
         sub = _submodel(field.annotation)
         if sub is not None and sub is not model:
-            rows += _rows(sub, f"{prefix}{key}.")
+            rows += field_rows(sub, f"{prefix}{key}.")
     return rows
+
+
+def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
+    return [f"| `{k}` | {t} | {d} | {desc} |" for k, t, d, desc in field_rows(model, prefix)]
 
 
 def stage_section(name: str) -> str:
@@ -124,7 +128,7 @@ def ray_section() -> str:
 
 def render() -> str:
     parts = [HEADER, ray_section()]
-    for name in available_stages():
+    for name in public_stages():
         try:
             parts.append(stage_section(name))
         except (

@@ -66,9 +66,21 @@ def stage_class(name: str) -> type[Stage]:
         return _import(BUILTIN_STAGES[name], name)
     if ":" in name:
         return _import(name, name)
-    known = ", ".join(sorted(set(BUILTIN_STAGES) | set(_registered)))
-    raise SpecError(f"unknown stage {name!r} (known: {known}; or give package.module:Class)")
+    from kiln.platform.suggest import did_you_mean
+
+    hint = did_you_mean(name, available_stages())
+    known = ", ".join(public_stages())
+    raise SpecError(f"unknown stage {name!r}{hint} (known: {known}; or package.module:Class)")
+
+
+# Stages for tests and the platform's own checks: usable in a spec, not listed to users.
+INTERNAL_STAGES = frozenset({"noop", "text.stats"})
 
 
 def available_stages() -> list[str]:
     return sorted(set(BUILTIN_STAGES) | set(_registered))
+
+
+def public_stages() -> list[str]:
+    """The stages `kiln stages` and the YAML reference show."""
+    return [name for name in available_stages() if name not in INTERNAL_STAGES]

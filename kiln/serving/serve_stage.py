@@ -35,9 +35,11 @@ class ServeConfig(StageConfig):
         "local", description="model in the replica, or in Triton"
     )
     host: str = Field("127.0.0.1", description="HTTP bind address (0.0.0.0 to expose)")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of Ray Serve's proxy.")
     app_name: str = Field("kiln", description="Ray Serve application name")
-    route_prefix: str = Field("/", pattern=r"^/")
+    route_prefix: str = Field(
+        "/", pattern=r"^/", description="URL prefix the application is served under."
+    )
     model_name: str | None = Field(None, description="name clients use (default: the model's)")
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>'")
     api_key_env: str | None = Field(None, description="read the API key from this env variable")
@@ -45,13 +47,23 @@ class ServeConfig(StageConfig):
         None, description="existing Triton gRPC host:port (else one is started)"
     )
     triton_model: str | None = Field(None, description="model name in the Triton repository")
-    limits: Limits = Field(default_factory=Limits)
-    batching: BatchingConfig = Field(default_factory=BatchingConfig)
-    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    limits: Limits = Field(
+        default_factory=Limits, description="Per-request limits (max_new_tokens, prompt length)."
+    )
+    batching: BatchingConfig = Field(
+        default_factory=BatchingConfig,
+        description="Request batching inside a replica (local backend).",
+    )
+    deployment: DeploymentOptions = Field(
+        default_factory=DeploymentOptions,
+        description="Replicas, autoscaling and resources of the Ray Serve deployment.",
+    )
     blocking: bool = Field(False, description="serve until Ctrl-C instead of returning when ready")
 
 
 class ServeStage(Stage):
+    """Serve an ExportedModel over REST (OpenAI, KServe v2) on Ray Serve; later stages call it."""
+
     type_name = "serve"
     Config = ServeConfig
     input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}

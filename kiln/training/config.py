@@ -22,13 +22,17 @@ class ParallelConfig(_Strict):
     `kiln.training.parallel.dims.ParallelDims` resolves and validates them against a world size.
     """
 
-    pp: int = Field(1, ge=1)
-    dp_replicate: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    dp_replicate: int = Field(
+        1, ge=1, description="Data-parallel replicas (DDP / HSDP's replicate dim)."
+    )
     dp_shard: int = Field(-1, ge=-1, description="-1: whatever the other dims leave of the world.")
-    cp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1, description="Context parallel: ranks splitting each sequence.")
+    tp: int = Field(1, ge=1, description="Tensor parallel: ranks splitting each matrix.")
     ep: int = Field(1, ge=1, description="Expert parallel; borrows the dp_shard (x cp) ranks.")
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] = "1f1b"
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zbv"] = Field(
+        "1f1b", description="Pipeline schedule (torch.distributed.pipelining)."
+    )
     pp_microbatches: int | None = Field(
         None, ge=1, description="Default: pp (one micro-batch per pipeline rank)."
     )
@@ -43,60 +47,98 @@ class ParallelConfig(_Strict):
 
 
 class OptimizerConfig(_Strict):
-    lr: float = Field(3e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = Field(0.1, ge=0)
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate (after warmup).")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW's (beta1, beta2).")
+    eps: float = Field(1e-8, description="AdamW's epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW's decoupled weight decay.")
     grad_clip: float | None = Field(
         1.0, gt=0, description="Max global grad norm (None: no clipping)."
     )
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = Field(
+        "auto", description="AdamW kernel: auto picks fused where the tensors allow, else foreach."
+    )
 
 
 class ScheduleConfig(_Strict):
-    kind: Literal["cosine", "wsd", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    kind: Literal["cosine", "wsd", "constant"] = Field(
+        "cosine",
+        description="Learning-rate shape after warmup: cosine, warmup-stable-decay, or constant.",
+    )
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warmup from 0 to optimizer.lr.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final learning rate as a share of optimizer.lr."
+    )
     decay_fraction: float = Field(
         0.2, gt=0, le=1, description="WSD: share of the steps spent decaying."
     )
 
 
 class TrainConfig(_Strict):
-    model: ModelConfig = Field(default_factory=lambda: ModelConfig.preset("tiny"))
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    model: ModelConfig = Field(
+        default_factory=lambda: ModelConfig.preset("tiny"),
+        description="Model shape: a preset name (`tiny`, `125m`, `1b`, `llama3_8b`) or fields.",
+    )
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig,
+        description="Parallel layout: pp x dp_replicate x dp_shard x cp x tp ranks.",
+    )
+    optimizer: OptimizerConfig = Field(
+        default_factory=OptimizerConfig, description="AdamW settings."
+    )
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig, description="Learning-rate schedule."
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(
         "auto", description="auto: bf16 on CUDA, fp32 on CPU."
     )
-    fp8_recipe: Literal["delayed", "current"] = "delayed"
-    recompute: Literal["none", "selective", "full"] = "none"
+    fp8_recipe: Literal["delayed", "current"] = Field(
+        "delayed", description="precision fp8: Transformer Engine scaling recipe."
+    )
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="Activation checkpointing: none, selective (see selective_recompute) or full.",
+    )
     selective_recompute: Literal["op", "attention"] = Field(
         "op",
         description="op: keep matmul/attention outputs, recompute the rest; attention: the core.",
     )
-    activation_offload: bool = False
+    activation_offload: bool = Field(
+        False, description="Keep saved activations in host memory between forward and backward."
+    )
     optimizer_offload: bool = Field(
         False, description="FSDP2 CPUOffloadPolicy: params, grads, Adam on CPU."
     )
-    seq_len: int = Field(128, gt=0)
-    global_batch_size: int = Field(8, gt=0)
-    micro_batch_size: int = Field(2, gt=0)
-    steps: int = Field(10, ge=0)
-    seed: int = 0
+    seq_len: int = Field(128, gt=0, description="Tokens per training sequence.")
+    global_batch_size: int = Field(
+        8, gt=0, description="Sequences per optimizer step, over all data-parallel ranks."
+    )
+    micro_batch_size: int = Field(
+        2,
+        gt=0,
+        description="Sequences per forward pass on one rank (gradient accumulation: the rest).",
+    )
+    steps: int = Field(10, ge=0, description="Optimizer steps to train for.")
+    seed: int = Field(0, description="Seed of initialization and data order.")
     meta_init: bool = Field(
         True,
         description="Build on the meta device and allocate only each rank's shards after "
         "carving and sharding (False: every rank builds the full model first).",
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when available, else CPU."
+    )
     peak_tflops: float | None = Field(
         None, gt=0, description="Device peak for MFU (default: known GPUs)."
     )
-    data: DataConfig = Field(default_factory=lambda: DataConfig(synthetic=True))
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    log_every: int = Field(1, ge=1)
+    data: DataConfig = Field(
+        default_factory=lambda: DataConfig(synthetic=True),
+        description="Training data (token datasets, blend, splits) or synthetic tokens.",
+    )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig,
+        description="Where and how often checkpoints are written and loaded.",
+    )
+    log_every: int = Field(1, ge=1, description="Log metrics every this many steps.")
     metrics_file: str | None = Field(None, description="Append one JSON line of metrics per step.")
 
     @field_validator("model", mode="before")

@@ -19,7 +19,10 @@ class TrainStageConfig(TrainConfig, StageConfig):
     """A TrainConfig plus how to lay the job out on Ray (`ray.max_failures`,
     `ray.cpus_per_worker`, ...)."""
 
-    ray: RayOptions = Field(default_factory=RayOptions)
+    ray: RayOptions = Field(
+        default_factory=RayOptions,
+        description="How the job is laid out on Ray (workers, CPUs/GPUs each, retries).",
+    )
 
     def train_config(self) -> TrainConfig:
         return TrainConfig.model_validate(self.model_dump(exclude={"ray"}, by_alias=True))
@@ -40,6 +43,8 @@ def continue_from_model(cfg: TrainConfig, model_dir: str, init_dir: Path) -> Tra
 
 
 class TrainStage(Stage):
+    """Pretrain (or continue training) a model on a TokenDataset on Ray Train, any layout."""
+
     type_name = "train"
     Config = TrainStageConfig
     input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "model": "ExportedModel"}

@@ -19,8 +19,9 @@ CURATE = "curate:\n  filters: {min_words: 3}\n"
 # (command, good file) -> each case: (file text or None for the good one, --set items, error)
 CASES = {
     "bad-yaml": ("key: [1, 2\n", [], r"cfg\.yaml: line \d+, column \d+: invalid YAML"),
-    "unknown-field": (None, ["{field}=1"], r"cfg\.yaml: {prefix}colour: unknown field"),
-    "wrong-type": (None, ["{typed}=lots"], r"cfg\.yaml: {prefix}{typed}: .*\(got 'lots'\)"),
+    # a bad value an override put there is blamed on that --set, not on the file
+    "unknown-field": (None, ["{field}=1"], r"--set {field}=1: unknown field"),
+    "wrong-type": (None, ["{typed}=lots"], r"--set {typed}=lots: .*\(got 'lots'\)"),
     "bad-override": (None, ["no_equals_sign"], r"--set 'no_equals_sign': expected KEY=VALUE"),
 }
 COMMANDS = {
@@ -37,8 +38,12 @@ COMMANDS = {
 }
 
 
-def _expected(pattern: str, prefix: str, typed: str) -> str:
-    return pattern.replace("{prefix}", prefix).replace("{typed}", re.escape(typed.split(".")[-1]))
+def _expected(pattern: str, prefix: str, typed: str, unknown: str = "") -> str:
+    return (
+        pattern.replace("{prefix}", prefix)
+        .replace("{typed}", re.escape(typed))
+        .replace("{field}", re.escape(unknown))
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -54,7 +59,7 @@ def test_one_line_error_through_the_cli(command, case, tmp_path, monkeypatch, ca
     lines = capsys.readouterr().err.splitlines()
     errors = [line for line in lines if line.startswith("kiln: error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], lines
-    assert re.search(_expected(pattern, prefix, typed), errors[0]), errors[0]
+    assert re.search(_expected(pattern, prefix, typed, unknown), errors[0]), errors[0]
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ def register(subparsers) -> None:
         help="train a fastText quality (or domain) classifier, score a corpus, keep the best",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="PATH")
-    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--out", "--output", dest="output", required=True, metavar="DIR")
     p.add_argument("--high-quality", nargs="+", metavar="PATH", help="good text to train from")
     p.add_argument("--labelled", metavar="JSONL", help="domain classifier: labelled examples")
     p.add_argument("--model", metavar="DIR", help="a trained classifier folder: skip training")

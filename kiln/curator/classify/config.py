@@ -17,13 +17,17 @@ class FastTextConfig(_Section):
     """fastText supervised training; CJK characters are separate tokens, so `word_ngrams: 2`
     also gives Japanese character bigrams and `minn..maxn` sub-word character n-grams."""
 
-    dim: int = Field(64, gt=0)
-    epoch: int = Field(25, gt=0)
-    lr: float = Field(0.5, gt=0)
-    word_ngrams: int = Field(2, gt=0)
-    minn: int = Field(2, ge=0)
-    maxn: int = Field(4, ge=0)
-    bucket: int = Field(200_000, gt=0)
+    dim: int = Field(64, gt=0, description="Size of the word vectors.")
+    epoch: int = Field(25, gt=0, description="Training passes over the data.")
+    lr: float = Field(0.5, gt=0, description="Learning rate.")
+    word_ngrams: int = Field(2, gt=0, description="Longest word n-gram used as a feature.")
+    minn: int = Field(
+        2, ge=0, description="Shortest character n-gram of sub-word features (0: none)."
+    )
+    maxn: int = Field(
+        4, ge=0, description="Longest character n-gram of sub-word features (0: none)."
+    )
+    bucket: int = Field(200_000, gt=0, description="Hash buckets for word and character n-grams.")
     max_chars: int = Field(20_000, gt=0, description="characters of each document read")
 
 
@@ -31,10 +35,21 @@ class KeepConfig(_Section):
     """Which documents stay: score >= threshold, the best `top_percent`, or NeMo Curator's
     Pareto sampling (keep when a Pareto(alpha) draw, seeded per document, exceeds 1 - score)."""
 
-    method: Literal["threshold", "top_percent", "pareto", "all"] = "threshold"
-    threshold: float = Field(0.5, ge=0, le=1)
-    top_percent: float = Field(30.0, gt=0, le=100)
-    alpha: float = Field(3.0, gt=0)
+    method: Literal["threshold", "top_percent", "pareto", "all"] = Field(
+        "threshold", description="threshold, top_percent, pareto, or all (score only)."
+    )
+    threshold: float = Field(
+        0.5, ge=0, le=1, description="Keep documents scoring at least this (method threshold)."
+    )
+    top_percent: float = Field(
+        30.0,
+        gt=0,
+        le=100,
+        description="Keep this percentage of best-scoring documents (method top_percent).",
+    )
+    alpha: float = Field(
+        3.0, gt=0, description="Pareto shape (method pareto): larger keeps fewer low scores."
+    )
     domains: list[str] | None = Field(
         None, description="domain classifier: keep only these labels (default: keep all)"
     )
@@ -46,11 +61,12 @@ class PerplexityConfig(_Section):
     model: str | None = Field(None, description="kiln checkpoint, HF folder or exported model")
     tokenizer: str | None = Field(None, description="the model's tokenizer.json")
     max_tokens: int = Field(512, gt=1, description="tokens of each document scored")
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0, description="Documents scored per forward pass.")
     head_percent: float = Field(33.3, gt=0, lt=100, description="lowest-perplexity share: head")
     tail_percent: float = Field(33.3, gt=0, lt=100, description="highest-perplexity share: tail")
     keep_buckets: list[Literal["head", "middle", "tail"]] = Field(
-        default_factory=lambda: ["head", "middle"]
+        default_factory=lambda: ["head", "middle"],
+        description="Perplexity buckets whose documents stay (head: lowest).",
     )
 
 
@@ -58,7 +74,11 @@ class ClassifyConfig(StageConfig):
     input: list[str] = Field(
         default_factory=list, description="corpus files or folders (Parquet, JSONL, .txt)"
     )
-    kind: Literal["quality", "domain", "perplexity"] = "quality"
+    kind: Literal["quality", "domain", "perplexity"] = Field(
+        "quality",
+        description="quality: high_quality vs. corpus text; domain: labelled examples; "
+        "perplexity: under a model.",
+    )
     high_quality: list[str] = Field(
         default_factory=list,
         description="quality: 'high quality' texts (files or folders) trained against a random "
@@ -70,16 +90,22 @@ class ClassifyConfig(StageConfig):
     labelled: str | None = Field(
         None, description="domain: JSONL of labelled examples (`text_field`, `label_field`)"
     )
-    text_field: str = "text"
-    label_field: str = "label"
+    text_field: str = Field("text", description="JSON/Parquet field holding the document text.")
+    label_field: str = Field("label", description="JSON field of `labelled` holding the label.")
     model: str | None = Field(None, description="a trained classifier folder: skip training")
     held_out: float = Field(0.1, gt=0, lt=1, description="share of training data held out")
-    fasttext: FastTextConfig = Field(default_factory=FastTextConfig)
-    keep: KeepConfig = Field(default_factory=KeepConfig)
-    perplexity: PerplexityConfig = Field(default_factory=PerplexityConfig)
-    seed: int = 0
+    fasttext: FastTextConfig = Field(
+        default_factory=FastTextConfig,
+        description="fastText training settings (kind quality and domain).",
+    )
+    keep: KeepConfig = Field(default_factory=KeepConfig, description="Which scored documents stay.")
+    perplexity: PerplexityConfig = Field(
+        default_factory=PerplexityConfig,
+        description="Perplexity scoring settings (kind perplexity).",
+    )
+    seed: int = Field(0, description="Seed of the sampling and the train/held-out split.")
     cluster: Literal["local", "ray"] = Field(
         "local", description="score in this process, or in a Ray Data actor pool"
     )
     actors: int | None = Field(None, description="Ray Data actors (default: one per CPU)")
-    histogram_bins: int = Field(20, gt=0)
+    histogram_bins: int = Field(20, gt=0, description="Bins of the score histogram in the report.")

@@ -12,6 +12,8 @@ from kiln.platform.stage import Stage, StageContext
 
 
 class ClassifyStage(Stage):
+    """Train a quality classifier (fastText or perplexity) on a Corpus; `curate` filters with it."""
+
     type_name = "classify"
     Config = ClassifyConfig
     input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}

@@ -49,19 +49,29 @@ class TritonExportConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_name: str = Field("kiln", pattern=r"^[A-Za-z0-9_.-]+$")
+    model_name: str = Field(
+        "kiln",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Name of the model in the Triton repository.",
+    )
     max_batch_size: int = Field(8, ge=1, description="Rows Triton may batch into one execute().")
     max_queue_delay_us: int = Field(
         2000, ge=0, description="Dynamic batching: wait this long for more rows."
     )
-    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = "KIND_CPU"
-    instance_count: int = Field(1, ge=1)
+    instance_kind: Literal["KIND_CPU", "KIND_GPU"] = Field(
+        "KIND_CPU", description="Where the instances run (KIND_CPU or KIND_GPU)."
+    )
+    instance_count: int = Field(1, ge=1, description="Model instances Triton runs.")
     decoupled: bool = Field(
         False, description="Decoupled transaction policy: `stream` sends deltas."
     )
-    default_max_tokens: int = Field(64, ge=1)
-    max_tokens_limit: int = Field(4096, ge=1)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    default_max_tokens: int = Field(
+        64, ge=1, description="max_tokens of a request that gives none."
+    )
+    max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens a request may ask.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights' dtype in the Triton model."
+    )
     torch_threads: int = Field(
         0, ge=0, description="torch threads per instance (0: torch's default)."
     )

@@ -14,7 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("corpus", help="a Corpus directory (Parquet shards with id, text)")
     p.add_argument(
-        "--out", required=True, help="output folder: OUT/tokens (TokenDataset) and OUT/tokenizer"
+        "--out",
+        "--output",
+        required=True,
+        help="output folder: OUT/tokens (TokenDataset) and OUT/tokenizer",
     )
     p.add_argument(
         "--tokenizer", help="use this tokenizer.json (or folder holding one) instead of training"

@@ -14,11 +14,19 @@ class RopeScaling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rope_type: Literal["llama3"] = "llama3"
-    factor: float = Field(8.0, gt=0)
-    low_freq_factor: float = Field(1.0, gt=0)
-    high_freq_factor: float = Field(4.0, gt=0)
-    original_max_seq_len: int = Field(8192, gt=0)
+    rope_type: Literal["llama3"] = Field("llama3", description="Scaling scheme (only Llama-3's).")
+    factor: float = Field(
+        8.0, gt=0, description="How much longer than original_max_seq_len the context is stretched."
+    )
+    low_freq_factor: float = Field(
+        1.0, gt=0, description="Wavelengths above original_max_seq_len / this are scaled by factor."
+    )
+    high_freq_factor: float = Field(
+        4.0, gt=0, description="Wavelengths below original_max_seq_len / this are not scaled."
+    )
+    original_max_seq_len: int = Field(
+        8192, gt=0, description="The context length the model was pretrained with."
+    )
 
 
 class ModelConfig(BaseModel):
@@ -26,26 +34,35 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    vocab_size: int = Field(256, gt=0)
-    dim: int = Field(64, gt=0)
-    n_layers: int = Field(4, gt=0)
-    n_heads: int = Field(4, gt=0)
+    vocab_size: int = Field(256, gt=0, description="Tokenizer vocabulary size.")
+    dim: int = Field(64, gt=0, description="Hidden size.")
+    n_layers: int = Field(4, gt=0, description="Transformer blocks.")
+    n_heads: int = Field(4, gt=0, description="Attention heads.")
     n_kv_heads: int | None = Field(None, description="GQA/MQA key-value heads (None: = n_heads).")
     ffn_hidden_dim: int = Field(128, gt=0, description="SwiGLU hidden size.")
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    max_seq_len: int = Field(256, gt=0)
+    norm_eps: float = Field(1e-5, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, description="RoPE base frequency.")
+    rope_scaling: RopeScaling | None = Field(
+        None, description="Llama-3.1 RoPE scaling for long contexts (None: plain RoPE)."
+    )
+    max_seq_len: int = Field(256, gt=0, description="Longest sequence (RoPE table size).")
     sliding_window: int | None = Field(
         None, gt=0, description="Each token sees itself and the previous window-1 tokens (Mistral)."
     )
     n_experts: int = Field(0, ge=0, description="0: dense feed-forward; >0: MoE in every layer.")
-    top_k: int = Field(2, gt=0)
+    top_k: int = Field(2, gt=0, description="Experts each token is routed to (MoE).")
     capacity_factor: float | None = Field(None, gt=0, description="None: no token dropping.")
-    moe_aux_loss_coef: float = Field(0.01, ge=0)
-    tie_embeddings: bool = False
+    moe_aux_loss_coef: float = Field(
+        0.01, ge=0, description="Weight of the MoE load-balancing loss."
+    )
+    tie_embeddings: bool = Field(
+        False, description="Share the input embedding and output projection weights."
+    )
     qkv_bias: bool = Field(False, description="Biases on the q/k/v projections (Qwen2).")
-    attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = "auto"
+    attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
+        "auto",
+        description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

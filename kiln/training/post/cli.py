@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("inputs", help="a .jsonl/.parquet file or a directory of them")
-        p.add_argument("--out", required=True, help="output folder (a chat dataset)")
+        p.add_argument("--out", "--output", required=True, help="output folder (a chat dataset)")
         p.add_argument("--tokenizer", required=True, help="tokenizer.json or a folder holding one")
         p.add_argument(
             "--template",

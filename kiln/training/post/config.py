@@ -22,7 +22,7 @@ class PostTrainConfig(TrainConfig):
         "model shape comes from it (model: is ignored).",
     )
     lora: LoRAConfig | None = Field(None, description="Train low-rank adapters only (None: full).")
-    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings (objective dpo).")
 
     @model_validator(mode="after")
     def _check_layout(self) -> PostTrainConfig:

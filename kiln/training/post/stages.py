@@ -80,13 +80,23 @@ class PrepareChatConfig(StageConfig):
     template: str = Field(
         "chatml", description="chatml, or `model` to use the `model` input's chat_template."
     )
-    seq_len: int = Field(..., gt=0)
-    loss_mask: Literal["assistant", "last", "all"] = "assistant"
-    packing: bool = True
-    add_chat_tokens: bool = False
+    seq_len: int = Field(
+        ..., gt=0, description="Tokens per row; longer conversations are truncated."
+    )
+    loss_mask: Literal["assistant", "last", "all"] = Field(
+        "assistant",
+        description="Which tokens the loss counts: assistant turns, the last turn, or all.",
+    )
+    packing: bool = Field(True, description="Pack several conversations into each seq_len row.")
+    add_chat_tokens: bool = Field(
+        False,
+        description="Add the template's special tokens to the tokenizer (a kiln-trained one).",
+    )
 
 
 class PrepareChatStage(Stage):
+    """Tokenise chat or preference data with a chat template: a ChatDataset for `sft`/`dpo`."""
+
     type_name = "prepare-chat"
     Config = PrepareChatConfig
     input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel", "tokenizer": "Tokenizer"}
@@ -209,10 +219,14 @@ class _PostStage(Stage):
 
 
 class SFTStage(_PostStage):
+    """Supervised fine-tuning on a ChatDataset (loss on assistant tokens), full or LoRA."""
+
     type_name = "sft"
     objective = "sft"
 
 
 class DPOStage(_PostStage):
+    """Direct preference optimisation on a preference ChatDataset, from a base or an SFT model."""
+
     type_name = "dpo"
     objective = "dpo"
