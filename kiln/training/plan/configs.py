@@ -16,19 +16,20 @@ def world_size_of(cfg: TrainConfig) -> int:
     return ParallelDims.from_config(cfg.parallel).world_size
 
 
-def train_configs(path: str) -> list[tuple[str, TrainConfig]]:
-    """(name, TrainConfig) for each train stage of a pipeline spec, or the one TrainConfig file."""
-    from kiln.platform.config import read_yaml
+def train_configs(path: str, overrides: list[str] = ()) -> list[tuple[str, TrainConfig]]:
+    """(name, TrainConfig) for each train stage of a pipeline spec, or the one TrainConfig file;
+    `overrides` are `kiln run`'s (`STAGE.FIELD=VALUE`) or `kiln train`'s (`FIELD=VALUE`)."""
+    from kiln.platform.config import load_config, read_yaml
 
     raw = read_yaml(path) or {}
     if isinstance(raw, dict) and "stages" in raw:
         from kiln.platform.spec import load_pipeline
 
-        stages = load_pipeline(path).stages
+        stages = load_pipeline(path, overrides).stages
         return [(s.name, s.config.train_config()) for s in stages if s.type_name == "train"]
-    from kiln.training.torchrun_main import load_config
+    from kiln.training.config import TrainConfig
 
-    return [(Path(path).stem, load_config(path))]
+    return [(Path(path).stem, load_config(TrainConfig, path, block="train", overrides=overrides))]
 
 
 def cpu_stand_in(cfg: TrainConfig, shrink: bool = False) -> TrainConfig:
