@@ -105,15 +105,25 @@ def _tokenize(args) -> int:
 
 
 def _describe(args) -> int:
+    from kiln.platform.errors import InputError
     from kiln.training.data.indexed_dataset import IndexedDataset
     from kiln.training.data.sources import resolve_prefix
 
     root = Path(args.path)
     if root.is_dir():
         splits = [args.split] if args.split else sorted(p.stem for p in root.glob("*.idx"))
-        prefixes = [resolve_prefix(str(root), s) for s in splits]
-    else:
-        prefixes = [resolve_prefix(args.path, "train")]
+        if not splits:
+            inside = " (try its tokens/ folder)" if (root / "tokens").is_dir() else ""
+            raise InputError(f"{args.path}: no .idx files: not a TokenDataset folder{inside}")
+    elif not root.exists() and not Path(f"{args.path}.idx").exists():
+        raise InputError(f"{args.path}: no such TokenDataset folder or .bin/.idx prefix")
+    try:
+        if root.is_dir():
+            prefixes = [resolve_prefix(str(root), s) for s in splits]
+        else:
+            prefixes = [resolve_prefix(args.path, "train")]
+    except InputError as e:  # its message names `data.paths`, the training config's field
+        raise InputError(str(e).removeprefix("data.paths: ")) from None
     for prefix in prefixes:
         ds = IndexedDataset(prefix)
         lengths = ds.sequence_lengths

@@ -14,6 +14,18 @@ def test_tokens_describes_a_prefix_and_a_folder(tmp_path, capsys):
     assert "dtype int32" in capsys.readouterr().out
 
 
+def test_tokens_on_a_wrong_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "run" / "tokens").mkdir(parents=True)
+    assert main(["tokens", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"kiln: error: {tmp_path / 'run'}: no .idx files: not a TokenDataset folder "
+        "(try its tokens/ folder)"
+    ]
+    assert main(["tokens", str(tmp_path / "nowhere")]) == 2
+    assert "no such TokenDataset folder or .bin/.idx prefix" in capsys.readouterr().err
+
+
 def test_tokenize_user_errors(tmp_path, capsys):
     assert main(["tokenize", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "no such Corpus directory" in capsys.readouterr().err
