@@ -138,6 +138,15 @@ class TrainConfig(_Strict):
         default_factory=CheckpointConfig,
         description="Where and how often checkpoints are written and loaded.",
     )
+    eval_interval: int = Field(
+        0, ge=0, description="Validate every N steps and after the last (0: never)."
+    )
+    eval_batches: int = Field(
+        4, ge=1, description="Micro-batches per data-parallel rank in each validation."
+    )
+    eval_split: str = Field(
+        "valid", description="The split validated on (a sibling of data.split: train/valid/test)."
+    )
     log_every: int = Field(1, ge=1, description="Log metrics every this many steps.")
     metrics_file: str | None = Field(None, description="Append one JSON line of metrics per step.")
 

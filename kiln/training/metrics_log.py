@@ -32,7 +32,8 @@ class MetricsWriter:
         self.jsonl.flush()  # a killed worker loses at most the step it was on
         for k, v in metrics.items():
             if k != "step" and isinstance(v, int | float):
-                self.tb.add_scalar(f"train/{k}", v, step)
+                tag = f"val/{k[4:]}" if k.startswith("val_") else f"train/{k}"
+                self.tb.add_scalar(tag, v, step)
 
     def close(self) -> None:
         self.jsonl.close()
@@ -62,8 +63,9 @@ class ProgressClock:
 def progress_line(m: dict[str, Any], total_steps: int, eta: str) -> str:
     """The one console line of a logged step."""
     mfu = f"{100 * m['mfu']:.1f}%" if m["mfu"] is not None else "n/a"
+    val = f"val_loss {m['val_loss']:.4f} " if "val_loss" in m else ""
     return (
-        f"step {m['step']}/{total_steps} loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f} "
+        f"step {m['step']}/{total_steps} loss {m['loss']:.4f} {val}grad_norm {m['grad_norm']:.3f} "
         f"lr {m['lr']:.2e} tokens/s {m['tokens_per_s']:.0f} mfu {mfu} "
         f"peak_mem {m['peak_mem_gb']:.2f}GB ETA {eta}"
     )

@@ -92,7 +92,39 @@ class Trainer:
             self.checkpointer = self.build_checkpointer()
             self.checkpointer.load()
         self._batches = iter(self.dataloader)
+        self.validator = self._build_validator() if cfg.eval_interval else None
         return self
+
+    def _build_validator(self):
+        from kiln.platform.errors import KilnError
+        from kiln.training.validation import Validator
+
+        try:
+            loader = self._build_eval_loader()
+        except KilnError as e:
+            raise ConfigError(
+                f"eval_interval: no validation data in split {self.cfg.eval_split!r} ({e}); "
+                "tokenize with valid_fraction > 0, or set eval_interval: 0"
+            ) from None
+        return Validator(self, loader)
+
+    def _build_eval_loader(self):
+        """The eval split, read without prefetch; synthetic data: samples of another seed."""
+        from kiln.training.data import build_dataloader
+
+        cfg = self.cfg
+        update: dict[str, Any] = {"split": cfg.eval_split, "prefetch": 0}
+        if cfg.data.synthetic:
+            update["seed"] = (cfg.seed if cfg.data.seed is None else cfg.data.seed) + 1
+        return build_dataloader(
+            cfg.data.model_copy(update=update),
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=self.dims.dp_rank,
+            dp_size=self.dims.dp_size,
+            seed=cfg.seed,
+            vocab_size=cfg.model.vocab_size,
+        )
 
     def _resolve_layout(self) -> None:
         """The layout (validated once), this rank's device and, when distributed, the mesh."""
@@ -354,6 +386,40 @@ class Trainer:
             "step_time_s": elapsed,
         }
 
+    # -- validation ---------------------------------------------------------------------------
+
+    def eval_batch(self, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """This rank's held-out loss on one micro-batch (under pp: one schedule step's worth),
+        forward only; 0 off the last pipeline stage."""
+        tokens, labels = (t.to(self.device) for t in batch[:2])
+        if self.dims.cp_enabled:
+            from kiln.training.parallel.context_parallel import shard_for_context_parallel
+
+            tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
+        with (
+            autocast_context(self.cfg.precision, self.device.type, self.distributed),
+            fp8_context(self.cfg.precision, self.cfg.fp8_recipe),
+            loss_parallel_context(self.loss_parallel),
+        ):
+            if not self.dims.pp_enabled:
+                return {
+                    "val_loss": to_local_loss(
+                        cross_entropy_loss(self.model_parts[0](tokens), labels)
+                    )
+                }
+            losses: list[torch.Tensor] = []
+            inputs = (tokens,) if self.has_first else ()
+            target = labels if self.has_last else None
+            self.schedule.eval(*inputs, target=target, losses=losses if self.has_last else None)
+        if not self.has_last:
+            return {"val_loss": torch.zeros((), device=self.device)}
+        loss = torch.stack([to_local_loss(x) for x in losses]).mean() / self._pp_loss_scale()
+        return {"val_loss": loss}
+
+    def reduce_eval(self, values: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Held-out values averaged over ranks as the training loss is."""
+        return {k: self._global_mean_loss(v) for k, v in values.items()}
+
     def _global_mean_loss(self, local: torch.Tensor) -> float:
         """Average over data and context ranks; pipeline ranks off the last stage contribute 0."""
         if not self.distributed:
@@ -370,6 +436,8 @@ class Trainer:
         try:
             while self.step < self.cfg.steps:
                 metrics = self.train_step()
+                if self.validator is not None and self.validator.due(self.step):
+                    metrics.update(self.validator.run())  # every rank: it is collective
                 self.history.append(metrics)
                 self._log(metrics)
                 if self.on_step is not None:
@@ -385,7 +453,7 @@ class Trainer:
         if self.rank != 0:
             return
         eta = self._clock.eta(m["step"])
-        if m["step"] % self.cfg.log_every == 0 or m["step"] == self.cfg.steps:
+        if m["step"] % self.cfg.log_every == 0 or m["step"] == self.cfg.steps or "val_loss" in m:
             log.info("%s", progress_line(m, self.cfg.steps, eta))
         if self.cfg.metrics_file:
             with open(self.cfg.metrics_file, "a") as f:

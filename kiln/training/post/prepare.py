@@ -49,6 +49,17 @@ def _setup(tokenizer, template: str | ChatTemplate, add_tokens: bool, out_dir: s
     return tok, template, added
 
 
+def held_out(n: int, fraction: float, seed: int = 0) -> np.ndarray:
+    """Which of n rows go to the validation split: round(n * fraction) of them (at least one
+    when fraction > 0, never all), chosen by a seeded permutation."""
+    if fraction <= 0 or n < 2:
+        return np.zeros(n, dtype=bool)
+    k = min(max(1, round(n * fraction)), n - 1)
+    mask = np.zeros(n, dtype=bool)
+    mask[np.random.RandomState(seed).permutation(n)[:k]] = True
+    return mask
+
+
 def _truncate(ids: np.ndarray, mask: np.ndarray, seq_len: int):
     """At most seq_len + 1 tokens (a row's worth); BadRow when nothing trained remains."""
     truncated = len(ids) > seq_len + 1
@@ -69,8 +80,10 @@ def prepare_chat(
     packing: bool = True,
     add_tokens: bool = False,
     split: str = "train",
+    valid_fraction: float = 0.0,
 ) -> dict:
-    """Chat / instruction rows into an SFT chat dataset; returns the report."""
+    """Chat / instruction rows into an SFT chat dataset (`valid_fraction` of the conversations
+    held out as the `valid` split); returns the report of `split`."""
     out_dir = str(out_dir)
     tok, template, added = _setup(tokenizer, template, add_tokens, out_dir)
     rejected = RejectedRows(os.path.join(out_dir, "rejected.jsonl"))
@@ -88,11 +101,35 @@ def prepare_chat(
     rejected.close()
     if not docs:
         raise InputError(f"{inputs}: no usable rows ({rejected.counts.as_dict()})")
+    valid = held_out(len(docs), valid_fraction)
+    common = {
+        "template": template,
+        "loss_mask": loss_mask,
+        "packing": packing,
+        "seq_len": seq_len,
+        "added": added,
+        "counts": rejected.counts.as_dict(),
+        "truncated": truncated,
+        "dtype": token_dtype(tok.get_vocab_size()),
+    }
+    if valid.any():
+        held = [d for d, v in zip(docs, valid, strict=True) if v]
+        _write_sft(held, os.path.join(out_dir, "valid"), **common)
+        docs = [d for d, v in zip(docs, valid, strict=True) if not v]
+    meta = _write_sft(docs, os.path.join(out_dir, split), **common)
+    meta["valid_rows"] = int(valid.sum())
+    return meta
+
+
+def _write_sft(
+    docs, prefix, *, template, loss_mask, packing, seq_len, added, counts, truncated, dtype
+) -> dict:
+    """One split of an SFT chat dataset: pack the conversations, write rows and meta."""
     lengths = np.array([len(d[0]) for d in docs])
     rows, report = pack(lengths, seq_len)
     if not packing:
         rows = [[i] for i in range(len(docs))]
-    writer = ChatDatasetWriter(os.path.join(out_dir, split), token_dtype(tok.get_vocab_size()))
+    writer = ChatDatasetWriter(prefix, dtype)
     for row in rows:
         writer.add_row([docs[i] for i in row])
     meta = {
@@ -108,7 +145,7 @@ def prepare_chat(
         "tokens": int(lengths.sum()),
         "trained_tokens": int(sum(int(m[1:].sum()) for _, m in docs)),
         "truncated": truncated,
-        "counts": rejected.counts.as_dict(),
+        "counts": counts,
         "packing": report.as_dict(),
     }
     writer.finalize(meta)
@@ -124,13 +161,15 @@ def prepare_preference(
     seq_len: int,
     add_tokens: bool = False,
     split: str = "train",
+    valid_fraction: float = 0.0,
 ) -> dict:
-    """Preference rows into a preference chat dataset (one row per pair); returns the report."""
+    """Preference rows into a preference chat dataset (one row per pair; `valid_fraction` of the
+    pairs held out as the `valid` split); returns the report of `split`."""
     out_dir = str(out_dir)
     tok, template, added = _setup(tokenizer, template, add_tokens, out_dir)
     rejected = RejectedRows(os.path.join(out_dir, "rejected.jsonl"))
-    writer = ChatDatasetWriter(os.path.join(out_dir, split), token_dtype(tok.get_vocab_size()))
-    pairs = truncated = 0
+    kept: list[list[tuple[np.ndarray, np.ndarray]]] = []
+    truncated = 0
     for file, n, row in iter_rows(inputs):
         try:
             (c_ids, c_mask), (r_ids, r_mask) = encode_preference(template, tok, to_preference(row))
@@ -141,21 +180,32 @@ def prepare_preference(
             continue
         rejected.accept()
         truncated += c_cut or r_cut
-        writer.add_row([(c_ids, c_mask), (r_ids, r_mask)])
-        pairs += 1
+        kept.append([(c_ids, c_mask), (r_ids, r_mask)])
     rejected.close()
-    if not pairs:
+    if not kept:
         raise InputError(f"{inputs}: no usable preference rows ({rejected.counts.as_dict()})")
-    meta = {
-        "kind": "preference",
-        "seq_len": seq_len,
-        "template": template.name,
-        "end_of_turn": template.end_of_turn,
-        "chat_template": template.source,
-        "added_tokens": added,
-        "rows": pairs,
-        "truncated": truncated,
-        "counts": rejected.counts.as_dict(),
-    }
-    writer.finalize(meta)
-    return meta
+    valid = held_out(len(kept), valid_fraction)
+    meta = {}
+    for name, rows in (
+        (split, [p for p, v in zip(kept, valid, strict=True) if not v]),
+        ("valid", [p for p, v in zip(kept, valid, strict=True) if v]),
+    ):
+        if not rows:
+            continue
+        writer = ChatDatasetWriter(os.path.join(out_dir, name), token_dtype(tok.get_vocab_size()))
+        for pair in rows:
+            writer.add_row(pair)
+        split_meta = {
+            "kind": "preference",
+            "seq_len": seq_len,
+            "template": template.name,
+            "end_of_turn": template.end_of_turn,
+            "chat_template": template.source,
+            "added_tokens": added,
+            "rows": len(rows),
+            "truncated": truncated,
+            "counts": rejected.counts.as_dict(),
+        }
+        writer.finalize(split_meta)
+        meta = meta or split_meta
+    return {**meta, "valid_rows": int(valid.sum())}

@@ -92,6 +92,9 @@ class PrepareChatConfig(StageConfig):
         False,
         description="Add the template's special tokens to the tokenizer (a kiln-trained one).",
     )
+    valid_fraction: float = Field(
+        0.0, ge=0, lt=1, description="Share of the rows held out as the `valid` split."
+    )
 
 
 class PrepareChatStage(Stage):
@@ -131,6 +134,7 @@ class PrepareChatStage(Stage):
             "template": template,
             "seq_len": cfg.seq_len,
             "add_tokens": cfg.add_chat_tokens,
+            "valid_fraction": cfg.valid_fraction,
         }
         if cfg.format == "chat":
             meta = prepare_chat(
@@ -138,7 +142,7 @@ class PrepareChatStage(Stage):
             )
         else:
             meta = prepare_preference(source, out.path, **common)
-        out.counts = {"rows": meta["rows"], **meta["counts"]}
+        out.counts = {"rows": meta["rows"], "valid_rows": meta["valid_rows"], **meta["counts"]}
         out.meta = {k: v for k, v in meta.items() if k not in ("counts", "chat_template")}
         return {"rows": meta["rows"], "rejected": meta["counts"]["rejected"]}
 
@@ -193,12 +197,21 @@ class _PostStage(Stage):
         out = ctx.outputs["model"]
         options = self.config.ray
         if options is None:
+            from kiln.training.metrics_log import MetricsWriter
+
+            # every step to metrics.jsonl and TensorBoard, as `train` on Ray writes them
+            # (log_every only thins the console lines)
+            writer = MetricsWriter(str(ctx.stage_dir))
             with Progress(cfg.steps, self.name, unit="steps") as progress:
 
                 def on_step(m: dict) -> None:
+                    writer.write(m)
                     progress.update(int(m["step"]), f"loss {m['loss']:.3f}")
 
-                summary = train_post(cfg, export_dir=out.path, on_step=on_step)
+                try:
+                    summary = train_post(cfg, export_dir=out.path, on_step=on_step)
+                finally:
+                    writer.close()
         else:
             from kiln.platform.console import follow_metrics
             from kiln.training.metrics_log import METRICS_FILE

@@ -35,11 +35,16 @@ log = logging.getLogger("kiln.training.post")
 REFERENCE_FILE = "reference_logps.npy"
 
 
-def chat_prefix(cfg: PostTrainConfig) -> str:
+def chat_prefix(cfg: PostTrainConfig, split: str | None = None) -> str:
+    """The chat dataset's prefix of `split` (default: data.split)."""
     if len(cfg.data.paths) != 1:
         raise ConfigError(f"{cfg.objective}: data.paths must name one prepared chat dataset")
     path = cfg.data.paths[0]
-    return os.path.join(path, cfg.data.split) if os.path.isdir(path) else path
+    if os.path.isdir(path):
+        return os.path.join(path, split or cfg.data.split)
+    if split and split != cfg.data.split:
+        raise ConfigError(f"eval_split {split!r}: data.paths names one prefix, not a folder")
+    return path
 
 
 class PostTrainer(Trainer):
@@ -132,28 +137,45 @@ class PostTrainer(Trainer):
             description={"source": "chat", "path": chat_prefix(cfg), "seed": source.seed},
         )
 
+    def _build_eval_loader(self):
+        """The held-out split of the chat dataset, in order."""
+        from kiln.training.data.loader import TokenLoader
+
+        cfg = self.cfg
+        source = ChatSource(chat_prefix(cfg, cfg.eval_split), seed=cfg.seed, shuffle=False)
+        return TokenLoader(
+            source,
+            seq_len=cfg.seq_len,
+            micro_batch_size=cfg.micro_batch_size,
+            dp_rank=self.dims.dp_rank,
+            dp_size=self.dims.dp_size,
+            prefetch=0,
+        )
+
     def setup(self) -> PostTrainer:
         super().setup()
         if self.cfg.objective == "dpo" and self.cfg.dpo.reference == "precomputed":
             self._reference = torch.from_numpy(self._reference_table()).to(self.device)
+            if self.validator is not None:
+                held_out = self.validator.loader.source.dataset
+                table = self._reference_table(held_out, f"{self.cfg.eval_split}.{REFERENCE_FILE}")
+                self._eval_reference = torch.from_numpy(table).to(self.device)
         return self
 
     # -- DPO reference ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def _reference_table(self) -> np.ndarray:
+    def _reference_table(self, dataset=None, name: str = REFERENCE_FILE) -> np.ndarray:
         """[pairs, 2] summed log-probs (chosen, rejected) of the reference: one pass over the
-        data on every rank in the same order (collectives stay matched), cached on disk."""
-        cache = (
-            os.path.join(self.cfg.checkpoint.dir, REFERENCE_FILE)
-            if self.cfg.checkpoint.dir
-            else None
-        )
+        data (default: the training data) on every rank in the same order (collectives stay
+        matched), cached on disk."""
+        cache = os.path.join(self.cfg.checkpoint.dir, name) if self.cfg.checkpoint.dir else None
         if cache and os.path.isfile(cache):
             return np.load(cache)
         if self.step > 0 and self.cfg.lora is None:
             raise InputError(f"resuming full-weight DPO needs the reference cache {cache}")
-        dataset, mb = self.dataloader.source.dataset, self.cfg.micro_batch_size
+        dataset = dataset if dataset is not None else self.dataloader.source.dataset
+        mb = self.cfg.micro_batch_size
         table = np.zeros((len(dataset), 2), dtype=np.float64)
         model = self.model_parts[0]
         for first in range(0, len(dataset), mb):
@@ -263,6 +285,44 @@ class PostTrainer(Trainer):
         for k, v in metrics.items():
             self._post_metrics[k] = self._post_metrics.get(k, 0.0) + float(v) / self.grad_accum
         return loss.detach()
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def eval_batch(self, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """SFT: the held-out masked loss; DPO: the held-out DPO loss and reward accuracy."""
+        tokens, labels, positions, document_ids, *rows = (t.to(self.device) for t in batch)
+        model = self.model_parts[0]
+        if self.cfg.objective == "dpo":
+            return self._dpo_eval(model, tokens, labels, rows[0])
+        if not self._packed():  # plain rows: pretraining's held-out loss (pp, cp included)
+            return super().eval_batch((tokens, labels))
+        with self._contexts(), document_masking(model, document_ids):
+            loss = cross_entropy_loss(model(tokens, positions=positions), labels)
+        return {"val_loss": to_local_loss(loss)}
+
+    def _dpo_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        with self._contexts():
+            policy, n_tokens = sequence_logps(model(tokens), labels)
+            if cfg.dpo.reference == "precomputed":
+                reference = self._eval_reference[rows].to(policy.dtype)
+                ref_chosen, ref_rejected = reference[:, 0], reference[:, 1]
+            else:
+                with adapters_disabled(model):
+                    ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
+            loss, metrics = dpo_loss(
+                *split_pairs(policy),
+                ref_chosen,
+                ref_rejected,
+                *split_pairs(n_tokens),
+                beta=cfg.dpo.beta,
+                loss_type=cfg.dpo.loss_type,
+            )
+        return {
+            "val_loss": loss,
+            "val_rewards/accuracies": metrics["rewards/accuracies"],
+            "val_rewards/margins": metrics["rewards/margins"],
+        }
 
     def train_step(self) -> dict[str, Any]:
         metrics = super().train_step()

@@ -29,6 +29,8 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
         "micro_batch_size": 4,
         "steps": 2,
         "device": "cpu",
+        "eval_interval": 1,  # held-out loss (DPO: and reward accuracy) after every step
+        "eval_batches": 1,
     }
     prepare = stage_class("prepare-chat")
     stages = [
@@ -37,6 +39,7 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
             source=str(tmp_path / "sft.jsonl"),
             tokenizer=str(tmp_path / "tokenizer.json"),
             seq_len=48,
+            valid_fraction=0.25,
         ),
         stage_class("sft")(base=base, **train),
         prepare(
@@ -45,6 +48,7 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
             format="preference",
             template="model",
             seq_len=48,
+            valid_fraction=0.25,
         ),
         stage_class("dpo")(**train, dpo={"beta": 0.5}),
     ]
@@ -58,6 +62,13 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
         assert os.path.isfile(os.path.join(out, "hf", "model.safetensors"))
         assert os.path.isfile(os.path.join(out, "adapter", "adapter_config.json"))
     assert "rewards/accuracies" in result.artifact("dpo.model").meta["final"]
+    assert result.artifact("chat.data").counts["valid_rows"] == 2  # 8 conversations x 0.25
+    # every step in the stage's metrics.jsonl (and TensorBoard), the held-out values with it
+    for stage, keys in (("sft", {"val_loss"}), ("dpo", {"val_loss", "val_rewards/accuracies"})):
+        rows = [json.loads(x) for x in (result.run_dir / stage / "metrics.jsonl").open()]
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(keys <= set(r) and 0 <= r.get("val_rewards/accuracies", 0) <= 1 for r in rows)
+        assert any((result.run_dir / stage / "tensorboard").iterdir())
     # the preference data was rendered with the chat template the sft export carries
     meta = json.loads((tmp_path / "runs").rglob("train.chat.json").__next__().read_text())
     assert "<|im_start|>" in meta["chat_template"]
