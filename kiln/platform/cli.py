@@ -92,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     except KilnError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from kiln.platform.signals import exit_code
+
         print("kiln: interrupted", file=sys.stderr)
-        return 130
+        return exit_code(e)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
 
 
 if __name__ == "__main__":

@@ -132,6 +132,12 @@ def attach_run_log(run_dir: Path) -> logging.Handler:
     return handler
 
 
+def run_log_path() -> Path | None:
+    """The attached run log's file (the newest, when runs nest), or None."""
+    logs = [h for h in logging.getLogger().handlers if isinstance(h, _RunLog)]
+    return Path(logs[-1].baseFilename) if logs else None
+
+
 def detach_run_log(handler: logging.Handler) -> None:
     logging.getLogger().removeHandler(handler)
     if isinstance(handler, _RunLog):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.platform import console
+from kiln.platform import console, signals
 from kiln.platform.artifact import MANIFEST, Artifact
 from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
 from kiln.platform.provenance import provenance
@@ -158,6 +158,8 @@ class Pipeline:
                 f"(stages: {', '.join(s.name for s in self.stages)})"
             )
         runtime = runtime or Runtime.from_config(self.ray)
+        for st in self.stages:  # a late stage's mistake fails the run now, before any Ray starts
+            st.preflight(runtime, frozenset(self.wiring[st.name]))
         run_id = run_id or _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = self.runs_dir / self.name / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -180,9 +182,20 @@ class Pipeline:
                 self._write(run_dir, record)
             record["status"] = "succeeded"
         except BaseException as e:
-            record["status"] = "failed"
-            record["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise
+            stop = signals.as_interruption(e)
+            if stop is None:
+                record["status"] = "failed"
+                record["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise
+            record["status"] = "interrupted"
+            record["interrupted_by"] = str(stop)
+            for entry in record["stages"].values():  # stopped mid-way; the rest stay as they were
+                if entry["status"] == "running":
+                    entry.update(status="interrupted", ended=_now())
+            log.debug("run interrupted (%s): the same command resumes it", stop)
+            if stop is e:
+                raise
+            raise stop from e
         finally:
             record["ended"] = _now()
             self._write(run_dir, record)
@@ -287,10 +300,22 @@ class Pipeline:
 
         try:
             metrics = run_steps(st, ctx)
-        except KilnError as e:
-            failed(str(e))
-            raise
-        except Exception as e:
+        except BaseException as e:
+            stop = signals.as_interruption(e)  # also a library's error raised on the way out
+            if stop is not None:
+                entry.update(
+                    status="interrupted",
+                    ended=_now(),
+                    duration_s=round(time.perf_counter() - t0, 3),
+                )
+                if stop is e:
+                    raise
+                raise stop from e
+            if isinstance(e, KilnError):
+                failed(str(e))
+                raise
+            if not isinstance(e, Exception):
+                raise
             failed(f"{type(e).__name__}: {e}")
             (ctx.stage_dir / "error.txt").write_text(traceback.format_exc())
             raise StageFailed(

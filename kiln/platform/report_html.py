@@ -32,7 +32,7 @@ table{border-collapse:collapse;margin:6px 0 12px}td,th{border:1px solid #ddd;pad
 text-align:left;vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;white-space:nowrap}
 .status{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;color:#fff}
 .succeeded,.done{background:#16a34a}.cached{background:#0891b2}.failed{background:#dc2626}
-.running,.pending{background:#a3a3a3}
+.running,.pending{background:#a3a3a3}.interrupted{background:#d97706}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:360px;white-space:pre-wrap}
 img{max-width:100%;border:1px solid #eee}figure{margin:8px 0}figcaption{color:#555}
 svg .title{font-weight:600;font-size:13px}svg .tick{font-size:11px;fill:#333}
@@ -212,9 +212,11 @@ def _stage_table(stages: dict) -> str:
             if o.get("counts")
         )
         status = escape(str(e.get("status", "")))
+        resumed = metrics.get("resumed_from_step")
+        note = f" resumed from step {resumed}" if resumed is not None else ""
         rows.append(
             f"<tr><td>{escape(name)}</td><td>{escape(str(e.get('type', '')))}</td>"
-            f'<td><span class="status {status}">{status}</span></td>'
+            f'<td><span class="status {status}">{status}</span>{note}</td>'
             f'<td class="num">{_fmt(float(e.get("duration_s", 0.0)))} s</td>'
             f"<td>{key}</td><td>{escape(outs)}</td></tr>"
         )
@@ -240,6 +242,9 @@ def render(run_dir: str | os.PathLike) -> str:
     ]
     if record.get("error"):
         body.append(f"<p><b>error:</b> {escape(str(record['error']))}</p>")
+    if record.get("status") == "interrupted":
+        by = escape(str(record.get("interrupted_by", "a signal")))
+        body.append(f"<p><b>interrupted</b> by {by}: the same command resumes the run</p>")
     body += ["<h2>Stages</h2>", _stage_table(stages)]
     for name, entry in stages.items():
         section = stage_section(name, entry, run_dir)

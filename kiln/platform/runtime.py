@@ -138,6 +138,22 @@ def _quiet_auth_notice():
         log.debug("Ray token authentication is on (RAY_AUTH_MODE=disabled turns it off)")
 
 
+def default_cpus_per_worker(cluster_cpus: float) -> float:
+    """Fractional CPUs on small machines, so Ray Data actors and Train workers never deadlock."""
+    return 0.5 if cluster_cpus < SMALL_MACHINE_CPUS else 1.0
+
+
+def _visible_gpus() -> int:
+    """CUDA devices this process sees (as an embedded Ray would count them)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 @dataclass
 class Runtime:
     address: str | None = None
@@ -219,7 +235,21 @@ class Runtime:
     def cpus_per_worker(self) -> float:
         """Fractional CPUs on small machines, so Ray Data actors and Train workers never
         deadlock."""
-        return 0.5 if self.cpus < SMALL_MACHINE_CPUS else 1.0
+        return default_cpus_per_worker(self.cpus)
+
+    def planned_resources(self) -> tuple[float, float, str] | None:
+        """(CPUs, GPUs, whose) this runtime's work can have, known before any Ray starts: the
+        connected cluster's; for an embedded Ray not started yet, what it will have (the spec's
+        `ray.num_cpus`/`num_gpus`, else this machine's); None for a cluster not yet attached."""
+        import sys
+
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            return self.cpus, self.gpus, "the Ray cluster"
+        if self.address or os.environ.get("RAY_ADDRESS"):
+            return None
+        cpus = self.num_cpus if self.num_cpus is not None else os.cpu_count() or 1
+        gpus = self.num_gpus if self.num_gpus is not None else _visible_gpus()
+        return float(cpus), float(gpus), "this machine"
 
     def hold(self, stage: str) -> None:
         """Keep Ray up until `shutdown` even before stages that need none (`stage` lives on it)."""

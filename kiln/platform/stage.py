@@ -97,6 +97,12 @@ class Stage:
         """What `run` needs; override when it depends on the config (default: `resources`)."""
         return self.resources
 
+    def preflight(self, runtime: Runtime, wired: frozenset[str]) -> None:
+        """Checks that need no inputs and no work done, run for every stage before the first
+        starts, so a mistake in a late stage fails the run at once (raise a KilnError).
+        `runtime.planned_resources()` tells what Ray will hold; `wired`: the input slots that
+        will be filled (their artifacts may not exist yet)."""
+
     def steps(self) -> list[Step]:
         """The parts the platform runs in order, each with its resources (default: `run`)."""
         return [Step(self.name, self.needs(), self.run)]

@@ -34,8 +34,28 @@ class LeanTorchTrainer(TorchTrainer):
         return [cb for cb in callbacks if type(cb).__name__ not in unused]
 
     def fit(self):
-        with self._watcher_off() if self._embedded else contextlib.nullcontext():
-            return super().fit()
+        self._controller = None
+        try:
+            with self._watcher_off() if self._embedded else contextlib.nullcontext():
+                return super().fit()
+        except KeyboardInterrupt:
+            self._abort()
+            raise
+
+    def _register_sigint_handler(self, controller) -> None:
+        """Ray Train's own SIGINT handler aborts the run and then calls `sys.exit`, replacing
+        the command's handler for good: Ctrl-C became exit 1 and a failed run. The command's
+        handler stays; an interrupted `fit` aborts the controller itself (`_abort`)."""
+        self._controller = controller
+
+    def _abort(self) -> None:
+        """Stop the run's workers on an attached cluster too (an embedded Ray ends anyway)."""
+        import ray
+
+        if self._controller is None or self._embedded:
+            return
+        with contextlib.suppress(Exception):
+            ray.get(self._controller.abort.remote(), timeout=10)
 
     @contextlib.contextmanager
     def _watcher_off(self):

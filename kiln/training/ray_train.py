@@ -37,7 +37,9 @@ from kiln.training.elastic import (
     valid_worker_counts,
 )
 from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_curve, read_metrics
+from kiln.training.preflight import launch_plan
 from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
+from kiln.training.worker_errors import worker_error
 
 log = logging.getLogger("kiln.train")
 TRAINER, CONFIG = "kiln.training.trainer:Trainer", "kiln.training.config:TrainConfig"
@@ -95,12 +97,14 @@ def train_on_ray(
     runtime = (runtime or Runtime()).ensure()
     os.makedirs(run_dir, exist_ok=True)
     storage_path = options.storage_path or os.path.join(os.path.abspath(run_dir), "ray")
-    n = world_size(cfg, options)
-    use_gpu = options.use_gpu if options.use_gpu is not None else runtime.gpus >= n
-    cpus = options.cpus_per_worker or runtime.cpus_per_worker()
+    # refused here, in one line, rather than by every worker or by Ray waiting forever
+    n, use_gpu, cpus = launch_plan(
+        cfg, options, runtime.planned_resources(), model_known=not getattr(cfg, "base", None)
+    )
     if options.elastic:
         n = plan_workers(cfg, options.elastic, cpus, use_gpu)
     cfg = _with_checkpoint_dir(cfg, os.path.join(storage_path, options.name, "checkpoints"))
+    resumed_from = _announce_resume(cfg.checkpoint.dir)
     t0 = time.perf_counter()
     change = None
     for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
@@ -129,7 +133,7 @@ def train_on_ray(
             break
         except ray_train_failure() as exc:
             if not options.elastic or restart == options.elastic.max_restarts:
-                raise
+                raise worker_error(exc, run_dir) from None
             change = _elastic_change(cfg, options, run_dir, n, cpus, use_gpu, exc)
             n = change["to_workers"]
     history = read_metrics(run_dir)
@@ -145,7 +149,25 @@ def train_on_ray(
         "wall_s": time.perf_counter() - t0,
         "world_size": n,
         "layout_changes": read_layout_changes(run_dir),
+        "resumed_from_step": resumed_from,
     }
+
+
+def _announce_resume(ckpt_root: str) -> int | None:
+    """The step of the checkpoint an earlier, stopped attempt left (the workers resume from it,
+    see `_resume_point`), said on the console; None for a fresh start."""
+    from kiln.training.checkpoint import latest_checkpoint, read_sidecar
+
+    latest = latest_checkpoint(ckpt_root)
+    if latest is None:
+        return None
+    try:
+        step = int(read_sidecar(latest)["step"])
+    except Exception:  # noqa: BLE001 - unreadable: the workers decide (and warn) themselves
+        return None
+    log.info("resuming from checkpoint step %d", step)
+    log.debug("resuming from %s", latest)
+    return step
 
 
 def _failure_reason(exc: Exception) -> str:

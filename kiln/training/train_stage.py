@@ -59,6 +59,21 @@ class TrainStage(Stage):
         gpus = world_size(self.config.train_config(), options) if options.use_gpu else 0
         return Resources(ray=True, gpus=gpus)
 
+    def preflight(self, runtime, wired: frozenset[str]) -> None:
+        """The layout, the device and the workers' CPUs/GPUs (kiln.training.preflight)."""
+        from kiln.platform.errors import ConfigError
+        from kiln.training.preflight import launch_plan
+
+        try:  # a `model` input brings its own shape: checked once it is read
+            launch_plan(
+                self.config.train_config(),
+                self.config.ray,
+                runtime.planned_resources(),
+                model_known="model" not in wired,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}.{exc}") from None
+
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from kiln.training.checkpoint import latest_checkpoint
         from kiln.training.ray_train import train_on_ray
@@ -107,9 +122,12 @@ class TrainStage(Stage):
             "metrics_file": summary["metrics_file"],
             "loss_curve": summary["loss_curve"],
         }
-        return {
+        metrics = {
             "final_loss": final.get("loss"),
             "steps": final.get("step"),
             "world_size": summary["world_size"],
             "wall_s": round(summary["wall_s"], 2),
         }
+        if summary["resumed_from_step"] is not None:  # the report says so
+            metrics["resumed_from_step"] = summary["resumed_from_step"]
+        return metrics

@@ -23,6 +23,7 @@ from torch.distributed.pipelining.schedules import (
 
 from kiln.platform.errors import ConfigError
 from kiln.training.model.config import ModelConfig
+from kiln.training.parallel.pipeline_shape import pipeline_microbatches, virtual_stages
 
 
 def _numel(module: nn.Module | None) -> int:
@@ -109,11 +110,6 @@ def _fresh_output(module: nn.Module, args, output):
     return output
 
 
-def pipeline_microbatches(cfg) -> int:
-    """Micro-batches per schedule step (each trainer micro-batch is split into this many)."""
-    return cfg.parallel.pp_microbatches or cfg.parallel.pp
-
-
 def build_pipeline(
     model: nn.Module,
     pp_mesh: DeviceMesh,
@@ -134,7 +130,7 @@ def build_pipeline(
     """
     p = cfg.parallel
     pp, rank = pp_mesh.size(), pp_mesh.get_local_rank()
-    virtual = _virtual_stages(p)
+    virtual = virtual_stages(p)
     n_stages = pp * virtual
     mcfg: ModelConfig = model.cfg
     sizes = [_numel(model.layers[str(i)]) for i in range(mcfg.n_layers)]
@@ -157,18 +153,6 @@ def build_pipeline(
         stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
     schedule = _schedule(p.pp_schedule, stages, n_micro * accumulation, loss_fn)
     return schedule, parts, 0 in ids, (n_stages - 1) in ids
-
-
-def _virtual_stages(p) -> int:
-    """Stages per rank: 1 for gpipe/1f1b, 2 for zbv, >= 2 for interleaved_1f1b."""
-    virtual = 2 if p.pp_schedule == "zbv" else p.pp_virtual_stages
-    if p.pp_schedule in ("gpipe", "1f1b") and virtual != 1:
-        raise ConfigError(
-            f"parallel.pp_schedule={p.pp_schedule} runs one stage per rank (pp_virtual_stages=1)"
-        )
-    if p.pp_schedule == "interleaved_1f1b" and virtual < 2:
-        virtual = 2
-    return virtual
 
 
 def _schedule(kind: str, stages: list[PipelineStage], n_micro: int, loss_fn: Callable):
