@@ -280,6 +280,13 @@ class LocalBackend:
     async def ready(self) -> bool:
         return True
 
+    def engine_queues(self) -> tuple[int, int] | None:
+        """(running, waiting) requests of the continuous engine; None on the batch path."""
+        if self._engine is None:
+            return None
+        scheduler = self._engine.scheduler  # read from another thread: a moment's counts
+        return len(scheduler.running), len(scheduler.waiting)
+
     def stats(self) -> dict[str, int]:
         executions = self._executions if self._engine is None else self._engine.steps
         return {"inference_count": self._inferences, "execution_count": executions}

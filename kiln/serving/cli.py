@@ -6,6 +6,9 @@ import argparse
 import os
 import sys
 
+LOCAL_PORT = 8000
+LOCAL_URL = f"http://127.0.0.1:{LOCAL_PORT}"  # where `kiln serve` listens by default
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -19,7 +22,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--backend", choices=["local", "triton"], default="local")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=LOCAL_PORT)
     p.add_argument("--model-name", help="name clients use (default: the model's)")
     p.add_argument(
         "--api-key",
@@ -55,7 +58,18 @@ def register(subparsers) -> None:
 
     g = subparsers.add_parser("generate", help="complete a prompt with a running endpoint")
     g.add_argument("prompt", metavar="PROMPT")
-    g.add_argument("--url", required=True, help="endpoint base URL, e.g. http://127.0.0.1:8000")
+    g.add_argument(
+        "--url",
+        default=os.environ.get("KILN_URL", LOCAL_URL),
+        help=f"endpoint base URL (default: $KILN_URL, else {LOCAL_URL}: `kiln serve`'s)",
+    )
+    g.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send PROMPT as a user message through the model's chat template (default: when "
+        "the served model has a chat template)",
+    )
     g.add_argument("--api-key", default=os.environ.get("KILN_API_KEY"))
     g.add_argument("--model")
     g.add_argument("--max-tokens", type=int, default=64)
@@ -131,11 +145,30 @@ def _generate(args: argparse.Namespace) -> int:
         "stop": args.stop,
     }
     with KilnClient(args.url, api_key=args.api_key, model=args.model) as client:
+        chat = (
+            args.chat
+            if args.chat is not None
+            else client.model_card().get("has_chat_template", False)
+        )
+        messages = [{"role": "user", "content": args.prompt}]
         if args.stream:
-            for delta in client.stream(args.prompt, **fields):
+            deltas = (
+                client.stream_chat(messages, **fields)
+                if chat
+                else client.stream(args.prompt, **fields)
+            )
+            text = ""
+            for delta in deltas:
+                text += delta
                 sys.stdout.write(delta)
                 sys.stdout.flush()
             sys.stdout.write("\n")
         else:
-            print(client.complete(args.prompt, **fields))
+            text = (
+                client.chat(messages, **fields) if chat else client.complete(args.prompt, **fields)
+            )
+            print(text)
+    if not text.strip():
+        hint = "a chat model wants --chat" if not chat else "try another prompt or --max-tokens"
+        print(f"kiln: warning: the model returned no text ({hint})", file=sys.stderr)
     return 0

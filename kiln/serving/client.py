@@ -122,8 +122,25 @@ class KilnClient:
         """Text deltas as the server sends them (server-sent events). Retried under the policy
         until the stream starts; a failure after that raises EndpointError."""
         body = self._body(prompt, {**fields, "stream": True})
+        for event in self._events("/v1/completions", body):
+            if text := event["choices"][0]["text"]:
+                yield text
+
+    def stream_chat(self, messages: list[dict[str, str]], **fields: Any) -> Iterator[str]:
+        """The assistant's reply to `messages` as deltas, as `stream` gives a completion's."""
+        body = {"messages": messages, "stream": True}
+        body |= {k: v for k, v in fields.items() if v is not None}
+        if self.model:
+            body["model"] = self.model
+        for event in self._events("/v1/chat/completions", body):
+            choices = event.get("choices") or [{}]
+            if text := (choices[0].get("delta") or {}).get("content"):
+                yield text
+
+    def _events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The JSON events of a server-sent-events response, up to `[DONE]`."""
         try:
-            r = self._post("/v1/completions", body, stream=True)
+            r = self._post(path, body, stream=True)
             with contextlib.closing(r):
                 self._raise_for(r)
                 for line in r.iter_lines():
@@ -135,11 +152,19 @@ class KilnClient:
                     event = json.loads(data)
                     if "error" in event:  # the server failed mid-stream and said so
                         raise EndpointError(f"{self.url}: {event['error']['message']}")
-                    text = event["choices"][0]["text"]
-                    if text:
-                        yield text
+                    yield event
         except httpx.HTTPError as e:
             raise EndpointError(f"{self.url}: {e}") from None
+
+    def model_card(self) -> dict[str, Any]:
+        """The served model's /v1/models entry (id, max_model_len, has_chat_template)."""
+        try:
+            r = self._http.get("/v1/models")
+        except httpx.HTTPError as e:
+            raise EndpointError(f"{self.url}: {e}") from None
+        self._raise_for(r)
+        cards = r.json()["data"]
+        return next((c for c in cards if c["id"] == self.model), cards[0])
 
     def models(self) -> list[str]:
         r = self._http.get("/v1/models")

@@ -195,6 +195,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "kiln"
     max_model_len: int | None = None
+    # kiln's: whether /v1/chat/completions renders the model's own chat template (else ChatML)
+    has_chat_template: bool = False
 
 
 class ModelList(BaseModel):

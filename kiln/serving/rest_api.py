@@ -20,9 +20,10 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kiln.serving import rest_kserve_routes, rest_openai, rest_triton_generate
+from kiln.serving import rest_kserve_routes, rest_metrics, rest_openai, rest_triton_generate
 from kiln.serving.backends import Backend
 from kiln.serving.protocol import Limits, RequestError, kserve_error, openai_error
+from kiln.serving.rest_metrics import MeteredBackend, ServerMetrics, engine_queues
 
 log = logging.getLogger("kiln")
 
@@ -32,10 +33,11 @@ RETRY_AFTER_S = 1  # a 503's Retry-After: a restarting Triton is back within sec
 
 
 def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> FastAPI:
-    """The REST surface over `backend`. With `api_key`, every route but the health probes needs
-    `Authorization: Bearer <api_key>`. The OpenAPI schema is at /openapi.json."""
+    """The REST surface over `backend`. With `api_key`, every route but the health probes and
+    /metrics needs `Authorization: Bearer <api_key>`. The OpenAPI schema is at /openapi.json."""
     api = FastAPI(title="kiln", docs_url=None, redoc_url=None)
-    api.state.backend = backend
+    api.state.metrics = ServerMetrics(backend.model_name, engine_queues(backend))
+    api.state.backend = MeteredBackend(backend, api.state.metrics)
     api.state.limits = limits
     api.add_exception_handler(RequestError, _on_request_error)
     api.add_exception_handler(RequestValidationError, _on_validation_error)
@@ -44,6 +46,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.include_router(rest_openai.router)
     api.include_router(rest_kserve_routes.router)
     api.include_router(rest_triton_generate.router)
+    api.include_router(rest_metrics.router)
     if api_key is not None:
         api.add_middleware(ApiKeyMiddleware, api_key=api_key)
     api.add_middleware(BodySizeMiddleware, max_bytes=limits.max_body_bytes)  # outermost
@@ -98,10 +101,11 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on every route but the health probes. A middleware, not a
-    dependency, so a request without the key gets 401 before its body is even parsed."""
+    """`Authorization: Bearer <key>` on every route but the health probes and /metrics (as vLLM
+    leaves them open). A middleware, not a dependency, so a request without the key gets 401
+    before its body is even parsed."""
 
-    PUBLIC = ("/v2/health/live", "/v2/health/ready")
+    PUBLIC = ("/v2/health/live", "/v2/health/ready", "/health", "/metrics")
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app

@@ -59,7 +59,11 @@ async def get_model(model_id: str, request: Request) -> ModelCard:
 
 
 def _card(backend: Backend) -> ModelCard:
-    return ModelCard(id=backend.model_name, max_model_len=backend.context_length)
+    return ModelCard(
+        id=backend.model_name,
+        max_model_len=backend.context_length,
+        has_chat_template=bool(backend.chat_template),
+    )
 
 
 def _check_common(request: Request, req: OpenAIRequest) -> None:

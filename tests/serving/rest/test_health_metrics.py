@@ -1,0 +1,59 @@
+"""`GET /health` and Prometheus `GET /metrics` under vLLM's names: the counts move with requests."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def _samples(client) -> dict[str, float]:
+    """{sample name: value} of the endpoint's /metrics (one model, so labels are dropped)."""
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {
+        s.name + ("" if "le" not in s.labels else f"{{le={s.labels['le']}}}"): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if "finished_reason" not in s.labels
+    }
+
+
+def test_health_answers_200(api_client):
+    r = api_client.get("/health")
+    assert r.status_code == 200
+
+
+def test_metrics_move_after_requests(api_client):
+    before = _samples(api_client)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert before[name] == 0
+    body = {"prompt": "the cat sat on", "max_tokens": 6, "temperature": 0}
+    r = api_client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    with api_client.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+        assert s.status_code == 200
+        assert sum(1 for line in s.iter_lines() if line.startswith("data: {")) >= 2
+    after = _samples(api_client)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert grew("vllm:prompt_tokens_total") >= 2 * usage["prompt_tokens"]
+    assert grew("vllm:generation_tokens_total") >= usage["completion_tokens"] + 1
+    assert grew("vllm:e2e_request_latency_seconds_count") == 2
+    assert grew("vllm:time_to_first_token_seconds_count") == 1  # the streamed one
+    assert grew("vllm:inter_token_latency_seconds_count") >= 1
+    assert grew("vllm:time_to_first_token_seconds_sum") > 0
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+
+
+def test_health_and_metrics_need_no_api_key(local_backend):
+    from starlette.testclient import TestClient
+
+    from kiln.serving.protocol import Limits
+    from kiln.serving.rest_api import create_api
+
+    with TestClient(create_api(local_backend, Limits(), api_key="k")) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/v1/models").status_code == 401
