@@ -155,4 +155,6 @@ def load_pipeline(
     path: str | Path, overrides: list[str] = (), runs_dir: str | None = None
 ) -> Pipeline:
     spec, paths = _read_spec(path, list(overrides))
-    return build_pipeline(spec, source=str(path), runs_dir=runs_dir, overrides=paths)
+    pipeline = build_pipeline(spec, source=str(path), runs_dir=runs_dir, overrides=paths)
+    pipeline.spec_source, pipeline.overrides = str(Path(path).resolve()), list(overrides)
+    return pipeline
