@@ -16,12 +16,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kiln.platform.report_charts import funnel_chart, line_chart
+from kiln.platform.report_curation import curation_section
+from kiln.platform.report_run import artifact_links, eval_scores, run_info
+from kiln.platform.report_training import read_steps, scalar_grid, training_summary
 
 REPORT_FILE = "report.html"
 SKIP_DIRS = {"ray", "tensorboard", "rejected", "checkpoints", "_work", ".work", "triton"}
 MAX_PNG_BYTES = 3 << 20
-MAX_METRIC_ROWS = 200_000
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;
@@ -38,6 +39,10 @@ img{max-width:100%;border:1px solid #eee}figure{margin:8px 0}figcaption{color:#5
 svg .title{font-weight:600;font-size:13px}svg .tick{font-size:11px;fill:#333}
 svg .axis{font-size:12px;fill:#333}svg .grid{stroke:#e5e5e5}svg .plot{fill:#fff;stroke:#ccc}
 svg .bar{fill:#2563eb}footer{margin-top:32px;color:#777;font-size:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(470px,1fr));gap:8px}
+svg .smooth{display:none}body.smoothing svg .smooth{display:inline}
+body.smoothing svg .raw{opacity:.25}td.doc{font-size:12px;overflow-wrap:anywhere}
+table.info th{width:110px}details pre{max-height:480px}.toggle{float:right;font-size:13px}
 """
 # Reports, in the page itself, whether every <img> decoded (the test reads it from the DOM).
 CHECK_IMAGES = """
@@ -47,6 +52,12 @@ window.addEventListener('load', function () {
   var el = document.getElementById('image-check');
   el.textContent = (imgs.length - bad.length) + ' of ' + imgs.length + ' images loaded';
   el.setAttribute('data-broken', String(bad.length));
+});
+"""
+# The "smooth curves" switch: every chart carries its raw and smoothed lines; CSS shows one.
+SMOOTHING = """
+document.getElementById('smoothing').addEventListener('change', function (e) {
+  document.body.classList.toggle('smoothing', e.target.checked);
 });
 """
 
@@ -59,6 +70,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, dict):  # e.g. the curator's seconds per phase
+        return ", ".join(f"{escape(str(k))} {_fmt(x)}" for k, x in v.items())
     if isinstance(v, float):
         return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
     if isinstance(v, int) and not isinstance(v, bool):
@@ -99,48 +112,16 @@ def _files(root: Path, max_files: int = 400) -> list[Path]:
     return out
 
 
-def _curation(report: dict, chart: bool) -> str:
-    """The funnel (unless the stage drew funnel.png), the counts and the rejection reasons."""
-    if "steps" not in report:
-        return _table(_scalars(report))
-    steps = [(s["step"], int(s["kept"]), int(s["removed"])) for s in report["steps"]]
-    start = ("input", int(report.get("documents_in", 0)), 0)
-    parts = ["<h3>Curation</h3>", funnel_chart([start, *steps], "Curation funnel") if chart else ""]
-    summary = {
-        k: report[k]
-        for k in ("documents_in", "kept", "rejected", "docs_per_s", "seconds", "invariant_holds")
-        if k in report
-    }
-    parts.append(_table(_scalars(summary)))
-    reasons = sorted(report.get("removed_by_reason", {}).items(), key=lambda kv: -kv[1])
-    if reasons:
-        parts.append(_table([[r, n] for r, n in reasons], ["rejection reason", "documents"]))
-    return "\n".join(parts)
-
-
-def _metrics(path: Path) -> str:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if i >= MAX_METRIC_ROWS:
-                break
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    by_step = {int(r["step"]): r for r in rows if "step" in r}  # a re-run step replaces the first
-    steps = sorted(by_step)
-    series = {}
-    for key in ("loss", "val_loss", "valid_loss", "eval_loss"):
-        pts = [(s, by_step[s][key]) for s in steps if isinstance(by_step[s].get(key), int | float)]
-        if pts:
-            series[key] = ([p[0] for p in pts], [float(p[1]) for p in pts])
-    if not series:
+def _training(path: Path, stage: str) -> str:
+    """The scalar grid of a metrics.jsonl and the last step's figures."""
+    rows = read_steps(path)
+    if not rows:
         return ""
-    last = by_step[steps[-1]]
-    summary = {"steps": len(steps), **{k: v for k, v in last.items() if k != "time"}}
-    title = f"Loss ({path.parent.name}/{path.name})"
-    return line_chart(series, title, "step", "loss") + _table(_scalars(summary, 10))
+    return (
+        "<h3>Training</h3>"
+        + scalar_grid(rows, stage)
+        + _table(_scalars(training_summary(rows), 16))
+    )
 
 
 def _tokens(meta: dict) -> str:
@@ -180,13 +161,18 @@ def stage_section(name: str, entry: dict, run_dir: Path) -> str:
     if not root.is_dir():
         return "\n".join(parts)
     files = _files(root)
-    plotted = set(files)  # a stage's own plot of the same numbers is shown instead of ours
+    present = set(files)
     for path in files:
         kind = path.name
         if kind == "report.json" and isinstance(rep := _read_json(path), dict):
-            parts.append(_curation(rep, path.with_name("funnel.png") not in plotted))
-        elif kind == "metrics.jsonl" and path.with_name("loss.png") not in plotted:
-            parts.append(_metrics(path))
+            funnel = path.with_name("funnel.png") not in present  # else the stage's own plot
+            parts.append(curation_section(rep, path.parent, funnel, _table))
+        elif kind == "metrics.jsonl":
+            parts.append(_training(path, name))
+        elif kind == "metrics.json" and isinstance(res := _read_json(path), dict):
+            parts.append(eval_scores(res))
+        elif kind == "loss.png" and path.with_name("metrics.jsonl") in present:
+            continue  # the grid above draws the same numbers
         elif kind == "tokens.json" and isinstance(meta := _read_json(path), dict):
             parts.append(_tokens(meta))
         elif kind in RECORD_FILES and isinstance(items := _read_json(path), list):
@@ -201,13 +187,20 @@ def stage_section(name: str, entry: dict, run_dir: Path) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _stage_table(stages: dict) -> str:
+def _count(k: str, v: Any) -> str:
+    """One output count; a dict of counts (rejections by reason) as `k: a 3, b 2`."""
+    if isinstance(v, dict):
+        return f"{k}: " + ", ".join(f"{a} {_fmt(b)}" for a, b in v.items()) if v else ""
+    return f"{k} {_fmt(v)}"
+
+
+def _stage_table(stages: dict, run_dir: Path) -> str:
     rows = []
     for name, e in stages.items():
         metrics = e.get("metrics") or {}
         key = ", ".join(f"{k}={_fmt(v)}" for k, v in _scalars(metrics, 5))
         outs = "; ".join(
-            f"{slot}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in o["counts"].items())
+            f"{slot}: " + ", ".join(c for k, v in o["counts"].items() if (c := _count(k, v)))
             for slot, o in (e.get("outputs") or {}).items()
             if o.get("counts")
         )
@@ -218,11 +211,10 @@ def _stage_table(stages: dict) -> str:
             f"<tr><td>{escape(name)}</td><td>{escape(str(e.get('type', '')))}</td>"
             f'<td><span class="status {status}">{status}</span>{note}</td>'
             f'<td class="num">{_fmt(float(e.get("duration_s", 0.0)))} s</td>'
-            f"<td>{key}</td><td>{escape(outs)}</td></tr>"
+            f"<td>{key}</td><td>{escape(outs)}</td><td>{artifact_links(e, run_dir)}</td></tr>"
         )
-    head = "".join(
-        f"<th>{h}</th>" for h in ("stage", "type", "status", "time", "key figures", "outputs")
-    )
+    names = ("stage", "type", "status", "time", "key figures", "outputs", "artifacts")
+    head = "".join(f"<th>{h}</th>" for h in names)
     return f"<table><tr>{head}</tr>" + "\n".join(rows) + "</table>"
 
 
@@ -245,7 +237,12 @@ def render(run_dir: str | os.PathLike) -> str:
     if record.get("status") == "interrupted":
         by = escape(str(record.get("interrupted_by", "a signal")))
         body.append(f"<p><b>interrupted</b> by {by}: the same command resumes the run</p>")
-    body += ["<h2>Stages</h2>", _stage_table(stages)]
+    body += [
+        '<label class="toggle"><input type="checkbox" id="smoothing"> smooth curves</label>',
+        "<h2>Stages</h2>",
+        _stage_table(stages, run_dir),
+        run_info(record),
+    ]
     for name, entry in stages.items():
         section = stage_section(name, entry, run_dir)
         if section:
@@ -260,7 +257,7 @@ def render(run_dir: str | os.PathLike) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n"
         + "\n".join(body)
-        + f"\n<script>{CHECK_IMAGES}</script>\n</body></html>\n"
+        + f"\n<script>{CHECK_IMAGES}{SMOOTHING}</script>\n</body></html>\n"
     )
 
 
