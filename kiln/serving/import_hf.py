@@ -1,5 +1,6 @@
-"""`kiln import-hf`: a Hugging Face Llama / Mistral / Mixtral / Qwen2 folder, or a GGUF file (or
-an installed package shipping one), becomes a weights-only kiln checkpoint.
+"""`kiln import-hf`: a Hugging Face Llama / Mistral / Mixtral / Qwen2 folder or Hub id (`org/name`,
+kiln.serving.hub), or a GGUF file (or an installed package shipping one), becomes a weights-only
+kiln checkpoint.
 
 The checkpoint is the checkpointer's own layout (a DCP step folder with `kiln.json`, and a
 `latest` pointer), so `train` continues pretraining from it (`init_from:`) and `export` /
@@ -27,9 +28,14 @@ def write_model_checkpoint(out_dir: str, model_cfg, state: dict, *, step: int = 
     return write_checkpoint(out_dir, model, step=step)
 
 
-def read_model(source: str, tokenizer_dir: str) -> tuple[ModelConfig, dict]:
-    """(model config, kiln-named state) of `source` (an HF folder, a .gguf file or a package
-    shipping one); its tokenizer files are written into `tokenizer_dir`."""
+def read_model(
+    source: str, tokenizer_dir: str, revision: str | None = None
+) -> tuple[ModelConfig, dict]:
+    """(model config, kiln-named state) of `source` (an HF folder or Hub id, a .gguf file or a
+    package shipping one); its tokenizer files are written into `tokenizer_dir`."""
+    from kiln.serving.hub import local_model
+
+    source = local_model(source, revision)
     os.makedirs(tokenizer_dir, exist_ok=True)
     if not os.path.isdir(source):  # a .gguf file or a package name
         from kiln.training.model.gguf import read_gguf, resolve_gguf
@@ -45,8 +51,8 @@ def read_model(source: str, tokenizer_dir: str) -> tuple[ModelConfig, dict]:
     return _model_config(cfg), state
 
 
-def import_hf(source: str, out_dir: str, *, step: int = 0) -> str:
-    """Write `source` (an HF folder, a .gguf file or a package shipping one) as a kiln
+def import_hf(source: str, out_dir: str, *, step: int = 0, revision: str | None = None) -> str:
+    """Write `source` (an HF folder or Hub id, a .gguf file or a package shipping one) as a kiln
     checkpoint under `out_dir`, its tokenizer beside it; returns the step folder."""
-    cfg, state = read_model(source, out_dir)
+    cfg, state = read_model(source, out_dir, revision)
     return write_model_checkpoint(out_dir, cfg, state, step=step)

@@ -18,8 +18,8 @@ class PostTrainConfig(TrainConfig):
     objective: Literal["sft", "dpo"] = Field("sft", description="sft: masked next-token loss; dpo.")
     base: str | None = Field(
         None,
-        description="Starting weights: a HF model folder, an export, or a kiln checkpoint. The "
-        "model shape comes from it (model: is ignored).",
+        description="Starting weights: a HF model folder or Hub id (org/name[@revision]), an "
+        "export, or a kiln checkpoint. The model shape comes from it (model: is ignored).",
     )
     lora: LoRAConfig | None = Field(None, description="Train low-rank adapters only (None: full).")
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings (objective dpo).")

@@ -124,8 +124,11 @@ def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:
 
 def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None) -> dict:
     """Train (resuming from cfg.checkpoint.dir when it holds a checkpoint) and export."""
+    from kiln.serving.hub import local_model
     from kiln.training.post.trainer import PostTrainer, chat_prefix
 
+    if cfg.base:  # a Hub id: its snapshot folder (downloaded once, here)
+        cfg = cfg.model_copy(update={"base": local_model(cfg.base)})
     trainer = PostTrainer(cfg, on_step=on_step)
     history = trainer.train()
     summary: dict[str, Any] = {
@@ -145,13 +148,15 @@ def train_post_on_ray(
 ) -> dict:
     """The same run on Ray Train (one worker per rank, as `train` runs), then the export from
     its final checkpoint (in the driver: adapter-only checkpoints merge onto their base)."""
+    from kiln.serving.hub import local_model
     from kiln.training.post.trainer import chat_prefix
     from kiln.training.ray_train import train_on_ray
 
     absolute = {"paths": [os.path.abspath(p) for p in cfg.data.paths]}
     update: dict[str, Any] = {"data": cfg.data.model_copy(update=absolute)}
-    if cfg.base and os.path.exists(cfg.base):  # workers may run elsewhere on this node
-        update["base"] = os.path.abspath(cfg.base)
+    base = local_model(cfg.base) if cfg.base else None  # a Hub id: downloaded here, once
+    if base and os.path.exists(base):  # workers may run elsewhere on this node
+        update["base"] = os.path.abspath(base)
     cfg = cfg.model_copy(update=update)
     result = train_on_ray(
         cfg, run_dir, options, runtime, trainer="kiln.training.post.trainer:PostTrainer"

