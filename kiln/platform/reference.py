@@ -35,6 +35,7 @@ stages:
 ```
 
 Override any field on the command line: `kiln run spec.yaml --set NAME.field.sub=value`.
+`kiln stages` lists the stages and model presets; `kiln stages NAME` prints one stage's table.
 """
 
 
