@@ -119,6 +119,8 @@ def load_body(
     """The raw mapping `load_config` validates: file (or its `block:`), then fields, then --set."""
     body = read_yaml(path, what) if path else {}
     body = {} if body is None else body
+    if what != "spec":
+        reject_pipeline_spec(path, body)
     if not isinstance(body, dict):
         raise ConfigError(f"{path}: expected a mapping of {block or what} fields")
     if block and isinstance(body.get(block), dict):
@@ -139,8 +141,6 @@ def load_config(
 ) -> M:
     """Load `path` (its `block:` mapping when the file has one, else the whole file), add `fields`
     (None values skipped), apply `--set` overrides and validate into `model`."""
-    if path:
-        reject_pipeline_spec(path, read_yaml(path))
     overrides = list(overrides)
     body = load_body(path, block=block, fields=fields, overrides=overrides, route=route)
     paths = override_paths(overrides, route)

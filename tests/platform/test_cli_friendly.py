@@ -61,11 +61,20 @@ def test_a_set_typo_is_blamed_on_set_not_the_file(spec, capsys):
     assert "no stage named 'stast' (did you mean 'stats'?)" in _error(capsys)
 
 
-def test_stage_command_set_typo_and_pipeline_spec(spec, tmp_path, capsys):
-    (tmp_path / "train.yaml").write_text("steps: 3\n")
-    assert main(["train", "--config", "train.yaml", "--set", "stpes=40"]) == 2
-    assert _error(capsys) == "kiln: error: --set stpes=40: unknown field (did you mean 'steps'?)"
-    assert main(["train", "--config", spec]) == 2
+@pytest.mark.parametrize("command", ["train", "sft", "curate"])
+def test_stage_command_set_typo_and_pipeline_spec(command, spec, tmp_path, capsys):
+    argv = {
+        "train": ["train", "--config"],
+        "sft": ["sft", "--config"],
+        "curate": ["curate", "--input", "x", "--out", "o", "--config"],
+    }[command]
+    (tmp_path / "cfg.yaml").write_text("{}\n")
+    field, typo = ("actors", "actros") if command == "curate" else ("steps", "stpes")
+    assert main([*argv, "cfg.yaml", "--set", f"{typo}=40"]) == 2
+    assert _error(capsys) == (
+        f"kiln: error: --set {typo}=40: unknown field (did you mean {field!r}?)"
+    )
+    assert main([*argv, spec]) == 2
     assert _error(capsys) == (
         "kiln: error: spec.yaml: this is a pipeline spec: use `kiln run spec.yaml`"
     )

@@ -177,12 +177,13 @@ def train_post_on_ray(
 
 def load_config(path: str, overrides: list[str] | None = None, objective: str | None = None):
     """A PostTrainConfig from YAML (a `train:` block or the fields) with KEY=VALUE overrides."""
-    from kiln.platform.config import load_body, validate
+    from kiln.platform.config import load_body, override_paths, validate
 
     body = load_body(path, block="train", overrides=overrides or [])
     if objective is not None:
         body["objective"] = objective
-    return validate(PostTrainConfig, body, prefix=objective or "post", source=path)
+    blame = override_paths(overrides or [])  # a --set typo is the --set's, not the file's
+    return validate(PostTrainConfig, body, prefix=objective or "post", source=path, overrides=blame)
 
 
 def main(argv: list[str] | None = None) -> int:
