@@ -23,7 +23,10 @@ def register(subparsers) -> None:
         help="override a field, e.g. --set steps=100 --set parallel.tp=2 (values are YAML)",
     )
     p.add_argument(
+        "--out",
+        "--output",
         "--run-dir",
+        dest="run_dir",
         default=None,
         help="metrics, TensorBoard, loss curve (default: runs/train/<ray.name>)",
     )

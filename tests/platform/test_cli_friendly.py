@@ -88,6 +88,8 @@ def test_verbose_after_the_command_and_out_or_output():
     assert parser.parse_args(["curate", "--input", "i", "--out", "o"]).output == "o"
     assert parser.parse_args(["curate", "--input", "i", "--output", "o"]).output == "o"
     assert parser.parse_args(["tokenize", "c", "--output", "o"]).out == "o"
+    assert parser.parse_args(["train", "--config", "c", "--out", "o"]).run_dir == "o"
+    assert parser.parse_args(["sft", "--config", "c", "--out", "o"]).export == "o"
 
 
 def test_stages_lists_user_stages_and_presets(capsys):

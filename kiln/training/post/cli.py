@@ -37,7 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
         p.add_argument("--config", required=True, help="YAML: PostTrainConfig fields")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-        p.add_argument("--export", default=None, help="write the merged HF (+ PEFT adapter) here")
+        p.add_argument(
+            "--out",
+            "--output",
+            "--export",
+            dest="export",
+            default=None,
+            help="write the merged HF (+ PEFT adapter) here",
+        )
         p.set_defaults(func=_train, objective=name)
 
 
