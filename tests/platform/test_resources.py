@@ -102,7 +102,8 @@ def test_ray_block_is_validated(tmp_path, capsys):
     assert "ray.num_cpu: unknown field" in capsys.readouterr().err
     (tmp_path / "spec.yaml").write_text("pipeline: p\nstages:\n  - stage: noop\n")
     assert main(["run", str(tmp_path / "spec.yaml"), "--set", "ray.num_cpus=0"]) == 2
-    assert "ray.num_cpus: Input should be greater than or equal to 1" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the --set put the bad value there: it takes the blame
+    assert "--set ray.num_cpus=0: Input should be greater than or equal to 1" in err
 
 
 def test_gpu_need_is_checked_before_the_stage_runs(ray_session, tmp_path):
