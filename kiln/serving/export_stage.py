@@ -81,8 +81,13 @@ def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progres
     from kiln.serving.export.triton import export_triton
 
     hf_dir = os.path.join(out_dir, "hf")
-    summary = export_hf(
-        checkpoint, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name
+    summary = export_hf(  # per-block files: a LoRA fine-tune of it links the blocks it keeps
+        checkpoint,
+        hf_dir,
+        tokenizer=tokenizer,
+        dtype=cfg.dtype,
+        model_name=cfg.model_name,
+        blocks=True,
     )
     progress.advance(1, "hf")
     result = {

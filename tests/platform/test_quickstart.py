@@ -86,7 +86,7 @@ def test_quickstart_teaches_the_facts_quietly(tmp_path):
     assert record["status"] == "succeeded"
     tokens = json.loads((run_dir / "tokenize/tokens/tokens.json").read_text())
     assert tokens["vocab_size"] == 49152  # SmolLM2's tokenizer, not a trained one
-    for path in ("logs/kiln.log", "sft/model/hf/model.safetensors", "sft/model/adapter"):
+    for path in ("logs/kiln.log", "sft/model/hf/model.safetensors.index.json", "sft/model/adapter"):
         assert (run_dir / path).exists(), path
     # Ray Train ran on the embedded Ray without the helper actors a kiln run has no use for
     # (kiln.training.lean_trainer; a Ray worker's log starts with ":actor_name:<class>")

@@ -100,11 +100,20 @@ def save_tokenizer(tok, out_dir: str, tok_dir: str | None = None) -> dict[str, s
 
 
 def export_hf(
-    source, out_dir: str, *, tokenizer=None, dtype: str = "float32", model_name: str | None = None
+    source,
+    out_dir: str,
+    *,
+    tokenizer=None,
+    dtype: str = "float32",
+    model_name: str | None = None,
+    blocks: bool = False,
+    share_from: str | None = None,
 ) -> dict:
-    """Write `source` (a Generator, a kiln checkpoint dir or an HF dir) as an HF model dir.
+    """Write `source` (a Generator, a kiln checkpoint dir or an HF dir) as an HF model dir:
+    one model.safetensors, or with `blocks` one file per block (hard-linked where an export in
+    `share_from` holds the same tensors: kiln/serving/export/shared_weights.py).
 
-    Returns a summary: architecture, parameter count, files written.
+    Returns a summary: architecture, parameter count, files written, what was linked.
     """
     from safetensors.torch import save_file
 
@@ -118,7 +127,13 @@ def export_hf(
     config["torch_dtype"] = dtype
     hf_state = to_hf_state(state, cfg)
     hf_state = {k: v.to("cpu", _DTYPES[dtype]).contiguous() for k, v in hf_state.items()}
-    save_file(hf_state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    shared = {}
+    if blocks:
+        from kiln.serving.export.shared_weights import write_blocks
+
+        shared = write_blocks(hf_state, out_dir, share_from)
+    else:
+        save_file(hf_state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
@@ -134,4 +149,5 @@ def export_hf(
         "architecture": config["architectures"][0],
         "parameters": int(sum(t.numel() for t in hf_state.values())),
         "files": sorted(os.listdir(out_dir)),
+        **shared,
     }

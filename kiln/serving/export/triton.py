@@ -150,7 +150,9 @@ def export_triton(
         os.path.join(source, "config.json")
     )
     if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
-        shutil.copytree(source, hf_dir)
+        from kiln.serving.export.shared_weights import link_or_copy_weights
+
+        shutil.copytree(source, hf_dir, copy_function=link_or_copy_weights)
     else:
         export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)
     if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):

@@ -89,9 +89,11 @@ def export_merged_hf(
     *,
     tokenizer=None,
     dtype: str = "float32",
+    share_from: str | None = None,
 ) -> dict:
     """Adapters merged into the base weights (`cfg` None: a full fine-tune, nothing to merge),
-    written as a HF model directory by kiln's export_hf."""
+    written as a HF model directory by kiln's export_hf, one file per block: the blocks equal
+    to those of the HF folder `share_from` (the base) are hard links to its files."""
     from kiln.serving.export.hf import export_hf
     from kiln.serving.import_hf import write_model_checkpoint
 
@@ -101,7 +103,9 @@ def export_merged_hf(
     assert not any(k.rsplit(".", 1)[-1] in LORA_PARAMS for k in merged)
     with tempfile.TemporaryDirectory(prefix="kiln-lora-merge-") as tmp:
         write_model_checkpoint(tmp, model_cfg, merged)
-        return export_hf(tmp, out_dir, tokenizer=tokenizer, dtype=dtype)
+        return export_hf(
+            tmp, out_dir, tokenizer=tokenizer, dtype=dtype, blocks=True, share_from=share_from
+        )
 
 
 _KILN_MODULE = {hf: kiln for kiln, hf in HF_MODULE.items()}

@@ -79,7 +79,12 @@ def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None
     )
     hf_dir = os.path.join(out_dir, "hf")
     summary["hf"] = export_merged_hf(
-        cfg.model.model_dump(), state, lora, hf_dir, tokenizer=tokenizer
+        cfg.model.model_dump(),
+        state,
+        lora,
+        hf_dir,
+        tokenizer=tokenizer,
+        share_from=_hf_of(cfg.base),
     )
     if tokenizer is not None:
         _add_chat_template(hf_dir, chat_dir, cfg.data.split)
@@ -92,6 +97,13 @@ def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None
             if os.path.isfile(os.path.join(hf_dir, name)):
                 shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, "adapter", name))
     return summary
+
+
+def _hf_of(base: str | None) -> str | None:
+    """The HF folder of a base (an ExportedModel's `hf/`, or the folder itself), if local."""
+    if not base or not os.path.isdir(base):
+        return None
+    return os.path.join(base, "hf") if os.path.isdir(os.path.join(base, "hf")) else base
 
 
 def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:

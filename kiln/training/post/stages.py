@@ -54,7 +54,8 @@ class ImportModelStage(Stage):
         model = build_model(cfg, state, device="cpu")
         out = ctx.outputs["model"]
         hf = os.path.join(out.path, "hf")
-        summary = export_hf(model, hf, tokenizer=str(tokenizer_dir))
+        # per-block files: a LoRA fine-tune of this base hard-links the blocks it leaves alone
+        summary = export_hf(model, hf, tokenizer=str(tokenizer_dir), blocks=True)
         source_config = tokenizer_dir / "tokenizer_config.json"
         template = (
             json.loads(source_config.read_text()).get("chat_template")

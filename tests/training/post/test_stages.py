@@ -59,10 +59,13 @@ def test_finetune_pipeline_wires_chat_data_and_models_by_kind(tmp_path):
     assert result.record["status"] == "succeeded"
     sft_out, dpo_out = result.artifact("sft.model").path, result.artifact("dpo.model").path
     for out in (sft_out, dpo_out):
-        assert os.path.isfile(os.path.join(out, "hf", "model.safetensors"))
+        assert os.path.isfile(os.path.join(out, "hf", "model.safetensors.index.json"))
         assert os.path.isfile(os.path.join(out, "adapter", "adapter_config.json"))
     assert "rewards/accuracies" in result.artifact("dpo.model").meta["final"]
     assert result.artifact("chat.data").counts["valid_rows"] == 2  # 8 conversations x 0.25
+    # dpo's LoRA changed every block but the embedding: that file is sft's, hard-linked
+    embed = [os.stat(os.path.join(o, "hf", "model-embed.safetensors")) for o in (sft_out, dpo_out)]
+    assert embed[0].st_ino == embed[1].st_ino and embed[0].st_nlink >= 2
     # every step in the stage's metrics.jsonl (and TensorBoard), the held-out values with it
     for stage, keys in (("sft", {"val_loss"}), ("dpo", {"val_loss", "val_rewards/accuracies"})):
         rows = [json.loads(x) for x in (result.run_dir / stage / "metrics.jsonl").open()]
