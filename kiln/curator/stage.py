@@ -12,7 +12,7 @@ from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 
 class CurateStage(Stage):
-    """Clean, filter, deduplicate and decontaminate a Corpus; kept and rejected documents by reason."""
+    """Clean, filter, deduplicate and decontaminate a Corpus (kept and rejected, by reason)."""
 
     type_name = "curate"
     Config = CurateConfig
