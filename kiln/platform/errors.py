@@ -58,9 +58,10 @@ def format_validation_error(
                 msg += did_you_mean(loc[-1], _field_names_at(model, loc[:-1]))
         got = err.get("input")
         got_s = "" if err.get("type") in ("missing", "extra_forbidden") else f" (got {got!r})"
-        item = next((item for path, item in (overrides or {}).items() if _covers(path, loc)), None)
-        if item:
-            blamed.append(f"--set {item}: {msg}{got_s}")
+        path = next((path for path in (overrides or {}) if _covers(path, loc)), None)
+        if path is not None:
+            inside = ".".join(loc[len(path) :])  # the field under a mapping the --set gave
+            blamed.append(f"--set {overrides[path]}: {inside + ': ' if inside else ''}{msg}{got_s}")
         else:
             parts.append(f"{where}: {msg}{got_s}")
     head = f"{source}: " if source and parts else ""

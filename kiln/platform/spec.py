@@ -72,6 +72,11 @@ def _route(body: dict[str, Any]):
     }
 
     def route(parts: list[str]) -> list[str | int]:
+        if ".".join(parts) in index:
+            key = ".".join(parts)
+            raise ConfigError(
+                f"--set {key}: name a field of stage {key!r} (--set {key}.FIELD=VALUE)"
+            )
         for cut in range(len(parts) - 1, 0, -1):  # stage names may hold dots: `text.stats.x`
             name = ".".join(parts[:cut])
             if name in index:

@@ -57,6 +57,10 @@ def test_a_set_typo_is_blamed_on_set_not_the_file(spec, capsys):
     assert main(["run", spec, "--set", "stats.top_words=many"]) == 2
     err = _error(capsys)
     assert err.startswith("kiln: error: --set stats.top_words=many: ") and "spec.yaml" not in err
+    assert main(["run", spec, "--set", "stats={top_words: 4}"]) == 2
+    assert _error(capsys) == (
+        "kiln: error: --set stats: name a field of stage 'stats' (--set stats.FIELD=VALUE)"
+    )
     assert main(["run", spec, "--set", "stast.top_words=4"]) == 2
     assert "no stage named 'stast' (did you mean 'stats'?)" in _error(capsys)
 
@@ -74,6 +78,9 @@ def test_stage_command_set_typo_and_pipeline_spec(command, spec, tmp_path, capsy
     assert _error(capsys) == (
         f"kiln: error: --set {typo}=40: unknown field (did you mean {field!r}?)"
     )
+    if command == "train":  # a mapping given whole: the field inside it is named
+        assert main([*argv, "cfg.yaml", "--set", "parallel={tp: many}"]) == 2
+        assert _error(capsys).startswith("kiln: error: --set parallel={tp: many}: tp: ")
     assert main([*argv, spec]) == 2
     assert _error(capsys) == (
         "kiln: error: spec.yaml: this is a pipeline spec: use `kiln run spec.yaml`"
