@@ -93,13 +93,15 @@ def _layouts(layouts: list[dict]) -> list[list[float]]:
 @pytest.mark.slow
 def test_validation_is_the_same_under_data_and_pipeline_parallelism():
     """8 held-out samples each time: one process reads 4 micro-batches of 2, dp_shard=2 reads 2
-    per rank (averaged over ranks), pp=2 one schedule step of 4 (forward-only `eval`)."""
+    per rank (averaged over ranks), pp=2 one schedule step of 4 (forward-only `eval`), tp=2
+    the same 4 on both ranks (vocabulary-parallel loss)."""
     reference = _val_losses(eval_batches=4)
     layouts = [
         {"eval_batches": 2, "parallel": {"dp_shard": 2}},
         {"eval_batches": 4, "parallel": {"pp": 2, "dp_shard": 1, "pp_schedule": "1f1b"}},
+        {"eval_batches": 4, "parallel": {"tp": 2, "dp_shard": 1}},
     ]
     per_rank = run_distributed(_layouts, 2, layouts, timeout=600)
     assert per_rank[0] == per_rank[1]  # every rank logs the global value
-    for name, losses in zip(("dp_shard2", "pp2_1f1b"), per_rank[0], strict=True):
+    for name, losses in zip(("dp_shard2", "pp2_1f1b", "tp2"), per_rank[0], strict=True):
         assert losses == pytest.approx(reference, abs=1e-5), name
