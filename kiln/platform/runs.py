@@ -66,7 +66,7 @@ def list_runs(runs_dir: str | Path, pipeline: str | None = None) -> list[RunInfo
 
 def format_runs(runs: list[RunInfo]) -> str:
     head = (
-        f"{'PIPELINE':<16} {'RUN':<24} {'STATUS':<10} {'STARTED':<20} {'TIME':>8}  STAGES  REPORT"
+        f"{'PIPELINE':<16} {'RUN':<24} {'STATUS':<11} {'STARTED':<20} {'TIME':>8}  STAGES  REPORT"
     )
     lines = [head]
     for r in runs:
@@ -74,7 +74,7 @@ def format_runs(runs: list[RunInfo]) -> str:
         took = f"{r.duration_s:.1f}s" if r.duration_s is not None else "-"
         report = str(r.report) if r.report else "-"
         lines.append(
-            f"{r.pipeline:<16} {r.run_id:<24} {r.status:<10} {started:<20} {took:>8}  "
+            f"{r.pipeline:<16} {r.run_id:<24} {r.status:<11} {started:<20} {took:>8}  "
             f"{r.stages_done:>2}/{r.stages:<3}  {report}"
         )
     return "\n".join(lines)
