@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from kiln.platform import console
 
 
 def register(subparsers) -> None:
@@ -43,16 +43,22 @@ def load_config(path: str | None, overrides: list[str] = (), **fields):
 
 def _curate(args) -> int:
     from kiln.curator.pipeline import curate
+    from kiln.platform.signals import stop_on_signals
 
+    stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     cfg = load_config(
         args.config, args.overrides, input=args.input, stream=args.stream, cluster=args.cluster
     )
-    report = curate(cfg, args.output)
-    print(
-        json.dumps(
-            {k: report[k] for k in ("documents_in", "kept", "rejected", "removed_by_reason")},
-            indent=2,
-        )
+    with console.command_log(args.output):  # Ray's and Dask's output: <out>/logs/
+        report = curate(cfg, args.output)
+    console.summary(
+        [
+            ("documents in", report["documents_in"]),
+            ("kept", report["kept"]),
+            ("rejected", report["rejected"]),
+            ("rejected by", console.ranked_counts(report["removed_by_reason"])),
+            ("docs/s", round(report["docs_per_s"])),
+            ("corpus", args.output),
+        ]
     )
-    print(f"wrote {args.output} ({report['docs_per_s']:.0f} docs/s)")
     return 0

@@ -22,6 +22,7 @@ from kiln.curator.dedup.run import run_dedup
 from kiln.curator.filters import DocumentFilter, build_filters
 from kiln.curator.output import write_outputs
 from kiln.curator.readers import expand_inputs, plan_tasks
+from kiln.curator.readers.base import ReadTask
 from kiln.curator.report import build_report, plot_funnel, write_report
 from kiln.curator.stream import run_stream
 from kiln.platform.console import Progress
@@ -92,13 +93,15 @@ class Curation:
         log.info("curating %d files in %d tasks", len(self.files), len(self.tasks))
         stream_dir = os.path.join(self.work_dir, "stream")
         documents = 0
+        # counted in input bytes: a one-file input split into byte ranges moves as they finish
+        sizes = {task.index: task_bytes(task) for task in self.tasks}
 
         def task_done(counts: dict) -> None:
             nonlocal documents
             documents += counts["in"]
-            progress.advance(1, f"{documents} documents")
+            progress.advance(sizes[counts["task"]], f"{documents:,} documents")
 
-        with Progress(len(self.tasks), "curate", unit="tasks") as progress:
+        with Progress(sum(sizes.values()), "curate", unit="B", scale=True) as progress:
             self.stats = run_stream(
                 self.tasks,
                 self.cfg,
@@ -170,6 +173,20 @@ class Curation:
             seconds["total"],
         )
         return report
+
+
+def task_bytes(task: ReadTask) -> int:
+    """The input bytes a read task covers (a Parquet row group: its share of the file)."""
+    if task.kind == "text":
+        return sum(os.path.getsize(f) for f in task.files or [task.path])
+    if task.kind == "jsonl" and task.end >= 0:
+        return task.end - task.start
+    size = os.path.getsize(task.path)
+    if task.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return size // max(pq.ParquetFile(task.path).num_row_groups, 1)
+    return size
 
 
 def curate(

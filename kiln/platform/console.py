@@ -13,7 +13,9 @@ progress goes to the run log only: the console output stays the stage lines.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -60,9 +62,17 @@ class _StderrHandler(logging.StreamHandler):
             super().emit(record)
 
 
+# Ray Data's logging without its own terminal handler (see the file); kiln draws the bars.
+RAY_DATA_LOGGING = Path(__file__).with_name("ray_data_logging.yaml")
+
+
 def configure(verbose: bool = False) -> None:
     """Console logging for a `kiln` command (called once by the CLI)."""
     _state["verbose"] = verbose
+    _state["command"] = True
+    if not verbose:  # read by Ray Data when it configures its loggers (also on Ray's workers)
+        os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(RAY_DATA_LOGGING))
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     handler = _StderrHandler(sys.stderr)
     if verbose:
         handler.setFormatter(logging.Formatter(FULL_FORMAT, datefmt="%H:%M:%S"))
@@ -110,9 +120,61 @@ def route_library_loggers() -> None:
 
 
 class _RunLog(logging.FileHandler):
-    """`<run_dir>/logs/kiln.log`; remembers the `kiln` logger's level to restore on detach."""
+    """`<run_dir>/logs/kiln.log`; remembers the `kiln` logger's level to restore on detach,
+    and the terminal's file descriptor while native output goes to `stderr.log`."""
 
     kiln_level = logging.NOTSET
+    terminal_fd: int | None = None
+    terminal_stream = None
+
+
+NATIVE_LOG = "stderr.log"
+
+
+def _native_stderr_to(path: Path, handler: _RunLog) -> None:
+    """A `kiln` command in quiet mode: file descriptor 2 -> `path`, `sys.stderr` -> the terminal.
+
+    Ray's C++ core worker in this process (`core_worker.cc: ...` lines), the daemons and
+    workers it starts, and any library writing to fd 2 land in the run folder; kiln's console
+    lines, bars and errors (through `sys.stderr`) still reach the terminal. Only where
+    `sys.stderr` is fd 2 itself (not under a test's capture) and no run log holds it already."""
+    if not _state.get("command") or verbose():
+        return
+    if any(
+        isinstance(h, _RunLog) and h.terminal_fd is not None for h in logging.getLogger().handlers
+    ):
+        return
+    try:
+        if sys.stderr.fileno() != 2:
+            return
+    except (AttributeError, OSError, ValueError):  # a capture object with no descriptor
+        return
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, 2)
+    os.close(target)
+    handler.terminal_fd, handler.terminal_stream = terminal, sys.stderr
+    sys.stderr = open(  # noqa: SIM115 - closed on detach
+        terminal,
+        "w",
+        buffering=1,
+        encoding=sys.stderr.encoding,
+        errors="backslashreplace",
+        closefd=False,
+    )
+
+
+def _native_stderr_back(handler: _RunLog) -> None:
+    if handler.terminal_fd is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+        sys.stderr.close()
+    os.dup2(handler.terminal_fd, 2)
+    os.close(handler.terminal_fd)
+    sys.stderr = handler.terminal_stream
+    handler.terminal_fd, handler.terminal_stream = None, None
 
 
 def attach_run_log(run_dir: Path) -> logging.Handler:
@@ -128,6 +190,7 @@ def attach_run_log(run_dir: Path) -> logging.Handler:
     handler.kiln_level = kiln.level
     if kiln.getEffectiveLevel() > logging.INFO:
         kiln.setLevel(logging.INFO)
+    _native_stderr_to(logs / NATIVE_LOG, handler)
     logging.getLogger().addHandler(handler)
     return handler
 
@@ -142,7 +205,40 @@ def detach_run_log(handler: logging.Handler) -> None:
     logging.getLogger().removeHandler(handler)
     if isinstance(handler, _RunLog):
         logging.getLogger("kiln").setLevel(handler.kiln_level)
+        _native_stderr_back(handler)
     handler.close()
+
+
+@contextlib.contextmanager
+def command_log(folder: str | os.PathLike):
+    """A standalone command's run log, as `kiln run` keeps one: `<folder>/logs/kiln.log`
+    (every record), `stderr.log` (native output) and `ray` (linked by the runtime once Ray
+    runs: this Ray session's logs)."""
+    handler = attach_run_log(Path(folder))
+    try:
+        yield Path(folder) / "logs"
+    finally:
+        detach_run_log(handler)
+
+
+def summary(rows: list[tuple[str, object]], file=None) -> None:
+    """A command's result as one aligned table (name, value) on stdout: what a person reads
+    instead of a JSON dump (the numbers are in the output folder's own files)."""
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, value in rows:
+        if value is None:
+            value = "-"
+        elif isinstance(value, float):
+            value = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        print(f"  {name:<{width}}  {value}", file=file or sys.stdout)
+
+
+def ranked_counts(counts: dict[str, int]) -> str:
+    """`name count, ...`, the largest first (`-` for none): a summary row's value."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{name} {n:,}" for name, n in ranked) or "-"
 
 
 def link_ray_logs(run_dir: Path) -> None:
@@ -177,10 +273,14 @@ class Progress:
     delay_s = 0.5  # before a bar appears: work shorter than that draws nothing
     refresh_s = 0.25  # between redraws
 
-    def __init__(self, total: int, desc: str, unit: str = "it", every_s: float = 15.0) -> None:
+    def __init__(
+        self, total: int, desc: str, unit: str = "it", every_s: float = 15.0, scale: bool = False
+    ) -> None:
+        """`scale`: counts shown with k/M/G prefixes (bytes: unit="B")."""
         import time
 
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.scale = scale
         self.done, self._t0, self._last = 0, time.monotonic(), 0.0
         self._bar = None
         if sys.stderr.isatty() and not verbose():
@@ -195,6 +295,8 @@ class Progress:
                 + unit
                 + " [{elapsed}<{remaining}{postfix}]",
                 leave=False,
+                unit_scale=scale,
+                unit_divisor=1024 if scale and unit == "B" else 1000,
                 dynamic_ncols=True,
                 file=sys.stderr,
                 delay=self.delay_s,
@@ -224,14 +326,21 @@ class Progress:
         if now - self._last >= self.every_s or done >= self.total:
             self._last = now
             logging.getLogger(PROGRESS_LOGGER).info(
-                "%s: %d/%d %s%s, ETA %s",
+                "%s: %s/%s %s%s, ETA %s",
                 self.desc,
-                done,
-                self.total,
+                self._count(done),
+                self._count(self.total),
                 self.unit,
                 f" ({postfix})" if postfix else "",
                 self._eta(now),
             )
+
+    def _count(self, n: int) -> str:
+        if not self.scale:
+            return str(n)
+        from tqdm import tqdm
+
+        return tqdm.format_sizeof(n, divisor=1024 if self.unit == "B" else 1000)
 
     def _eta(self, now: float) -> str:
         if not self.done:

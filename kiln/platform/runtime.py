@@ -200,6 +200,9 @@ class Runtime:
             )
             self._started_here = True
         console.route_library_loggers()
+        run_log = console.run_log_path()
+        if run_log is not None:  # <run>/logs/ray -> this session's logs (a standalone command too)
+            console.link_ray_logs(run_log.parent.parent)
         return self
 
     def provide(self, needs: Resources, who: str = "stage") -> None:

@@ -94,13 +94,15 @@ def train_on_ray(
     from kiln.platform.runtime import Runtime
 
     options = options or RayOptions()
-    runtime = (runtime or Runtime()).ensure()
+    runtime = runtime or Runtime()
+    # refused here, in one line, rather than by every worker or by Ray waiting forever; first
+    # before an embedded Ray starts (what this machine has), then against what Ray reports
+    model_known = not getattr(cfg, "base", None)
+    launch_plan(cfg, options, runtime.planned_resources(), model_known)
+    runtime.ensure()
     os.makedirs(run_dir, exist_ok=True)
     storage_path = options.storage_path or os.path.join(os.path.abspath(run_dir), "ray")
-    # refused here, in one line, rather than by every worker or by Ray waiting forever
-    n, use_gpu, cpus = launch_plan(
-        cfg, options, runtime.planned_resources(), model_known=not getattr(cfg, "base", None)
-    )
+    n, use_gpu, cpus = launch_plan(cfg, options, runtime.planned_resources(), model_known)
     if options.elastic:
         n = plan_workers(cfg, options.elastic, cpus, use_gpu)
     cfg = _with_checkpoint_dir(cfg, os.path.join(storage_path, options.name, "checkpoints"))

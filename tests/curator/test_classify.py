@@ -18,6 +18,7 @@ from kiln.curator.classify import ClassifyConfig, FastTextClassifier, classify
 from kiln.curator.classify.config import FastTextConfig, KeepConfig
 from kiln.curator.classify.keep import cutoff, keep_mask
 from tests.curator.corpus import high_quality, quality_mix
+from tests.platform.console_checks import assert_quiet
 
 SMALL = {"dim": 16, "bucket": 20_000}  # a small model: quick on a busy 2-core machine
 
@@ -173,7 +174,7 @@ def test_quality_filter_inside_curate(inputs, tmp_path):
     assert report["removed_by_reason"].get("quality", 0) > 0
 
 
-def test_stage_in_a_pipeline_and_the_cli(inputs, tmp_path, capsys):
+def test_stage_in_a_pipeline_and_the_cli(inputs, tmp_path, capfd):
     from kiln.curator.classify.stage import ClassifyStage
     from kiln.platform.cli import main
     from kiln.platform.pipeline import Pipeline
@@ -187,8 +188,9 @@ def test_stage_in_a_pipeline_and_the_cli(inputs, tmp_path, capsys):
     assert art.meta["held_out_accuracy"] >= 0.85
     model = os.path.join(art.path, "model")
     args = ["classify", "--input", str(root / "corpus"), "--output", str(tmp_path / "cli")]
+    capfd.readouterr()
     assert main([*args, "--model", model]) == 0
-    report = json.loads(capsys.readouterr().out.rsplit("}", 1)[0] + "}")
-    assert report["kept"] == art.counts["documents"]
+    table = assert_quiet(*capfd.readouterr())  # one summary table, no JSON dump
+    assert table["kept"] == f"{art.counts['documents']:,}"
     assert main([*args[:-1], str(tmp_path / "bad"), "--model", str(tmp_path)]) == 2
-    assert "not a classifier folder" in capsys.readouterr().err
+    assert "not a classifier folder" in capfd.readouterr().err

@@ -121,7 +121,7 @@ def test_tokenize_reports_documents_with_tokens(recorded, tmp_path):
     assert progress.tokens == counts["train"]["tokens"]
 
 
-def test_curate_reports_tasks_with_documents(recorded, tmp_path):
+def test_curate_reports_input_bytes_with_documents(recorded, tmp_path):
     from kiln.curator.config import CurateConfig
     from kiln.curator.pipeline import curate
 
@@ -141,8 +141,10 @@ def test_curate_reports_tasks_with_documents(recorded, tmp_path):
     )
     report = curate(cfg, str(tmp_path / "out"), runtime=None)
     (progress,) = recorded
-    assert (progress.desc, progress.unit, progress.total) == ("curate", "tasks", 3)
-    assert progress.seen == [1, 2, 3] and report["documents_in"] == 15
+    sizes = [(inputs / f"part{i}.jsonl").stat().st_size for i in range(3)]
+    assert (progress.desc, progress.unit, progress.total) == ("curate", "B", sum(sizes))
+    assert progress.seen == [sizes[0], sizes[0] + sizes[1], sum(sizes)]  # each file as it ends
+    assert report["documents_in"] == 15
 
 
 def test_export_reports_each_format(recorded, tmp_path):

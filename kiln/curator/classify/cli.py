@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from kiln.platform import console
 
 
 def register(subparsers) -> None:
@@ -29,7 +29,9 @@ def load_config(path: str | None, **overrides):
 
 def _classify(args) -> int:
     from kiln.curator.classify.run import classify
+    from kiln.platform.signals import stop_on_signals
 
+    stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     cfg = load_config(
         args.config,
         input=args.input,
@@ -39,8 +41,17 @@ def _classify(args) -> int:
         model=args.model,
         cluster=args.cluster,
     )
-    report = classify(cfg, args.output)
-    keys = ("documents_in", "kept", "rejected", "removed_by_reason", "cutoff")
-    print(json.dumps({k: report[k] for k in keys}, indent=2))
-    print(f"held-out accuracy {report['model'].get('held_out_accuracy')}; wrote {args.output}")
+    with console.command_log(args.output):  # Ray's output (--cluster ray): <out>/logs/
+        report = classify(cfg, args.output)
+    console.summary(
+        [
+            ("documents in", report["documents_in"]),
+            ("kept", report["kept"]),
+            ("rejected", report["rejected"]),
+            ("rejected by", console.ranked_counts(report["removed_by_reason"])),
+            ("score cutoff", report["cutoff"]),
+            ("held-out accuracy", report["model"].get("held_out_accuracy")),
+            ("corpus", args.output),
+        ]
+    )
     return 0

@@ -6,6 +6,8 @@ Han/kana/Thai character a token of its own, so word bigrams are Japanese charact
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -94,7 +96,9 @@ class FastTextClassifier:
         try:
             with open(os.path.join(folder, "meta.json")) as f:
                 meta = json.load(f)
-            model = fasttext.load_model(os.path.join(folder, "model.bin"))
+            # fastText prints a deprecation notice on stderr at every load: not the user's concern
+            with contextlib.redirect_stderr(io.StringIO()):
+                model = fasttext.load_model(os.path.join(folder, "model.bin"))
         except (OSError, ValueError):
             raise InputError(
                 f"{folder}: not a classifier folder (expected model.bin and meta.json)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -46,12 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _tokenize(args) -> int:
+    from kiln.platform import console
     from kiln.platform.artifact import Artifact
     from kiln.platform.errors import ConfigError, InputError
     from kiln.platform.runtime import Runtime
+    from kiln.platform.signals import stop_on_signals
     from kiln.platform.stage import StageContext, run_steps
     from kiln.training.data.tokenize_stage import TokenizeStage
 
+    stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     if not Path(args.corpus).is_dir():
         raise InputError(f"{args.corpus}: no such Corpus directory")
     stage = TokenizeStage(
@@ -88,19 +90,29 @@ def _tokenize(args) -> int:
         runtime=runtime,
     )
     try:
-        metrics = run_steps(stage, ctx)
+        with console.command_log(out):  # Ray's and Ray Data's output: <out>/logs/
+            try:
+                metrics = run_steps(stage, ctx)
+            finally:
+                runtime.shutdown()
     except BaseException:
         for art in outputs.values():
             shutil.rmtree(art.uri, ignore_errors=True)
         raise
-    finally:
-        runtime.shutdown()
     fp = stage.fingerprint({"corpus": corpus.fingerprint})
     for art in outputs.values():
         art.fingerprint = fp
         art.commit()
-    print(json.dumps(metrics, indent=2))
-    print(f"tokens:    {outputs['tokens'].uri}\ntokenizer: {outputs['tokenizer'].uri}")
+    console.summary(
+        [
+            ("documents", metrics["documents"]),
+            ("tokens", metrics["tokens"]),
+            ("vocab", metrics["vocab"]),
+            ("tokens/s", round(metrics["tokens_per_s"])),
+            ("tokens dir", outputs["tokens"].uri),
+            ("tokenizer", outputs["tokenizer"].uri),
+        ]
+    )
     return 0
 
 

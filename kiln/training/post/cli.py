@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from kiln.platform import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,13 +64,47 @@ def _prepare(args) -> int:
         )
     else:
         meta = prepare_preference(args.inputs, args.out, **common)
-    print(json.dumps(meta, indent=2, ensure_ascii=False))
+    counts = meta["counts"]
+    console.summary(
+        [
+            ("rows read", counts["read"]),
+            ("rejected", counts["rejected"]),
+            ("rejected by", console.ranked_counts(counts["reasons"])),
+            ("truncated", meta["truncated"]),
+            ("training rows", meta["rows"]),
+            ("valid rows", meta["valid_rows"]),
+            ("tokens", meta.get("tokens")),
+            ("dataset", args.out),
+        ]
+    )
     return 0
 
 
 def _train(args) -> int:
+    from pathlib import Path
+
+    from kiln.platform.signals import stop_on_signals
     from kiln.training.post.run import load_config, train_post
 
+    stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     cfg = load_config(args.config, args.overrides, objective=args.objective)
-    print(json.dumps(train_post(cfg, args.export), indent=2, default=str))
+    # library output to <export>/logs/ (or runs/<objective>/logs/); steps on the progress bar
+    with (
+        console.command_log(args.export or Path("runs") / args.objective),
+        console.Progress(cfg.steps, args.objective, unit="steps") as progress,
+    ):
+
+        def on_step(m: dict) -> None:
+            progress.update(int(m["step"]), f"loss {m['loss']:.3f}")
+
+        result = train_post(cfg, args.export, on_step=on_step)
+    final = result["final"] or {}
+    rows = [
+        ("steps", result["steps"]),
+        ("first loss", result["first_loss"]),
+        ("final loss", final.get("loss")),
+    ]
+    rows += [(k, v) for k, v in final.items() if k.startswith("rewards/")]
+    rows.append(("model", str(Path(args.export) / "hf") if args.export else None))
+    console.summary(rows)
     return 0

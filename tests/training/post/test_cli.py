@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from kiln.platform.cli import main
+from tests.platform.console_checks import assert_quiet
 from tests.training.post.helpers import CONVERSATION, chat_tokenizer
 from tests.training.post.lora_helpers import export_base
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is", "ignore::
 
 
 @pytest.mark.slow  # ~4 s of peers loading the export: `make test` only
-def test_prepare_sft_dpo_from_the_cli_and_the_export_loads_in_peers(tmp_path, capsys):
+def test_prepare_sft_dpo_from_the_cli_and_the_export_loads_in_peers(tmp_path, capfd):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,13 +42,13 @@ def test_prepare_sft_dpo_from_the_cli_and_the_export_loads_in_peers(tmp_path, ca
         "data": {"paths": [str(tmp_path / "sft")]},
     }
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump(config))
-    capsys.readouterr()
+    capfd.readouterr()
     assert (
         main(["sft", "--config", str(tmp_path / "sft.yaml"), "--export", str(tmp_path / "out")])
         == 0
     )
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["steps"] == 2 and summary["export"]["adapter"]["tensors"] == 2 * 7 * 2
+    summary = assert_quiet(*capfd.readouterr())  # kiln's lines and a table: no JSON dump
+    assert summary["steps"] == "2" and summary["model"] == str(tmp_path / "out" / "hf")
 
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf")).eval()
     adapter = PeftModel.from_pretrained(
@@ -69,8 +70,9 @@ def test_prepare_sft_dpo_from_the_cli_and_the_export_loads_in_peers(tmp_path, ca
         "data": {"paths": [str(tmp_path / "pref")]},
     }
     (tmp_path / "dpo.yaml").write_text(yaml.safe_dump(dpo))
+    capfd.readouterr()
     assert main(["dpo", "--config", str(tmp_path / "dpo.yaml"), "--set", "dpo.beta=0.5"]) == 0
-    final = json.loads(capsys.readouterr().out)["final"]
+    final = assert_quiet(*capfd.readouterr())
     assert {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"} <= set(
         final
     )
