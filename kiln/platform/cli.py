@@ -26,7 +26,19 @@ COMMAND_MODULES = [
 
 
 class KilnParser(argparse.ArgumentParser):
-    """argparse with "did you mean ...?" for a mistyped command or choice."""
+    """argparse with "did you mean ...?" for a mistyped command, choice or option."""
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            from kiln.platform.suggest import did_you_mean
+
+            command = _subparsers(self).get(getattr(namespace, "command", None) or "")
+            options = _option_strings(command or self)
+            hints = (did_you_mean(x.split("=")[0], options) for x in extras if x.startswith("-"))
+            hint = next((h for h in hints if h), "")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace
 
     def _check_value(self, action, value):
         if action.choices is not None and value not in action.choices:
@@ -37,6 +49,21 @@ class KilnParser(argparse.ArgumentParser):
             raise argparse.ArgumentError(
                 action, f"invalid choice: {value!r}{hint} (choose from {choices})"
             )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action._name_parser_map.items()
+    }
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option of `parser` and of its subcommands (`kiln triton up --port`)."""
+    own = [o for action in parser._actions for o in action.option_strings]
+    return own + [o for sub in _subparsers(parser).values() for o in _option_strings(sub)]
 
 
 VERBOSE_HELP = "show Ray's, libraries' and debug output too"

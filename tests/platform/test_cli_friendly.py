@@ -35,6 +35,10 @@ def test_unknown_command_suggests_the_nearest(capsys):
         main(["rnu", "spec.yaml"])
     assert exit_.value.code == 2
     assert "invalid choice: 'rnu' (did you mean 'run'?)" in _error(capsys)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "spec.yaml", "--runs-dri", "x"])
+    assert exit_.value.code == 2
+    assert _error(capsys).endswith("--runs-dri x (did you mean '--runs-dir'?)")
 
 
 def test_unknown_stage_and_field_suggest_the_nearest(spec, tmp_path, capsys):
