@@ -23,7 +23,7 @@ class StageFailed(KilnError):
 
 def _field_names_at(model, path) -> list[str]:
     """The field names (and aliases) of the pydantic model found at `path` under `model`."""
-    from kiln.platform.reference import _submodel
+    from kiln.platform.reference import submodel
 
     for part in path:
         field = model.model_fields.get(part) or next(
@@ -31,7 +31,7 @@ def _field_names_at(model, path) -> list[str]:
         )
         if field is None:  # a list index or a dict key: the item's model is the same
             continue
-        model = _submodel(field.annotation)
+        model = submodel(field.annotation)
         if model is None:
             return []
     return [n for name, f in model.model_fields.items() for n in {name, f.alias or name}]

@@ -57,7 +57,8 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _submodel(tp) -> type[BaseModel] | None:
+def submodel(tp) -> type[BaseModel] | None:
+    """The pydantic model a field holds (itself, or inside `X | None`, `list[X]`), if any."""
     candidates = [tp, *typing.get_args(tp)]
     for c in candidates:
         if inspect.isclass(c) and issubclass(c, BaseModel):
@@ -94,7 +95,7 @@ def field_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str,
         key = field.alias or name
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append((f"{prefix}{key}", _type_name(field.annotation), _default(field), desc))
-        sub = _submodel(field.annotation)
+        sub = submodel(field.annotation)
         if sub is not None and sub is not model:
             rows += field_rows(sub, f"{prefix}{key}.")
     return rows
