@@ -47,7 +47,7 @@ def run_info(record: dict) -> str:
 def artifact_links(entry: dict, run_dir: Path) -> str:
     """Links to a stage's output folders: relative inside the run folder (the page moves with
     it), a file: URL for a cached stage's outputs in an earlier run."""
-    links = []
+    links, run_dir = [], run_dir.resolve()
     for slot, out in (entry.get("outputs") or {}).items():
         uri = str(out.get("uri", ""))
         if not uri or "://" in uri:

@@ -36,14 +36,14 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], float, str | None]] = [
         "share",
         [("rewards/accuracies", "train"), ("val_rewards/accuracies", "validation")],
         1.0,
-        "",
+        None,
     ),
     (
         "reward margin",
         "margin",
         [("rewards/margins", "train"), ("val_rewards/margins", "validation")],
         1.0,
-        "",
+        None,
     ),
 ]
 
