@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             action="store_true",
             help="add the template's control tokens (ChatML's) to a kiln-trained tokenizer",
         )
+        p.add_argument(
+            "--valid-fraction",
+            type=float,
+            default=0.0,
+            help="share of the rows held out as the `valid` split (for eval_interval)",
+        )
         if name == "prepare-chat":
             p.add_argument("--loss-mask", choices=["assistant", "last", "all"], default="assistant")
             p.add_argument("--no-packing", dest="packing", action="store_false")
@@ -50,13 +56,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args) -> int:
+    from kiln.platform.errors import ConfigError
     from kiln.training.post.prepare import prepare_chat, prepare_preference
 
+    if not 0 <= args.valid_fraction < 1:
+        raise ConfigError(f"--valid-fraction {args.valid_fraction}: expected 0 <= share < 1")
     common = {
         "tokenizer": args.tokenizer,
         "template": args.template,
         "seq_len": args.seq_len,
         "add_tokens": args.add_chat_tokens,
+        "valid_fraction": args.valid_fraction,
     }
     if args.kind == "prepare-chat":
         meta = prepare_chat(
