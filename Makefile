@@ -32,8 +32,9 @@ $(VENV)/.kiln-model-installed: | $(VENV)/.kiln-installed
 	touch $@
 
 # SmolLM2 curated, tokenized, continued-pretrained, LoRA-tuned on facts about Kiln, served,
-# base vs tuned answers side by side (~70 s on 2 cores after the install; bench/demo.py times
-# it). It needs only the base install (the README's), and fails when a tuned answer lacks its fact.
+# base vs tuned answers side by side: ~1 min on 2 idle cores after the install, 3-4 min on a busy
+# machine (bench/demo.py times it). It needs only the base install (the README's), and fails when
+# a tuned answer lacks its fact.
 demo: $(VENV)/.kiln-installed $(VENV)/.kiln-model-installed
 	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/quickstart.yaml \
 	  --set compare.require_taught=true
