@@ -242,7 +242,9 @@ def ranked_counts(counts: dict[str, int]) -> str:
 
 
 def link_ray_logs(run_dir: Path) -> None:
-    """`<run_dir>/logs/ray` -> this Ray session's log folder (workers' output, Ray Data, Serve)."""
+    """`<run_dir>/logs/ray` -> this Ray session's log folder (workers' output, Ray Data, Serve).
+    Made when Ray starts and again at the end of a run: a run that restarted Ray links the
+    latest session."""
     try:
         import ray
 
@@ -250,9 +252,17 @@ def link_ray_logs(run_dir: Path) -> None:
     except Exception:  # noqa: BLE001 - an attached or finished Ray: nothing to link
         return
     link = Path(run_dir) / "logs" / "ray"
+    target = Path(session) / "logs"
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return
+    if link.exists() and not link.is_symlink():
+        return  # a folder of the user's: left alone
     link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.exists() and not link.is_symlink():
-        link.symlink_to(Path(session) / "logs", target_is_directory=True)
+    fresh = link.with_name(f"ray.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    fresh.symlink_to(target, target_is_directory=True)
+    os.replace(fresh, link)
 
 
 # Progress off a terminal: run log only in quiet mode (a kiln.* logger below WARNING), shown by -v.

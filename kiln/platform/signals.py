@@ -22,6 +22,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
         super().__init__(signal.Signals(self.signum).name)
 
+    def __reduce__(self):
+        return (type(self), (self.signum,))
+
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
