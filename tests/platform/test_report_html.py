@@ -26,6 +26,7 @@ from kiln.platform.errors import StageFailed
 from kiln.platform.report_html import render
 from kiln.platform.spec import load_pipeline
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.metrics_log import plot_loss_curve, read_metrics
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 GRID = ["loss", "learning rate", "grad norm", "tokens/s", "MFU", "peak memory"]
@@ -102,6 +103,8 @@ class TrainLike(Stage):
                 f.write(json.dumps(row) + "\n")
         if self.config.fail:
             raise RuntimeError(f"the device fell over at step {self.config.steps + 1}")
+        # the trainer draws loss.png too: the report's grid replaces it
+        plot_loss_curve(read_metrics(str(ctx.stage_dir)), str(ctx.stage_dir / "loss.png"))
         return {"final_loss": 7.5 * 0.95**self.config.steps}
 
 
@@ -208,6 +211,7 @@ def test_report_written_and_self_contained(finished_run):
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", text)  # nothing fetched
     assert "@import" not in text and "<link" not in text
     assert text.count("data:image/png;base64,") == 1 and "funnel.png" in text  # the stage's plot
+    assert (result.run_dir / "train" / "loss.png").exists() and "loss.png" not in text
     assert "&lt;b&gt;not&lt;/b&gt;" in text and "プログラミング言語です。" in text
     assert "51,234" in text  # the dataset summary from tokens.json
     assert "<th>tuned</th>" in text and "<td>Ember the newt</td>" in text  # answers.json
