@@ -39,7 +39,8 @@ demo: $(VENV)/.kiln-installed $(VENV)/.kiln-model-installed
 	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/quickstart.yaml \
 	  --set compare.require_taught=true
 
-# A tiny Llama pretrained from scratch with FSDP on 2 Ray Train workers, exported and served.
+# A tiny Llama pretrained from scratch with FSDP on 2 Ray Train workers, exported and served
+# (about a minute on 2 cores).
 demo-pretrain: $(VENV)/.kiln-installed
 	RAY_AUTH_MODE=disabled $(BIN)/kiln run kiln/pipelines/pretrain_tiny.yaml
 
