@@ -96,3 +96,37 @@ def test_another_worker_error_is_one_line_pointing_at_its_traceback(tmp_path, ru
     )
     assert where == str(expected)
     assert "Traceback (most recent call last)" in expected.read_text()
+
+
+SFT_SPEC = """\
+pipeline: sft-layout
+stages:
+  - stage: tests.platform.stages_for_tests:CountRuns
+    name: before
+    config: {log: log.txt}
+  - stage: sft
+    config: {model: {preset: tiny}, seq_len: 64, steps: 2, data: {paths: [no/such/chat]}}
+"""
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("sft.parallel.tp=2", "(without `ray:` it trains one rank in this process)"),
+        ("sft.device=cuda", "sft.device=cuda but this machine has 0 GPU(s)"),
+    ],
+    ids=["in-process-layout", "cuda-without-gpu"],
+)
+def test_a_late_post_training_stage_fails_the_run_before_the_first(
+    tmp_path, capsys, monkeypatch, override, expected
+):
+    import torch
+
+    if "cuda" in override and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(SFT_SPEC)
+    assert main(["run", "spec.yaml", "--runs-dir", "runs", "--set", override]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kiln: error: sft.") and expected in line, line
+    assert not (tmp_path / "log.txt").exists()  # the first stage never ran

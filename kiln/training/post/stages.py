@@ -176,6 +176,27 @@ class _PostStage(Stage):
         cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
         return Resources(ray=True, gpus=world_size(cfg, options) if options.use_gpu else 0)
 
+    def preflight(self, runtime, wired: frozenset[str]) -> None:
+        """The layout and the device before any stage runs (kiln.training.preflight); a base
+        model's shape is only known once it is read."""
+        from kiln.training.preflight import check_device, check_layout, launch_plan
+
+        cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
+        model_known = cfg.base is None and "model" not in wired
+        try:
+            if self.config.ray is not None:
+                launch_plan(cfg, self.config.ray, runtime.planned_resources(), model_known)
+                return
+            try:
+                check_layout(cfg, 1, model_known)
+            except ConfigError as exc:
+                one_rank = "without `ray:` it trains one rank in this process"
+                raise ConfigError(f"{exc} ({one_rank})") from None
+            gpus = _local_gpus()
+            check_device(cfg, 1, gpus > 0, gpus, "this machine")
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}.{exc}") from None
+
     def run(self, ctx: StageContext) -> dict[str, Any]:
         from kiln.training.post.run import train_post, train_post_on_ray
 
@@ -230,6 +251,12 @@ class _PostStage(Stage):
         metrics = {"steps": summary["steps"], "final_loss": final.get("loss")}
         metrics.update({k: v for k, v in final.items() if k.startswith("rewards/")})
         return metrics
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class SFTStage(_PostStage):
