@@ -20,18 +20,18 @@ log = logging.getLogger("kiln.train")
 def worker_error(exc: Exception, run_dir: str) -> Exception:
     """The exception to raise in the driver for Ray Train's `exc` (see the module docstring)."""
     failures = getattr(exc, "worker_failures", None) or {}
-    raised = {rank: getattr(err, "_base_exc", err) for rank, err in sorted(failures.items())}
+    raised = {f"rank {r}": getattr(err, "_base_exc", err) for r, err in sorted(failures.items())}
+    if getattr(exc, "controller_failure", None) is not None:  # Ray Train's ControllerError
+        raised["Ray Train's controller"] = exc.controller_failure
     for err in raised.values():
         if isinstance(err, KilnError):
-            log.debug("training workers failed:\n%s", exc)
+            log.debug("training failed:\n%s", exc)
             return err
     where = _keep_traceback(exc, run_dir)
-    if raised:
-        rank, err = next(iter(raised.items()))
-        what = f"rank {rank}: {type(err).__name__}: {_first_line(err)}"
-    else:
-        what = f"{type(exc).__name__}: {_first_line(exc)}"
-    return StageFailed(f"training failed on {what} (see {where})")
+    who, err = next(iter(raised.items()), ("Ray Train", exc))  # the lowest rank first
+    return StageFailed(
+        f"training failed on {who}: {type(err).__name__}: {_first_line(err)} (see {where})"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -43,7 +43,7 @@ def _keep_traceback(exc: Exception, run_dir: str) -> str:
     """The run log when one is attached (it takes the traceback), else a file in `run_dir`."""
     run_log = console.run_log_path()
     if run_log is not None:
-        log.debug("training workers failed:\n%s", exc)
+        log.debug("training failed:\n%s", exc)
         return str(run_log)
     path = os.path.join(run_dir, "worker-error.txt")
     os.makedirs(run_dir, exist_ok=True)

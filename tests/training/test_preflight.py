@@ -130,3 +130,12 @@ def test_a_late_post_training_stage_fails_the_run_before_the_first(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("kiln: error: sft.") and expected in line, line
     assert not (tmp_path / "log.txt").exists()  # the first stage never ran
+
+
+def test_a_controller_error_names_the_controller(tmp_path):
+    from ray.train import ControllerError
+
+    err = worker_error(ControllerError(RuntimeError("placement group removed")), str(tmp_path))
+    assert str(err).startswith(
+        "training failed on Ray Train's controller: RuntimeError: placement group removed (see "
+    ), err
