@@ -43,9 +43,9 @@ class LeanTorchTrainer(TorchTrainer):
             raise
 
     def _register_sigint_handler(self, controller) -> None:
-        """Ray Train's own SIGINT handler aborts the run and then calls `sys.exit`, replacing
-        the command's handler for good: Ctrl-C became exit 1 and a failed run. The command's
-        handler stays; an interrupted `fit` aborts the controller itself (`_abort`)."""
+        """Ray Train's own SIGINT handler aborts the run and calls `sys.exit` (exit 1, a run
+        recorded as failed) and replaces the command's handler for good. The command's handler
+        stays instead; an interrupted `fit` aborts the controller itself (`_abort`)."""
         self._controller = controller
 
     def _abort(self) -> None:
