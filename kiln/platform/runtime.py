@@ -143,15 +143,23 @@ def default_cpus_per_worker(cluster_cpus: float) -> float:
     return 0.5 if cluster_cpus < SMALL_MACHINE_CPUS else 1.0
 
 
-def _visible_gpus() -> int:
-    """CUDA devices this process sees (as an embedded Ray would count them)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
-        return 0
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process sees, as an embedded Ray would count them: the driver's devices
+    (/proc/driver/nvidia/gpus, no torch import: ~1 s before a launch check), narrowed by
+    CUDA_VISIBLE_DEVICES."""
+    import sys
+
+    if "torch" in sys.modules:  # already paid for: CUDA's own count
+        torch = sys.modules["torch"]
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        import torch
-    except ImportError:
+        found = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
         return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    return min(found, len([d for d in visible.split(",") if d.strip()]))
 
 
 @dataclass
@@ -251,7 +259,7 @@ class Runtime:
         if self.address or os.environ.get("RAY_ADDRESS"):
             return None
         cpus = self.num_cpus if self.num_cpus is not None else os.cpu_count() or 1
-        gpus = self.num_gpus if self.num_gpus is not None else _visible_gpus()
+        gpus = self.num_gpus if self.num_gpus is not None else visible_gpus()
         return float(cpus), float(gpus), "this machine"
 
     def hold(self, stage: str) -> None:

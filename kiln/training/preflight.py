@@ -55,11 +55,12 @@ def check_layout(
     """The layout of `cfg` on `num_workers` ranks (None: the fewest it runs on), or the
     ConfigError its workers would raise while building the model."""
     from kiln.training.parallel.dims import ParallelDims
-    from kiln.training.precision import check_fp8_layout
 
     dims = ParallelDims.from_config(cfg.parallel, num_workers)
     cfg.grad_accum_steps(dims.dp_size)
     if cfg.precision == "fp8":
+        from kiln.training.precision import check_fp8_layout  # imports torch
+
         check_fp8_layout(cfg.parallel)
     if cfg.parallel.cp > 1 and cfg.seq_len % (2 * cfg.parallel.cp):
         raise ConfigError(

@@ -9,11 +9,13 @@ of 1 allowed; the flattened dims live here rather than as attributes on torch's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from torch.distributed.device_mesh import DeviceMesh
+from typing import TYPE_CHECKING
 
 from kiln.platform.errors import ConfigError
 from kiln.training.config import ParallelConfig
+
+if TYPE_CHECKING:  # torch is imported where a mesh is built: the layout checks need none
+    from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 # Gradients are averaged over every rank that sees different tokens: data and context ranks.

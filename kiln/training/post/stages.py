@@ -179,6 +179,7 @@ class _PostStage(Stage):
     def preflight(self, runtime, wired: frozenset[str]) -> None:
         """The layout and the device before any stage runs (kiln.training.preflight); a base
         model's shape is only known once it is read."""
+        from kiln.platform.runtime import visible_gpus
         from kiln.training.preflight import check_device, check_layout, launch_plan
 
         cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
@@ -192,7 +193,7 @@ class _PostStage(Stage):
             except ConfigError as exc:
                 one_rank = "without `ray:` it trains one rank in this process"
                 raise ConfigError(f"{exc} ({one_rank})") from None
-            gpus = _local_gpus()
+            gpus = visible_gpus()
             check_device(cfg, 1, gpus > 0, gpus, "this machine")
         except ConfigError as exc:
             raise ConfigError(f"{self.name}.{exc}") from None
@@ -251,12 +252,6 @@ class _PostStage(Stage):
         metrics = {"steps": summary["steps"], "final_loss": final.get("loss")}
         metrics.update({k: v for k, v in final.items() if k.startswith("rewards/")})
         return metrics
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class SFTStage(_PostStage):
