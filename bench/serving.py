@@ -39,10 +39,10 @@ def make_model(out_dir: str, dim: int, layers: int, vocab: int) -> str:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.export.hf import export_hf
     from kiln.serving.generate import Generator
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

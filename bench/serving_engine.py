@@ -149,12 +149,12 @@ def generation_comparison(tmp: str, new_tokens: int, prompt_len: int, repeats: i
     import torch
     from transformers import AutoModelForCausalLM
 
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.engine import Engine
     from kiln.serving.export.hf import export_hf
     from kiln.serving.generate import Generator
     from kiln.serving.sampling import SamplingParams
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
     from tests.serving.generate.tiny import train_tokenizer
 
     cfg = ModelConfig(
@@ -221,10 +221,10 @@ def step_costs(repeats: int) -> None:
     import torch
     from torch.profiler import profile
 
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.engine.forward import EngineForward
     from kiln.serving.engine.slots import SlotPool
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
 
     torch.set_num_threads(1)
     cfg = ModelConfig(

@@ -4,7 +4,7 @@ The split's tokens (documents already end with the end-of-document token) are re
 and cut into non-overlapping windows of `seq_len + 1` tokens; each window scores its last
 `seq_len` tokens given the ones before it inside the window (the first token of a window is
 context only, as in Megatron's and nanoGPT's evaluation). Perplexity = exp(summed NLL / tokens).
-The forward is kiln's one model forward (kiln.training.model), in batches, without a KV cache.
+The forward is kiln's one model forward (kiln.model), in batches, without a KV cache.
 """
 
 from __future__ import annotations

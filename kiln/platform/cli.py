@@ -26,7 +26,7 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kiln import __version__
+    from kiln.platform.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="kiln", description="Raw text to a served language model, on Ray."

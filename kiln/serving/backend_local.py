@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from kiln.platform.errors import KilnError
 from kiln.serving.backends import BatchingConfig, Job, Prompt, Result
 from kiln.serving.batcher import MicroBatcher
-from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
 from kiln.serving.engine import Engine, complete, stream_events
 from kiln.serving.engine.detokenize import IncrementalText
 from kiln.serving.protocol import RequestError
+from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
 if TYPE_CHECKING:
     from kiln.serving.logprobs import TokenScore

@@ -1,6 +1,6 @@
 """Text generation for kiln models: batched, KV-cached decoding with stop strings.
 
-Decoding runs the model's own forward with a `KVCache` (kiln.training.model.kv_cache): prompts
+Decoding runs the model's own forward with a `KVCache` (kiln.model.kv_cache): prompts
 are right-padded into one prefill, then every row decodes one token per [B, 1] step at its own
 length.
 
@@ -22,16 +22,14 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from kiln.model.config import ModelConfig
+from kiln.model.formats.weights import build_model, read_weights
+from kiln.model.kv_cache import KVCache
 from kiln.platform.errors import InputError
 from kiln.serving.sampling import SamplingParams, make_generator, sample_next
-from kiln.serving.tokenizer_files import load_tokenizer
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.kv_cache import KVCache
-from kiln.training.model.weights import build_model, read_weights
+from kiln.text.tokenizer import end_of_text_ids, find_tokenizer
 
-__all__ = ["Completion", "Generator", "SamplingParams", "load_tokenizer"]
-
-_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>")
+__all__ = ["Completion", "Generator", "SamplingParams"]
 
 
 class Completion(BaseModel):
@@ -74,7 +72,7 @@ class Generator:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.eos_token_ids = set(
-            eos_token_ids if eos_token_ids is not None else _find_eos(tokenizer)
+            eos_token_ids if eos_token_ids is not None else end_of_text_ids(tokenizer)
         )
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.tokenizer_dir: str | None = None
@@ -100,7 +98,7 @@ class Generator:
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
         path, cfg, state = read_weights(path)
-        tok, tok_dir = load_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
+        tok, tok_dir = find_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
         name = (
             model_name
@@ -109,7 +107,7 @@ class Generator:
         )
         if name in ("hf", "latest", "model") or name.startswith("step-"):
             name = "kiln"
-        gen = cls(model, tok, model_name=name, eos_token_ids=_find_eos(tok, tok_dir))
+        gen = cls(model, tok, model_name=name, eos_token_ids=end_of_text_ids(tok, tok_dir))
         gen.tokenizer_dir = tok_dir
         return gen
 
@@ -313,21 +311,3 @@ def _hold_back(text: str, stops: list[str]) -> str:
                 cut = min(cut, len(text) - k)
                 break
     return text[:cut]
-
-
-def _find_eos(tokenizer, tok_dir: str | None = None) -> list[int]:
-    """End-of-text ids: tokenizer_config.json's eos_token, else a conventionally named token."""
-    names = []
-    if tok_dir and os.path.exists(os.path.join(tok_dir, "tokenizer_config.json")):
-        with open(os.path.join(tok_dir, "tokenizer_config.json")) as f:
-            eos = json.load(f).get("eos_token")
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if eos:
-            names.append(eos)
-    names += list(_EOS_CANDIDATES)
-    for name in names:
-        token_id = tokenizer.token_to_id(name)
-        if token_id is not None:
-            return [token_id]
-    return []

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model import Transformer
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
-from kiln.training.model import Transformer
 from kiln.training.optimizer import (
     build_lr_scheduler,
     build_optimizer,
@@ -131,7 +131,7 @@ class Trainer:
         """Build on the meta device, carve this rank's pipeline stage(s), parallelize, then
         allocate and initialise only the local shards (torchtitan's order; the same weights as
         one process, see parallel/meta_init.py). Otherwise every rank builds the full model."""
-        from kiln.training.model.meta import build_on_meta
+        from kiln.model.meta import build_on_meta
         from kiln.training.parallel.meta_init import materialize
         from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
@@ -250,7 +250,7 @@ class Trainer:
             loss = cross_entropy_loss(model(tokens), labels)
             total = loss
             if cfg.model.n_experts:
-                from kiln.training.model.moe import moe_aux_loss
+                from kiln.model.moe import moe_aux_loss
 
                 # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)

@@ -25,9 +25,9 @@ def lm(tmp_path_factory):
     """(checkpoint step folder, tokenizer.json) of a 2-layer model trained on reference text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
-    from kiln.training.model.weights import write_checkpoint
+    from kiln.model.config import ModelConfig
+    from kiln.model.formats.checkpoint import write_checkpoint
+    from kiln.model.transformer import Transformer
 
     root = tmp_path_factory.mktemp("ppl-model")
     texts = _reference(random.Random(0), 150)

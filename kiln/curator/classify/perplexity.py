@@ -15,7 +15,7 @@ class PerplexityScorer:
     def __init__(self, model: str, tokenizer: str, max_tokens: int = 512, batch_size: int = 8):
         from tokenizers import Tokenizer
 
-        from kiln.training.model.weights import build_model, read_weights
+        from kiln.model.formats.weights import build_model, read_weights
 
         _, cfg, state = read_weights(model)
         self.model = build_model(cfg, state)

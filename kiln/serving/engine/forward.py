@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.training.model.kv_cache import KVCache
-from kiln.training.model.norms import RMSNorm
-from kiln.training.model.transformer import Attention, FeedForward, Transformer, TransformerBlock
+from kiln.model.kv_cache import KVCache
+from kiln.model.norms import RMSNorm
+from kiln.model.transformer import Attention, FeedForward, Transformer, TransformerBlock
 
 
 def logits_at(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.kv_cache import KVCache
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache
 
 # Tokens per row allocated at start; rows double (up to the context) when a forward needs more.
 # Preallocating the whole context cost SmolLM2-135M (8192 tokens, 8 slots) 3 GB of zeroed pages

@@ -34,7 +34,7 @@ RUNTIME_ROOTS = (
     "kiln.serving.generate",
     "kiln.serving.engine",
     "kiln.serving.engine.detokenize",
-    "kiln.training.post.chat_template",
+    "kiln.text.chat_template",
 )
 _OUTPUTS = [
     ("text_output", "TYPE_STRING"),
@@ -125,9 +125,9 @@ def export_triton(
 
     An already exported HF directory is copied as is. Returns the model directory.
     """
-    from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
     from kiln.serving.export.hf import export_hf
     from kiln.serving.export.runtime import copy_runtime
+    from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
     cfg = cfg.model_copy(update=fields) if cfg else TritonExportConfig(**fields)
     model_dir = os.path.join(repo_dir, cfg.model_name)

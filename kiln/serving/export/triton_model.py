@@ -116,7 +116,7 @@ class TritonPythonModel:
     def _chat_setup(self, hf_dir, end_of_turn):
         """The chat template (the model's, else ChatML) and its end-of-turn tokens, which end a
         completion as the end-of-text token does (as the REST local backend does)."""
-        from kiln.training.post.chat_template import ChatTemplate
+        from kiln.text.chat_template import ChatTemplate
 
         try:
             self.template = ChatTemplate.from_pretrained(hf_dir)

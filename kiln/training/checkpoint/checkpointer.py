@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from kiln.model.formats import storage
+from kiln.model.formats.dcp_io import WRITE_ERRORS, make_writer
 from kiln.platform.errors import KilnError
-from kiln.training.checkpoint import json_state, storage
+from kiln.training.checkpoint import json_state
 from kiln.training.checkpoint import state as S
 from kiln.training.checkpoint.config import CheckpointConfig
-from kiln.training.checkpoint.dcp_io import WRITE_ERRORS, make_writer
 from kiln.training.checkpoint.restore import Restore
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
+from kiln.model.formats import storage
+from kiln.model.formats.dcp_io import WRITE_ERRORS, make_reader
+from kiln.model.formats.safe_reader import SafeLoadPlanner
 from kiln.platform.errors import InputError
-from kiln.training.checkpoint import json_state, storage
+from kiln.training.checkpoint import json_state
 from kiln.training.checkpoint import state as S
-from kiln.training.checkpoint.dcp_io import WRITE_ERRORS, make_reader
-from kiln.training.checkpoint.safe_reader import SafeLoadPlanner
 
 log = logging.getLogger("kiln.checkpoint")
 

@@ -64,7 +64,7 @@ def apply_context_parallel(
     max_seq_len); batches must then be `seq_len` tokens long, sharded by
     `shard_for_context_parallel`.
     """
-    from kiln.training.model.moe import MoE
+    from kiln.model.moe import MoE
 
     group = cp_mesh.get_group()
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()

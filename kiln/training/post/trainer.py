@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
 from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
 from kiln.training.post.config import PostTrainConfig
@@ -49,7 +49,7 @@ class PostTrainer(Trainer):
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         self._base_state = None
         if cfg.base:
-            from kiln.training.model.weights import read_weights
+            from kiln.model.formats.weights import read_weights
 
             _, base_cfg, self._base_state = read_weights(cfg.base)
             if base_cfg.max_seq_len < cfg.seq_len:
@@ -62,7 +62,7 @@ class PostTrainer(Trainer):
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         if self._base_state is not None:
-            from kiln.training.model.weights import load_weights
+            from kiln.model.formats.weights import load_weights
 
             load_weights(model, self._base_state)
             self._base_state = None  # copied into the model: drop the host copy

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model.kv_cache import KVCache
 from kiln.serving.engine.forward import WIDE_HEAD, EngineForward, logits_at
-from kiln.training.model.kv_cache import KVCache
 from tests.serving.generate.tiny import tiny_model
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from kiln.model.formats.weights import write_model_checkpoint
 from kiln.platform.artifact import Artifact
 from kiln.platform.stage import StageContext
 from kiln.serving.export_stage import ExportStage
-from kiln.serving.import_hf import write_model_checkpoint
 from tests.serving.generate.tiny import tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")

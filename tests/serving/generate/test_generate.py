@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model.kv_cache import KVCache
 from kiln.serving.generate import Generator, SamplingParams
 from kiln.serving.sampling import filter_logits
-from kiln.training.model.kv_cache import KVCache
 from tests.serving.generate.tiny import SHAPES, tiny_generator, train_tokenizer
 
 # different lengths, so the batch is right-padded; longer than the Mistral window (5)

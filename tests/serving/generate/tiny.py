@@ -37,7 +37,7 @@ def train_tokenizer(vocab_size: int = 320):
 
 
 def tiny_config(shape: str, vocab_size: int, **overrides):
-    from kiln.training.model import ModelConfig
+    from kiln.model import ModelConfig
 
     fields = {
         "vocab_size": vocab_size,
@@ -53,7 +53,7 @@ def tiny_config(shape: str, vocab_size: int, **overrides):
 
 def tiny_model(shape: str, vocab_size: int, seed: int = 0, **overrides):
     """A random model with peaked logits (std 0.3 weights), so greedy never hangs on near-ties."""
-    from kiln.training.model import Transformer
+    from kiln.model import Transformer
 
     torch.manual_seed(seed)
     model = Transformer(tiny_config(shape, vocab_size, **overrides))

@@ -11,10 +11,10 @@ def make_tiny_model(out_dir: str, *, seed: int = 0, max_seq_len: int = 512, **ov
     """Write an exported Hugging Face dir for a random tiny Llama; returns its path."""
     import torch
 
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.export.hf import export_hf
     from kiln.serving.generate import Generator
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
 
     tok = train_tokenizer()
     cfg = ModelConfig.preset(

@@ -6,8 +6,8 @@ import re
 
 import torch
 
-from kiln.training.model.lora import LoRAConfig, LoRALinear
-from kiln.training.post.lora_export import HF_MODULE
+from kiln.model.formats.peft import HF_MODULE
+from kiln.model.lora import LoRAConfig, LoRALinear
 from tests.serving.generate.tiny import tiny_model
 
 VOCAB = 400  # = the chat test tokenizer's vocabulary
@@ -25,8 +25,8 @@ def kiln_name_of_peft(name: str) -> str:
 
 def export_base(root: str):
     """(tiny kiln model, its HF export directory) written under root."""
+    from kiln.model.formats.weights import write_model_checkpoint
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.import_hf import write_model_checkpoint
 
     model = tiny_model("llama", VOCAB)
     write_model_checkpoint(f"{root}/ckpt", model.cfg.model_dump(), model.state_dict())

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from kiln.training.model.lora import (
+from kiln.model.formats.peft import export_peft_adapter
+from kiln.model.lora import (
     LoRAConfig,
     adapter_state_dict,
     adapters_disabled,
@@ -16,7 +17,7 @@ from kiln.training.model.lora import (
     merge_lora,
     unmerge_lora,
 )
-from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
+from kiln.training.post.lora_export import export_merged_hf
 from tests.training.post.lora_helpers import (
     VOCAB,
     adapter_grads,

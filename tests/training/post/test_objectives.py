@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.training.model.lora import LoRAConfig, adapters_disabled, apply_lora
+from kiln.model.lora import LoRAConfig, adapters_disabled, apply_lora
 from kiln.training.post.chat_dataset import ChatDataset
 from kiln.training.post.dpo import dpo_loss, split_pairs
 from kiln.training.post.objectives import per_document_losses, sequence_logps, sft_loss

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model.config import ModelConfig
+from kiln.model.lora import LoRAConfig, apply_lora, lora_layers
+from kiln.model.transformer import Transformer
 from kiln.platform.errors import ConfigError
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.lora import LoRAConfig, apply_lora, lora_layers
-from kiln.training.model.transformer import Transformer
 
 
 def _model(layers):

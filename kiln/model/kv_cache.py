@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.training.model.config import ModelConfig
+from kiln.model.config import ModelConfig
 
 
 class KVCache:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.training.model import KVCache
+from kiln.model import KVCache
 from tests.serving.generate.tiny import SHAPES, tiny_model
 
 

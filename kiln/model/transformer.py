@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.training.model.attention import AttentionCore
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.kv_cache import KVCache, LayerKV
-from kiln.training.model.moe import MoE
-from kiln.training.model.norms import RMSNorm
-from kiln.training.model.rope import apply_rope, rope_rows, rope_tables
+from kiln.model.attention import AttentionCore
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache, LayerKV
+from kiln.model.moe import MoE
+from kiln.model.norms import RMSNorm
+from kiln.model.rope import apply_rope, rope_rows, rope_tables
 
 BASE_STD = 0.02  # Llama / GPT-2 init for embeddings and input projections
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model.formats.hf import read_hf_dir
+from kiln.model.formats.hf_names import from_hf_config, to_hf_config
+from kiln.model.formats.weights import build_model
 from kiln.platform.errors import ConfigError
-from kiln.training.model.hf_names import from_hf_config, to_hf_config
-from kiln.training.model.weights import build_model, read_hf_dir
 
 COMMON = {
     "vocab_size": 200,

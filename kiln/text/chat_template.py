@@ -29,6 +29,8 @@ CHATML = (
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 BUILTIN_TEMPLATES = {"chatml": CHATML}
 BUILTIN_END_OF_TURN = {"chatml": "<|im_end|>"}
+# markers templates use to close a turn (ChatML, Llama 3, Gemma, Phi-3, Llama 2)
+END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>")
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
     "eos_token",
@@ -165,6 +167,30 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
             **variables,
         )
+
+
+def load_chat_config(tokenizer_dir: str | None) -> tuple[str | None, dict[str, str]]:
+    """(chat_template or None, special tokens by name) from tokenizer_config.json."""
+    path = os.path.join(tokenizer_dir or "", "tokenizer_config.json")
+    if not tokenizer_dir or not os.path.exists(path):
+        return None, {}
+    with open(path) as f:
+        cfg = json.load(f)
+    special = {k: t for k in SPECIAL_TOKEN_NAMES if (t := token_text(cfg.get(k))) is not None}
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return (template if isinstance(template, str) else None), special
+
+
+def end_of_turn_markers(template: str | None, special: dict[str, str]) -> list[str]:
+    """The strings that close an assistant turn under this template."""
+    source = template or CHATML
+    found = [m for m in END_OF_TURN_MARKERS if m in source]
+    eos = special.get("eos_token")
+    if template is not None and eos and eos not in found:
+        found.append(eos)
+    return found
 
 
 def add_chat_tokens(tokenizer, template: ChatTemplate) -> list[str]:

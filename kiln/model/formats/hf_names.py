@@ -10,8 +10,8 @@ import re
 
 import torch
 
+from kiln.model.config import ModelConfig, RopeScaling
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.model.config import ModelConfig, RopeScaling
 
 # (kiln template, HF template); {i} layer, {j} expert
 _NAME_PAIRS = [

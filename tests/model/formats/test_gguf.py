@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from kiln.training.model.gguf import resolve_gguf, unpermute
+from kiln.model.formats.gguf import resolve_gguf, unpermute
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 

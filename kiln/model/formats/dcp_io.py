@@ -6,8 +6,8 @@ from __future__ import annotations
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from kiln.training.checkpoint import storage
-from kiln.training.checkpoint.safe_reader import SafeFileSystemReader, safe_fsspec_reader
+from kiln.model.formats import storage
+from kiln.model.formats.safe_reader import SafeFileSystemReader, safe_fsspec_reader
 
 # DCP gathers the ranks' read/write errors into a CheckpointException, a BaseException
 WRITE_ERRORS = (Exception, CheckpointException)

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kiln.training.model.config import RopeScaling
+from kiln.model.config import RopeScaling
 
 
 def inverse_frequencies(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.transformer import Transformer
+from kiln.model.config import ModelConfig
+from kiln.model.transformer import Transformer
 
 
 def build_on_meta(cfg: ModelConfig) -> Transformer:

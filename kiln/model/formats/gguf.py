@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kiln.model.config import ModelConfig
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.model.config import ModelConfig
 
 _ARCHITECTURES = ("llama", "qwen2")  # qwen2: q/k/v biases, no q/k permutation
 
