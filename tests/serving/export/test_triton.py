@@ -111,7 +111,7 @@ def test_repository_layout_and_config(repo):
         assert needle in config
     assert "decoupled: true" in Path(repo, "tiny_stream", "config.pbtxt").read_text()
     runtime = os.path.join(model, "1", "runtime", "kiln")
-    assert os.path.exists(os.path.join(runtime, "training", "model", "moe.py"))
+    assert os.path.exists(os.path.join(runtime, "model", "moe.py"))
     assert not os.path.exists(os.path.join(runtime, "platform", "runtime.py"))  # no Ray in the repo
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert os.path.exists(os.path.join(model, "1", "hf", name))
