@@ -106,7 +106,7 @@ def dataset_perplexity(
     max_tokens: int | None = None,
 ) -> Perplexity:
     """Load the model (exported HF folder, ExportedModel or kiln checkpoint) and score a split."""
-    from kiln.serving.generate import Generator
+    from kiln.engine.generator import Generator
 
     model = Generator.load(model_dir).model
     seq_len = seq_len or min(model.cfg.max_seq_len, DEFAULT_MAX_WINDOW)

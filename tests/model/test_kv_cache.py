@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kiln.model import KVCache
-from tests.serving.generate.tiny import SHAPES, tiny_model
+from tests.engine.tiny import SHAPES, tiny_model
 
 
 def _alone(model, tokens: list[int]) -> torch.Tensor:

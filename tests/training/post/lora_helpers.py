@@ -8,7 +8,7 @@ import torch
 
 from kiln.model.formats.peft import HF_MODULE
 from kiln.model.lora import LoRAConfig, LoRALinear
-from tests.serving.generate.tiny import tiny_model
+from tests.engine.tiny import tiny_model
 
 VOCAB = 400  # = the chat test tokenizer's vocabulary
 _PEFT_NAME = re.compile(r"layers\.(\d+)\.\w+\.(\w+_proj)\.lora_([AB])")

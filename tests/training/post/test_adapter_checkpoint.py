@@ -29,7 +29,7 @@ def _wide_base(root: str) -> str:
     """A base whose weights outweigh the fixed part of a checkpoint (optimizer groups, RNG)."""
     from kiln.model.formats.weights import write_model_checkpoint
     from kiln.serving.export.hf import export_hf
-    from tests.serving.generate.tiny import tiny_model
+    from tests.engine.tiny import tiny_model
     from tests.training.post.lora_helpers import VOCAB
 
     model = tiny_model("llama", VOCAB, dim=256, ffn_hidden_dim=512, n_heads=4, n_kv_heads=2)

@@ -110,9 +110,9 @@ def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_pat
     the local backend (the base named in adapter_config.json): the merged export's logits."""
     import asyncio
 
+    from kiln.engine.generator import Generator
     from kiln.serving.backend_local import LocalBackend
     from kiln.serving.backends import BatchingConfig
-    from kiln.serving.generate import Generator
     from kiln.serving.rest_launch import find_hf_dir
     from tests.training.post.helpers import chat_tokenizer, save_hf_tokenizer
 
@@ -127,7 +127,7 @@ def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_pat
     export_merged_hf(model.cfg.model_dump(), model.state_dict(), cfg, str(tmp_path / "merged"))
     assert find_hf_dir(adapter_dir) == adapter_dir
 
-    backend = LocalBackend(adapter_dir, "tiny", BatchingConfig(engine="batch"))
+    backend = LocalBackend(adapter_dir, "tiny", BatchingConfig())
     merged = Generator.load(str(tmp_path / "merged"), tokenizer=adapter_dir, device="cpu").model
     tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
     try:

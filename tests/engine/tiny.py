@@ -67,7 +67,7 @@ def tiny_model(shape: str, vocab_size: int, seed: int = 0, **overrides):
 
 
 def tiny_generator(shape: str, tokenizer, eos: bool = True, **overrides):
-    from kiln.serving.generate import Generator
+    from kiln.engine.generator import Generator
 
     model = tiny_model(shape, tokenizer.get_vocab_size(), **overrides)
     return Generator(

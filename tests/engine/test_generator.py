@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.engine.generator import Generator, SamplingParams
+from kiln.engine.sampler import filter_logits
 from kiln.model.kv_cache import KVCache
-from kiln.serving.generate import Generator, SamplingParams
-from kiln.serving.sampling import filter_logits
-from tests.serving.generate.tiny import SHAPES, tiny_generator, train_tokenizer
+from tests.engine.tiny import SHAPES, tiny_generator, train_tokenizer
+from tests.engine.uncached import uncached_generate
 
 # different lengths, so the batch is right-padded; longer than the Mistral window (5)
 PROMPTS = [
@@ -53,7 +54,7 @@ def test_greedy_with_cache_equals_without(shape, tokenizer):
     gen = tiny_generator(shape, tokenizer, eos=False)
     params = SamplingParams(max_new_tokens=24)
     cached = gen.generate(PROMPTS, params)
-    uncached = gen.generate(PROMPTS, params, use_cache=False)
+    uncached = uncached_generate(gen, PROMPTS, params)
     for c, u in zip(cached, uncached, strict=False):
         assert c.completion_tokens == 24 and c.finish_reason == "length"
         assert c.token_ids == u.token_ids
@@ -68,7 +69,7 @@ def test_generation_runs_past_the_sliding_window_and_to_the_context_limit(tokeni
     params = SamplingParams(max_new_tokens=100)
     cached, uncached = (
         gen.generate([PROMPTS[2]], params)[0],
-        gen.generate([PROMPTS[2]], params, use_cache=False)[0],
+        uncached_generate(gen, [PROMPTS[2]], params)[0],
     )
     assert cached.finish_reason == "length"
     assert prompt_len + cached.completion_tokens == 40  # prompt + completion fill the context
@@ -81,7 +82,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(tokenizer)
     batch = gen.generate(PROMPTS, params)
     alone = gen.generate([PROMPTS[2]], params)[0]
     assert alone.token_ids == batch[2].token_ids
-    assert gen.generate(PROMPTS, params, use_cache=False)[0].token_ids == batch[0].token_ids
+    assert uncached_generate(gen, PROMPTS, params)[0].token_ids == batch[0].token_ids
     other = gen.generate([PROMPTS[2]], params.model_copy(update={"seed": 8}))[0]
     assert other.token_ids != alone.token_ids
     # per-prompt parameters in one batch

@@ -10,10 +10,11 @@ import time
 
 import pytest
 
+from kiln.engine import Engine, EngineEvent, stream_events
+from kiln.engine import kv_cache_manager as slots
+from kiln.engine.sampler import SamplingParams
 from kiln.platform.errors import InputError
-from kiln.serving.engine import Engine, EngineEvent, slots, stream_events
-from kiln.serving.sampling import SamplingParams
-from tests.serving.generate.tiny import tiny_generator, train_tokenizer
+from tests.engine.tiny import tiny_generator, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +190,7 @@ def test_batched_and_chunked_prefill_equal_sequential_generate(chunk, shape, tok
 def test_incremental_text_equals_full_decode(tokenizer):
     """Streaming decodes a few tokens per step; the text equals decoding the whole list, with
     multi-byte characters split across tokens held back until complete."""
-    from kiln.serving.engine.detokenize import IncrementalText
+    from kiln.engine.detokenize import IncrementalText
 
     def decode(ids):
         return tokenizer.decode(ids, skip_special_tokens=True)

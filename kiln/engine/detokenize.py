@@ -30,3 +30,15 @@ class IncrementalText:
             self.text = self.decode(ids)
             self.prefix, self.read = max(len(ids) - 4, 0), len(ids)
         return self.text
+
+
+def hold_back(text: str, stops: list[str]) -> str:
+    """Withhold a tail that may still become a stop string, or is half a UTF-8 character."""
+    text = text.rstrip("\ufffd")
+    cut = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]

@@ -5,8 +5,8 @@ admission, chunked prefill and decode rows; `SlotPool` (slots.py) holds the cach
 per-request asyncio queues. See docs/serving.md, "Continuous batching".
 """
 
-from kiln.serving.engine.aio import complete, stream_events
-from kiln.serving.engine.loop import Engine, EngineStopped
-from kiln.serving.engine.request import EngineEvent, EngineRequest
+from kiln.engine.aio import complete, stream_events
+from kiln.engine.engine import Engine, EngineStopped
+from kiln.engine.request import EngineEvent, EngineRequest
 
 __all__ = ["Engine", "EngineEvent", "EngineRequest", "EngineStopped", "complete", "stream_events"]

@@ -10,9 +10,9 @@ import threading
 import weakref
 from collections.abc import AsyncIterator
 
-from kiln.serving.engine.loop import Engine
-from kiln.serving.engine.request import EngineEvent
-from kiln.serving.sampling import SamplingParams
+from kiln.engine.engine import Engine
+from kiln.engine.request import EngineEvent
+from kiln.engine.sampler import SamplingParams
 
 
 class _Mailbox:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from kiln.serving.engine.request import EngineRequest
-from kiln.serving.engine.slots import SlotPool
+from kiln.engine.kv_cache_manager import SlotPool
+from kiln.engine.request import EngineRequest
 
 
 class Scheduler:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.serving.engine.slots import SlotPool
-from tests.serving.generate.tiny import tiny_model
+from kiln.engine.kv_cache_manager import SlotPool
+from tests.engine.tiny import tiny_model
 
 
 def test_swap_exchanges_keys_values_lengths_and_free_state():
@@ -30,7 +30,7 @@ def test_swap_exchanges_keys_values_lengths_and_free_state():
 
 
 def test_rows_grow_by_doubling_keep_what_they_hold_and_stop_at_the_context(monkeypatch):
-    from kiln.serving.engine import slots
+    from kiln.engine import kv_cache_manager as slots
 
     monkeypatch.setattr(slots, "FIRST_ROW_TOKENS", 4)
     pool = SlotPool(tiny_model("llama", 50).cfg, 2, 20)

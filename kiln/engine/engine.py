@@ -1,6 +1,6 @@
 """The continuous-batching step loop on a background thread.
 
-    engine = Engine(generator, max_slots=16, prefill_chunk=256).start()
+    engine = Engine(generator, max_slots=16, prefill_chunk=256).start()  # a background thread
     request = engine.submit(prompt_ids, SamplingParams(max_new_tokens=32), listener)
     ...
     engine.stop()
@@ -19,17 +19,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Collection, Iterator
 from contextlib import nullcontext
+from typing import Protocol
 
 import torch
+from torch import nn
 
+from kiln.engine.kv_cache_manager import SlotPool
+from kiln.engine.model_runner import ModelRunner
+from kiln.engine.request import EngineRequest, Listener
+from kiln.engine.sampler import SamplingParams, make_generator, sample_next
+from kiln.engine.scheduler import Scheduler
+from kiln.engine.sequence import Sequence, StopRule
 from kiln.platform.errors import InputError
-from kiln.serving.engine.forward import EngineForward
-from kiln.serving.engine.request import EngineRequest, Listener
-from kiln.serving.engine.scheduler import Scheduler
-from kiln.serving.engine.slots import SlotPool
-from kiln.serving.generate import Generator, _Sequence
-from kiln.serving.sampling import SamplingParams, make_generator, sample_next
 
 log = logging.getLogger("kiln")
 
@@ -40,10 +43,25 @@ class EngineStopped(RuntimeError):
     """The engine stopped before this request finished."""
 
 
+class DecodingTarget(Protocol):
+    """What the engine decodes for (a `Generator`): the model, where it runs, its context and
+    its tokenizer's end-of-text ids and decode (stop strings are matched on text)."""
+
+    model: nn.Module
+    device: torch.device
+    max_seq_len: int
+    eos_token_ids: Collection[int]
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 class Engine:
+    """`step()` = schedule (admission, prefill chunks, decode rows) -> run the model -> update
+    each request (sample, stop, notify)."""
+
     def __init__(
         self,
-        generator: Generator,
+        target: DecodingTarget,
         *,
         max_slots: int = 16,
         prefill_chunk: int = 256,
@@ -51,18 +69,19 @@ class Engine:
     ) -> None:
         if max_slots < 1 or prefill_chunk < 1:
             raise InputError("engine: max_slots and prefill_chunk must be >= 1")
-        self.generator = generator
-        model = generator.model
+        model = target.model
+        self.device = target.device
+        self.stop_rule = StopRule(target.eos_token_ids, target.max_seq_len, target.decode)
         self.pool = SlotPool(
             model.cfg,
             max_slots,
-            generator.max_seq_len,
+            target.max_seq_len,
             dtype=model.tok_embeddings.weight.dtype,
-            device=generator.device,
+            device=self.device,
         )
         self.scheduler = Scheduler(self.pool, prefill_chunk)
-        self._forward = EngineForward(model)
-        self._decode_tokens = torch.zeros(max_slots, 1, dtype=torch.long, device=generator.device)
+        self._forward = ModelRunner(model)
+        self._decode_tokens = torch.zeros(max_slots, 1, dtype=torch.long, device=self.device)
         self.steps = 0  # iterations that ran a forward
         self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
         self.prefill_chunks = 0
@@ -108,13 +127,24 @@ class Engine:
             raise InputError(
                 f"prompt has {len(ids)} tokens; the model's context is {self.pool.max_len}"
             )
-        seq = _Sequence(ids, params, make_generator(params, self.generator.device))
+        seq = Sequence(ids, params, make_generator(params, self.device))
         request = EngineRequest(seq, listener)
         self._inbox.put(request)
         return request
 
     def cancel(self, request: EngineRequest) -> None:
         request.cancelled = True  # the loop frees its slot at the next iteration
+
+    def run(self, requests: list[EngineRequest]) -> Iterator[None]:
+        """Step on this thread until `requests` finish, yielding after each step: the offline
+        `Generator`'s loop (a started engine steps on its own thread instead). A failing
+        forward raises here."""
+        self._take(block=False)
+        while not all(r.finished for r in requests):
+            with torch.inference_mode():
+                self.step()
+            self.scheduler.retire()
+            yield
 
     # ---- the engine thread -----------------------------------------------------------------
 
@@ -184,7 +214,7 @@ class Engine:
     def _prefill_forward(self, group: list[tuple[EngineRequest, int]]) -> None:
         """Chunks right-padded to the longest, over the request's own slot (one request) or a
         gathered copy of the group's slots that is written back after the forward."""
-        pool, device = self.pool, self.generator.device
+        pool, device = self.pool, self.device
         slots: list[int] = [r.slot for r, _ in group]  # type: ignore[misc]
         width = max(n for _, n in group)
         tokens = torch.zeros(len(group), width, dtype=torch.long)
@@ -229,7 +259,7 @@ class Engine:
     def _decode(self, rows: list[EngineRequest]) -> None:
         """Feed every row its last token in one [rows, 1] forward over slots 0..len(rows)-1
         (`_pack` puts them there), each row at its own length."""
-        device = self.generator.device
+        device = self.device
         self._pack(rows)
         slots = [r.slot for r in rows]
         width = len(rows)
@@ -258,11 +288,11 @@ class Engine:
         for request, token in zip(rows, tokens, strict=True):
             if token is None or request.finished:
                 continue
-            self.generator._push(request.seq, token)
+            self.stop_rule.push(request.seq, token)
             request.emit("finish" if request.seq.done else "token")
 
     @staticmethod
-    def _sample_rows(seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
+    def _sample_rows(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         return sample_next(
             logits,
             [s.params for s in seqs],

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kiln.serving.generate import _Sequence
+from kiln.engine.sequence import Sequence
 
 _ids = itertools.count()
 
@@ -28,16 +28,17 @@ Listener = Callable[[EngineEvent], None]
 
 @dataclass(eq=False)
 class EngineRequest:
-    """A sequence (generate.py's `_Sequence`: prompt, params, rng, tokens, finish reason) plus
+    """A `Sequence` (prompt, params, rng, tokens, finish reason) plus
     its slot, how much of the prompt is cached, and the listener called from the engine thread."""
 
-    seq: _Sequence
+    seq: Sequence
     listener: Listener
     id: int = field(default_factory=lambda: next(_ids))
     slot: int | None = None
     prefilled: int = 0  # prompt tokens already in the cache
     cancelled: bool = False
     failed: bool = False
+    error: BaseException | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -57,6 +58,7 @@ class EngineRequest:
 
     def fail(self, error: BaseException) -> None:
         self.failed = True
+        self.error = error
         self._tell(EngineEvent("error", list(self.seq.token_ids), error=error))
 
     def _tell(self, event: EngineEvent) -> None:
