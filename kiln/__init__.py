@@ -6,6 +6,8 @@ The SDK: compose stages into a pipeline and run it.
     Pipeline("demo", [stage_class("text.read")(paths=["docs/"]), stage_class("text.stats")()]).run()
 """
 
+from kiln import cli as _cli  # noqa: E402, F401 - the areas' commands (composition root)
+from kiln import stages as _stages  # noqa: E402, F401 - the areas' built-in stages
 from kiln.platform.artifact import Artifact
 from kiln.platform.config import load_config
 from kiln.platform.errors import KilnError

@@ -48,7 +48,7 @@ class Perplexity:
 
 def split_tokens(dataset_dir: str | Path, split: str, max_tokens: int | None = None) -> np.ndarray:
     """All tokens of one split of a TokenDataset, in document order (at most `max_tokens`)."""
-    from kiln.training.data import indexed_dataset
+    from kiln.text import indexed_dataset
 
     prefix = Path(dataset_dir) / split
     if not indexed_dataset.exists(prefix):

@@ -1,5 +1,6 @@
 """The `kiln` command line. Each area adds its subcommands through a `register(subparsers)`
-function in its own `cli` module; handlers import heavy libraries only when they run."""
+function in its own `cli` module, which the composition root (kiln/cli.py) lists; handlers
+import heavy libraries only when they run."""
 
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ COMMAND_MODULES = [
     "kiln.platform.commands",
     "kiln.platform.reference",
     "kiln.platform.runs",
-    "kiln.curator.cli",
-    "kiln.curator.classify.cli",
-    "kiln.training.data.cli",
-    "kiln.training.cli",
-    "kiln.training.plan",
-    "kiln.training.post.cli",
-    "kiln.serving.export_cli",
-    "kiln.serving.cli",
-    "kiln.evaluate.cli",
 ]
+
+
+def register_command_modules(modules: list[str]) -> None:
+    """Add modules whose `register(subparsers)` adds commands (the areas', from kiln/cli.py)."""
+    COMMAND_MODULES.extend(m for m in modules if m not in COMMAND_MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:

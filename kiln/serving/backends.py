@@ -14,7 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from kiln.engine.config import BatchingConfig
+
+__all__ = ["Backend", "BatchingConfig", "Job", "Prompt", "Result"]
+
 
 if TYPE_CHECKING:
     from kiln.engine.logprobs import TokenScore
@@ -44,18 +47,6 @@ class Result:
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = field(default=None, repr=False)
     ended_by_eos: bool = False  # an end-of-text token (not in token_ids) ended it
-
-
-class BatchingConfig(BaseModel):
-    """How the local backend batches concurrent prompts: continuously (kiln.engine: rows join
-    and leave the running batch at every decoding step, in max_batch_size KV-cache slots)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch_size: int = Field(8, ge=1, description="KV-cache slots: sequences decoded at once")
-    prefill_chunk: int = Field(
-        256, ge=1, description="prompt tokens prefilled per step (long prompts chunked)"
-    )
 
 
 class Backend(Protocol):

@@ -50,6 +50,16 @@ def read_hf_dir(hf_dir: str) -> tuple[dict, ModelConfig, StateDict]:
     return hf, cfg, from_hf_state(state, cfg)
 
 
+def find_hf_dir(model_dir: str) -> str:
+    """The Hugging Face dir of an ExportedModel (`<dir>/hf`) or the dir itself."""
+    for cand in (os.path.join(model_dir, "hf"), model_dir):
+        if os.path.exists(os.path.join(cand, "config.json")):
+            return cand
+    if os.path.exists(os.path.join(model_dir, "adapter_config.json")):  # PEFT LoRA on its base
+        return model_dir
+    raise InputError(f"{model_dir}: no exported Hugging Face model (config.json) here or in hf/")
+
+
 def _special_tokens(tok) -> dict[str, str]:
     """bos/eos/unk/pad names for tokenizer_config.json, from the tokenizer's own special tokens."""
     if tok is None:

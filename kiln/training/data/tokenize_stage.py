@@ -20,8 +20,8 @@ from pydantic import Field, model_validator
 
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.text import indexed_dataset
 from kiln.text.tokenizer import EOD_TOKEN, eod_id, load_tokenizer, model_eod_token, tokenizer_file
-from kiln.training.data import indexed_dataset
 from kiln.training.data.parallel_tokenize import (
     SPLITS,
     ShardTokenizer,

@@ -15,8 +15,8 @@ import numpy as np
 
 from kiln.platform.errors import InputError
 from kiln.text.chat_template import ChatTemplate, add_chat_tokens
+from kiln.text.indexed_dataset import token_dtype
 from kiln.text.tokenizer import load_tokenizer
-from kiln.training.data.indexed_dataset import token_dtype
 from kiln.training.post.chat_dataset import ChatDatasetWriter
 from kiln.training.post.chat_encode import LossMask, encode_chat, encode_preference
 from kiln.training.post.packing import pack

@@ -1,0 +1,31 @@
+"""The composition root's stage list: every built-in stage of every area, by import path (naming
+a stage in a spec imports only its module). Imported with the `kiln` package."""
+
+from __future__ import annotations
+
+from kiln.platform.registry import register_builtin_stages, register_component
+
+AREA_STAGES = {
+    "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
+    "complete": "kiln.pipelines.complete_stage:CompleteStage",
+    "compare": "kiln.pipelines.compare_stage:CompareStage",
+    "curate": "kiln.curator.stage:CurateStage",
+    "classify": "kiln.curator.classify.stage:ClassifyStage",
+    "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
+    "train": "kiln.training.train_stage:TrainStage",
+    "import-model": "kiln.training.post.stages:ImportModelStage",
+    "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
+    "sft": "kiln.training.post.stages:SFTStage",
+    "dpo": "kiln.training.post.stages:DPOStage",
+    "export": "kiln.serving.export_stage:ExportStage",
+    "serve": "kiln.serving.serve_stage:ServeStage",
+    "evaluate": "kiln.evaluate.stage:EvaluateStage",
+}
+# what one area takes from another, by import path: evaluation starts serving's endpoint
+COMPONENTS = {
+    "endpoint.launch": "kiln.serving.rest_launch:launch",
+}
+
+register_builtin_stages(AREA_STAGES)
+for _name, _target in COMPONENTS.items():
+    register_component(_name, _target)
