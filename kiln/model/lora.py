@@ -239,16 +239,6 @@ def init_lora_weights(model: nn.Module) -> None:
         layer.reset_lora_parameters()
 
 
-def merge_lora(model: nn.Module) -> None:
-    for _, layer in lora_layers(model):
-        layer.merge()
-
-
-def unmerge_lora(model: nn.Module) -> None:
-    for _, layer in lora_layers(model):
-        layer.unmerge()
-
-
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module):
     """The base model's forward (DPO reference log-probs without a second model in memory)."""

@@ -7,7 +7,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from kiln.curator.dedup.shingles import jaccard, shingle_set
+from kiln.curator.dedup.shingles import jaccard
+from tests.curator.shingle_sets import shingle_set
 
 WORDS = [
     "time",

@@ -47,13 +47,6 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tens
     return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim)
 
 
-def zigzag_unshard(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """Inverse of zigzag_shard: the full tensor from every rank's part (in rank order)."""
-    halves = [s.chunk(2, dim) for s in shards]
-    ordered = [h[0] for h in halves] + [h[1] for h in reversed(halves)]
-    return torch.cat(ordered, dim)
-
-
 @dataclass(frozen=True)
 class _Chunk:
     start: int  # global position of the first token

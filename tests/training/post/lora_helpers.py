@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
 from kiln.model.formats.peft import HF_MODULE
-from kiln.model.lora import LoRAConfig, LoRALinear
+from kiln.model.lora import LoRAConfig, LoRALinear, lora_layers
 from tests.engine.tiny import tiny_model
 
 VOCAB = 400  # = the chat test tokenizer's vocabulary
@@ -67,3 +68,13 @@ def adapter_grads(model: torch.nn.Module, peft: bool) -> dict[str, torch.Tensor]
         if "lora_" in name and p.grad is not None:
             out[kiln_name_of_peft(name) if peft else name] = p.grad
     return out
+
+
+def merge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.merge()
+
+
+def unmerge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.unmerge()

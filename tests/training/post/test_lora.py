@@ -14,16 +14,16 @@ from kiln.model.lora import (
     adapter_state_dict,
     adapters_disabled,
     apply_lora,
-    merge_lora,
-    unmerge_lora,
 )
 from kiln.training.post.lora_export import export_merged_hf
 from tests.training.post.lora_helpers import (
     VOCAB,
     adapter_grads,
     export_base,
+    merge_lora,
     peft_model,
     random_adapters,
+    unmerge_lora,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
