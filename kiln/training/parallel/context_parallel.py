@@ -25,7 +25,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from kiln.platform.errors import ConfigError
-from kiln.training.parallel.ring_attention import local_positions, ring_attention, zigzag_shard
+from kiln.training.parallel.ring import local_positions, zigzag_shard
+from kiln.training.parallel.ring_attention import ring_attention
 
 log = logging.getLogger("kiln.training")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.training.parallel.ring_attention import local_positions, zigzag_shard
+from kiln.training.parallel.ring import local_positions, zigzag_shard
 from tests.training.distributed import run_distributed
 from tests.training.parallel._ring_cases import ring_vs_sdpa
 
