@@ -46,16 +46,21 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        positions: torch.Tensor | None = None,
         kv_cache: LayerKV | None = None,
     ) -> torch.Tensor:
-        """x [B, S, D]; cos/sin: the RoPE table rows of x's positions (`rope_rows`)."""
+        """x [B, S, D]; RoPE rows of `positions` (default 0..S-1) from the full cos/sin tables.
+
+        The rows are gathered here, per layer, from x's own length: under sequence parallelism
+        the block's input is sharded along the sequence and x is the gathered whole."""
         B, S, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(B, S, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, S, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        cos, sin = rope_rows(rope_cos, rope_sin, S, positions)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is None:
             out = self.core(q, k, v)
@@ -108,13 +113,15 @@ class TransformerBlock(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        positions: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """x [B, S, D]; cos/sin: the RoPE table rows of x's positions (`rope_rows`)."""
         layer_kv = kv_cache.layer(self.layer_id) if kv_cache is not None else None
-        h = x + self.attention(self.attention_norm(x), cos, sin, kv_cache=layer_kv)
+        h = x + self.attention(
+            self.attention_norm(x), rope_cos, rope_sin, positions=positions, kv_cache=layer_kv
+        )
         mlp = self.moe if self.moe_enabled else self.feed_forward
         return h + mlp(self.ffn_norm(h))
 
@@ -193,10 +200,8 @@ class Transformer(nn.Module):
             seq_len = h.shape[1]
             positions = kv_cache.positions(seq_len) if positions is None else positions
             kv_cache.begin(seq_len)
-        # the RoPE rows of these positions, gathered once for every layer
-        cos, sin = rope_rows(self.rope_cos, self.rope_sin, h.shape[1], positions)
         for layer in self.layers.values():
-            h = layer(h, cos, sin, kv_cache=kv_cache)
+            h = layer(h, self.rope_cos, self.rope_sin, positions=positions, kv_cache=kv_cache)
         if kv_cache is not None:
             kv_cache.advance(h.shape[1])
         if logits_positions is not None:
