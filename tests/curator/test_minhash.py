@@ -11,7 +11,7 @@ import pytest
 from kiln.curator.dedup.components import duplicates_from_edges
 from kiln.curator.dedup.minhash import MinHasher
 from kiln.curator.dedup.shingles import jaccard, shingle_hashes
-from tests.curator.corpus import mutate_to, prose
+from tests.curator.prose import mutate_to, prose
 from tests.curator.shingle_sets import shingle_set
 
 

@@ -13,7 +13,7 @@ import torch
 
 from kiln.curator.classify import ClassifyConfig, classify
 from kiln.curator.classify.perplexity import PerplexityScorer
-from tests.curator.corpus import high_quality, low_quality
+from tests.curator.quality_docs import high_quality, low_quality
 
 
 def _reference(rng: random.Random, n: int) -> list[str]:
