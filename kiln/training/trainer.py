@@ -50,6 +50,13 @@ log = logging.getLogger("kiln.training")
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
 
+    # What a subclass changes, declared by it (never inferred from which methods it overrides):
+    # its own accumulation loop steps the pipeline schedule once per micro-batch (post-training)
+    accumulates_in_schedule = True
+    # `adapt_model` needs the full model's weights (post-training loads its base there), so the
+    # model is not built on the meta device
+    adapts_full_model = False
+
     def __init__(
         self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None
     ):
@@ -165,16 +172,13 @@ class Trainer:
         materialize(self.model_parts, self.cfg.model, init_device, self.cfg.seed, self.device)
 
     def _accumulates_in_schedule(self) -> bool:
-        """Whether all grad_accum micro-batches go through one pipeline schedule step; a subclass
-        with its own accumulation loop (post-training) steps the schedule per micro-batch."""
-        own_loop = type(self)._accumulate_gradients is not Trainer._accumulate_gradients
-        return self.dims.pp_enabled and not own_loop
+        """Whether all grad_accum micro-batches go through one pipeline schedule step."""
+        return self.dims.pp_enabled and self.accumulates_in_schedule
 
     def _builds_on_meta(self) -> bool:
-        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass
-        adapts the full model (post-training loads base weights into it)."""
-        adapts = type(self).adapt_model is not Trainer.adapt_model
-        return self.cfg.meta_init and self.cfg.precision != "fp8" and not adapts
+        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or `adapt_model`
+        needs the full model."""
+        return self.cfg.meta_init and self.cfg.precision != "fp8" and not self.adapts_full_model
 
     def _build_full_model(self) -> nn.Module:
         """Same seed on every rank: each builds the full model, then keeps and shards its part."""

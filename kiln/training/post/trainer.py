@@ -45,6 +45,8 @@ def chat_prefix(cfg: PostTrainConfig) -> str:
 class PostTrainer(Trainer):
     cfg: PostTrainConfig
     trained_tokens_only = True  # SFT's output layer on labelled positions only (one process)
+    accumulates_in_schedule = False  # _accumulate_gradients steps the schedule per micro-batch
+    adapts_full_model = True  # adapt_model loads the base weights and swaps in LoRA
 
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         self._base_state = None
