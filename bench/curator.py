@@ -327,9 +327,9 @@ def perplexity_rows(paths: dict[str, str], docs: list[dict], work: str) -> list[
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from kiln.curator.classify import ClassifyConfig, classify
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
-    from kiln.training.model.weights import write_checkpoint
+    from kiln.model.config import ModelConfig
+    from kiln.model.formats.checkpoint import write_checkpoint
+    from kiln.model.transformer import Transformer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

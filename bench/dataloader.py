@@ -61,9 +61,10 @@ def best_rate(fn, n_batches: int, repeats: int = 3) -> float:
 def bench_assembly(root: Path, n_docs: int, n_batches: int, copies: int) -> None:
     import torch
 
+    from kiln.text.indexed_dataset import IndexedDataset, IndexedDatasetWriter, token_dtype
+    from kiln.text.tokenizer import EOD_TOKEN
     from kiln.training.data import DataConfig, build_dataloader
-    from kiln.training.data.indexed_dataset import IndexedDataset, IndexedDatasetWriter, token_dtype
-    from kiln.training.data.tokenizer import EOD_TOKEN, train_tokenizer
+    from kiln.training.data.tokenizer import train_tokenizer
 
     texts = make_corpus(n_docs)
     tok = train_tokenizer(texts[:2000], vocab_size=8000, special_tokens=[EOD_TOKEN])
@@ -138,8 +139,8 @@ def bench_assembly(root: Path, n_docs: int, n_batches: int, copies: int) -> None
 
 
 def bench_index(root: Path, n_docs: int) -> None:
+    from kiln.text.indexed_dataset import IndexedDataset, write_index
     from kiln.training.data.gpt_dataset import GPTDataset, build_indices
-    from kiln.training.data.indexed_dataset import IndexedDataset, write_index
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -17,10 +17,10 @@ import time
 import optimizer_cpu
 import torch
 
-from kiln.serving.engine import Engine, slots
-from kiln.serving.generate import Generator
-from kiln.serving.sampling import SamplingParams
-from kiln.training.model import ModelConfig, Transformer
+from kiln.engine import Engine, slots
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
+from kiln.model import ModelConfig, Transformer
 
 # the quickstart model's shape (bench/ is on sys.path when a bench runs), with its real context
 SMOLLM2_135M = {**optimizer_cpu.SMOLLM2_135M, "max_seq_len": 8192}

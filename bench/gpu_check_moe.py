@@ -30,7 +30,7 @@ def _run(layer, x, dtype, grouped: bool, reps: int) -> tuple[float, Any, list]:
     """Mean seconds of forward+backward, the output and the expert weight gradients."""
     import torch
 
-    from kiln.training.model import moe as moe_module
+    from kiln.model import moe as moe_module
 
     def fn(experts, h, counts, use_grouped=None):
         return original(experts, h, counts, grouped)
@@ -65,7 +65,7 @@ def _run(layer, x, dtype, grouped: bool, reps: int) -> tuple[float, Any, list]:
 def check(dry: bool) -> dict[str, Any]:
     import torch
 
-    from kiln.training.model.moe import MoE, grouped_mm_usable
+    from kiln.model.moe import MoE, grouped_mm_usable
 
     device = torch.device("cpu" if dry else "cuda")
     dtype = torch.float32 if dry else torch.bfloat16

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from kiln.training.model import moe as moe_module  # noqa: E402
+from kiln.model import moe as moe_module  # noqa: E402
 
 
 def step_seconds(layer: moe_module.MoE, x: torch.Tensor, dtype: torch.dtype, reps: int) -> float:

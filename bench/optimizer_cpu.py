@@ -13,8 +13,8 @@ import time
 
 import torch
 
+from kiln.model import ModelConfig, Transformer
 from kiln.training.config import OptimizerConfig
-from kiln.training.model import ModelConfig, Transformer
 from kiln.training.optimizer import build_optimizer
 
 SMOLLM2_135M = dict(

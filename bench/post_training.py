@@ -49,10 +49,10 @@ def base_model(kind: str, root: str) -> tuple[str, str]:
         return os.path.join(root, "hf"), os.path.join(root, "ckpt")
     import torch
 
-    from kiln.serving.import_hf import write_model_checkpoint
+    from kiln.model import ModelConfig, Transformer
+    from kiln.model.formats.weights import write_model_checkpoint
+    from kiln.text.chat_template import ChatTemplate, add_chat_tokens
     from kiln.training.data.tokenizer import train_tokenizer
-    from kiln.training.model import ModelConfig, Transformer
-    from kiln.training.post.chat_template import ChatTemplate, add_chat_tokens
 
     with open(SHIPPED, encoding="utf-8") as f:
         texts = [json.dumps(json.loads(line), ensure_ascii=False) for line in f] * 8

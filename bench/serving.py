@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -39,10 +40,10 @@ def make_model(out_dir: str, dim: int, layers: int, vocab: int) -> str:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from kiln.engine.generator import Generator
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.generate import Generator
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -180,7 +181,6 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=96, help="requests per throughput measurement")
     ap.add_argument("--latency-requests", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=16, help="dynamic batching max_batch_size")
-    ap.add_argument("--batch-wait-ms", type=float, default=20.0, help="dynamic batching wait")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -189,8 +189,9 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from kiln.serving.generate import Generator
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.generator import Generator
+    from kiln.engine.sampler import SamplingParams
+    from tests.engine.uncached import uncached_generate  # the no-KV-cache baseline
 
     results: list[tuple] = []
     with tempfile.TemporaryDirectory(prefix="kiln-bench-serving-") as tmp:
@@ -207,9 +208,10 @@ def main() -> int:
         params = SamplingParams(max_new_tokens=args.new_tokens)
         tps = {}
         for use_cache in (True, False):
-            gen.generate([PROMPT], SamplingParams(max_new_tokens=4), use_cache=use_cache)
+            run = gen.generate if use_cache else partial(uncached_generate, gen)
+            run([PROMPT], SamplingParams(max_new_tokens=4))
             t = time.perf_counter()
-            out = gen.generate([PROMPT], params, use_cache=use_cache)[0]
+            out = run([PROMPT], params)[0]
             tps[use_cache] = out.completion_tokens / (time.perf_counter() - t)
         results.append(
             (
@@ -248,10 +250,7 @@ def main() -> int:
             for bs in (args.batch_size, 1):
                 settings = {
                     "limits": {"max_new_tokens": max(args.max_tokens, 64)},
-                    "batching": {
-                        "max_batch_size": bs,
-                        "batch_wait_timeout_s": args.batch_wait_ms / 1000,
-                    },
+                    "batching": {"max_batch_size": bs},
                     "deployment": {
                         "num_cpus": 1,
                         "max_ongoing_requests": max(64, 2 * args.clients),
@@ -352,8 +351,7 @@ def main() -> int:
     print(
         f"throughput: {args.requests} requests x {args.max_tokens} new tokens, "
         f"{args.clients} concurrent clients; mean batch through REST "
-        f"{mean_batch[args.batch_size]:.1f} (max {args.batch_size}, "
-        f"wait {args.batch_wait_ms:g} ms) vs {mean_batch[1]:.1f}\n"
+        f"{mean_batch[args.batch_size]:.1f} (max {args.batch_size}) vs {mean_batch[1]:.1f}\n"
     )
     for r in results:
         row(*r)

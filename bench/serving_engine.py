@@ -8,8 +8,9 @@
 1. The local REST backend (in-process, no Ray) under 16 and 64 concurrent clients, vLLM
    `benchmark_serving` style: requests arrive as a Poisson process (--rate per client-count per
    second), at most C in flight, prompts of 8..200 words and outputs of 8..128 tokens, greedy.
-   `engine: continuous` (streams) against `engine: batch` (today's MicroBatcher; non-streamed, so
-   its first token reaches the client with the whole completion) at the same max batch size C.
+   the continuous engine (streams) against the request batcher (bench/batch_baseline.py: a
+   MicroBatcher of static `Generator.generate` batches; non-streamed, so its first token reaches
+   the client with the whole completion) at the same max batch size C.
    Printed: output tokens/s, TTFT p50/p99, inter-token latency p50/p99, the process CPU seconds
    of each run (the shared machine's load moves wall time far more), the ratios, and the
    arrival-bound ceiling: output tokens / time of the last arrival, the tokens/s of a server that
@@ -47,7 +48,7 @@ def workload(n: int, seed: int) -> list[tuple[str, int]]:
 
 
 async def one_request(backend, prompt: str, max_tokens: int, streamed: bool) -> dict:
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_tokens)
     job = await backend.prepare(prompt, params, truncate=None, fit_context=False)
@@ -93,6 +94,7 @@ async def drive(backend, requests, clients: int, rate: float, streamed: bool, se
 
 
 def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate: float) -> None:
+    from bench.batch_baseline import BatchBackend
     from kiln.serving.backend_local import LocalBackend
     from kiln.serving.backends import BatchingConfig
 
@@ -106,8 +108,10 @@ def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate:
         requests = workload(per_client * clients, seed=clients)
         res = {}
         for engine in ("continuous", "batch"):
-            cfg = BatchingConfig(engine=engine, max_batch_size=clients, batch_wait_timeout_s=0.01)
-            backend = LocalBackend(model_dir, "bench", cfg)
+            if engine == "continuous":
+                backend = LocalBackend(model_dir, "bench", BatchingConfig(max_batch_size=clients))
+            else:
+                backend = BatchBackend(model_dir, "bench", clients, wait_s=0.01)
             r = asyncio.run(
                 drive(backend, requests, clients, rate * clients, engine == "continuous", 0)
             )
@@ -149,13 +153,13 @@ def generation_comparison(tmp: str, new_tokens: int, prompt_len: int, repeats: i
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kiln.serving.engine import Engine
+    from kiln.engine import Engine
+    from kiln.engine.generator import Generator
+    from kiln.engine.sampler import SamplingParams
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.generate import Generator
-    from kiln.serving.sampling import SamplingParams
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
-    from tests.serving.generate.tiny import train_tokenizer
+    from tests.engine.tiny import train_tokenizer
 
     cfg = ModelConfig(
         vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=12,
@@ -221,10 +225,10 @@ def step_costs(repeats: int) -> None:
     import torch
     from torch.profiler import profile
 
-    from kiln.serving.engine.forward import EngineForward
-    from kiln.serving.engine.slots import SlotPool
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
+    from kiln.engine.kv_cache_manager import SlotPool
+    from kiln.engine.model_runner import ModelRunner
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
 
     torch.set_num_threads(1)
     cfg = ModelConfig(
@@ -237,7 +241,7 @@ def step_costs(repeats: int) -> None:
         max_seq_len=1024,
     )  # fmt: skip  (make_model's shape and vocabulary)
     torch.manual_seed(0)
-    forward = EngineForward(Transformer(cfg).eval())
+    forward = ModelRunner(Transformer(cfg).eval())
     rows = 64
     pool = SlotPool(cfg, rows, 1024)
     pool.lengths = torch.randint(20, 330, (rows,)).tolist()  # the 64-client run's spread

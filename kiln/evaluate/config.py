@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.engine.config import BatchingConfig
 from kiln.platform.stage import StageConfig
-from kiln.serving.backends import BatchingConfig
 
 DEFAULT_TASKS = ["kiln_mc_en", "kiln_mc_ja", "kiln_qa_gen"]
 

@@ -4,7 +4,7 @@ The split's tokens (documents already end with the end-of-document token) are re
 and cut into non-overlapping windows of `seq_len + 1` tokens; each window scores its last
 `seq_len` tokens given the ones before it inside the window (the first token of a window is
 context only, as in Megatron's and nanoGPT's evaluation). Perplexity = exp(summed NLL / tokens).
-The forward is kiln's one model forward (kiln.training.model), in batches, without a KV cache.
+The forward is kiln's one model forward (kiln.model), in batches, without a KV cache.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Perplexity:
 
 def split_tokens(dataset_dir: str | Path, split: str, max_tokens: int | None = None) -> np.ndarray:
     """All tokens of one split of a TokenDataset, in document order (at most `max_tokens`)."""
-    from kiln.training.data import indexed_dataset
+    from kiln.text import indexed_dataset
 
     prefix = Path(dataset_dir) / split
     if not indexed_dataset.exists(prefix):
@@ -106,7 +106,7 @@ def dataset_perplexity(
     max_tokens: int | None = None,
 ) -> Perplexity:
     """Load the model (exported HF folder, ExportedModel or kiln checkpoint) and score a split."""
-    from kiln.serving.generate import Generator
+    from kiln.engine.generator import Generator
 
     model = Generator.load(model_dir).model
     seq_len = seq_len or min(model.cfg.max_seq_len, DEFAULT_MAX_WINDOW)

@@ -23,7 +23,9 @@ from kiln.evaluate.harness import (
 )
 from kiln.evaluate.report import console_lines, flat_metrics, write_report
 from kiln.evaluate.task_files import prepare_tasks
+from kiln.model.formats.hf import find_hf_dir
 from kiln.platform.errors import InputError
+from kiln.platform.registry import component
 
 log = logging.getLogger("kiln")
 EVAL_APP = "kiln-eval"
@@ -38,8 +40,6 @@ def _free_port() -> int:
 def _hf_dir(model_dir: str | None) -> str | None:
     if model_dir is None:
         return None
-    from kiln.serving.rest_launch import find_hf_dir
-
     return find_hf_dir(model_dir)
 
 
@@ -60,8 +60,7 @@ def _endpoint(
         return
     if model_dir is None:
         raise InputError("evaluate: give an endpoint (url or an Endpoint input) or a model")
-    from kiln.serving.rest_launch import launch
-
+    launch = component("endpoint.launch")  # serving's, given by the composition root
     ensure_ray()
     settings = {
         "batching": cfg.batching.model_dump(),

@@ -117,8 +117,9 @@ class CompareStage(Stage):
 
     def _base_answers(self, base_dir: str, chats: list[list[dict[str, str]]]) -> list[str]:
         """The base model's greedy answers, its own chat template rendering the prompts."""
-        from kiln.serving.chat_template import end_of_turn_markers, load_chat_config, render_chat
-        from kiln.serving.generate import Generator, SamplingParams
+        from kiln.engine.generator import Generator, SamplingParams
+        from kiln.serving.chat_template import render_chat
+        from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
         hf = (
             os.path.join(base_dir, "hf")

@@ -1,5 +1,6 @@
 """The `kiln` command line. Each area adds its subcommands through a `register(subparsers)`
-function in its own `cli` module; handlers import heavy libraries only when they run."""
+function in its own `cli` module, which the composition root (kiln/cli.py) lists; handlers
+import heavy libraries only when they run."""
 
 from __future__ import annotations
 
@@ -13,15 +14,6 @@ COMMAND_MODULES = [
     "kiln.platform.commands",
     "kiln.platform.reference",
     "kiln.platform.runs",
-    "kiln.curator.cli",
-    "kiln.curator.classify.cli",
-    "kiln.training.data.cli",
-    "kiln.training.cli",
-    "kiln.training.plan",
-    "kiln.training.post.cli",
-    "kiln.serving.export_cli",
-    "kiln.serving.cli",
-    "kiln.evaluate.cli",
 ]
 
 
@@ -86,8 +78,13 @@ def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
                 _verbose_everywhere(sub)
 
 
+def register_command_modules(modules: list[str]) -> None:
+    """Add modules whose `register(subparsers)` adds commands (the areas', from kiln/cli.py)."""
+    COMMAND_MODULES.extend(m for m in modules if m not in COMMAND_MODULES)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from kiln import __version__
+    from kiln.platform.version import __version__
 
     parser = KilnParser(prog="kiln", description="Raw text to a served language model, on Ray.")
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")

@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from kiln.platform.version import __version__
+
 DISTRIBUTIONS = ("torch", "ray", "transformers")
 
 
@@ -26,8 +28,6 @@ def _version(dist: str) -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    from kiln import __version__
-
     out: dict[str, str | None] = {"kiln": __version__, "python": platform.python_version()}
     out.update({d: _version(d) for d in DISTRIBUTIONS})
     return out
@@ -46,9 +46,7 @@ def _git(args: list[str], cwd: Path) -> str | None:
 def git_state(source: Path | None = None) -> dict[str, Any]:
     """The commit the kiln package was loaded from (null outside a git checkout), and whether
     its tracked files differ from that commit."""
-    import kiln
-
-    where = source or Path(kiln.__file__).resolve().parent
+    where = source or Path(__file__).resolve().parent.parent  # the kiln package
     sha = _git(["rev-parse", "HEAD"], where)
     if sha is None:
         return {"git_sha": None, "git_dirty": None}

@@ -1,7 +1,8 @@
 """Stage registry: the names a YAML spec may use.
 
 Built-in stages are listed by import path so that naming a stage imports only its own
-module (the CLI stays fast, and a stage whose extra is not installed fails only when used).
+module (the CLI stays fast, and a stage whose extra is not installed fails only when used); the
+areas' stages are added by the composition root (kiln/stages.py), the platform names no area.
 User stages register with `@register_stage("name")` or are named as `package.module:Class`.
 """
 
@@ -16,23 +17,32 @@ BUILTIN_STAGES: dict[str, str] = {
     "text.read": "kiln.platform.builtin_stages:TextRead",
     "text.stats": "kiln.platform.builtin_stages:TextStats",
     "noop": "kiln.platform.builtin_stages:Noop",
-    "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
-    "complete": "kiln.pipelines.complete_stage:CompleteStage",
-    "compare": "kiln.pipelines.compare_stage:CompareStage",
-    "curate": "kiln.curator.stage:CurateStage",
-    "classify": "kiln.curator.classify.stage:ClassifyStage",
-    "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
-    "train": "kiln.training.train_stage:TrainStage",
-    "import-model": "kiln.training.post.stages:ImportModelStage",
-    "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
-    "sft": "kiln.training.post.stages:SFTStage",
-    "dpo": "kiln.training.post.stages:DPOStage",
-    "export": "kiln.serving.export_stage:ExportStage",
-    "serve": "kiln.serving.serve_stage:ServeStage",
-    "evaluate": "kiln.evaluate.stage:EvaluateStage",
 }
 
 _registered: dict[str, type[Stage]] = {}
+
+
+def register_builtin_stages(paths: dict[str, str]) -> None:
+    """Add built-in stages by import path (`module:Class`), imported when a spec names them."""
+    BUILTIN_STAGES.update(paths)
+
+
+# Named components one area offers another through the composition root, by import path
+# (`module:attr`): e.g. evaluation starting serving's endpoint, without importing serving.
+_components: dict[str, str] = {}
+
+
+def register_component(name: str, target: str) -> None:
+    _components[name] = target
+
+
+def component(name: str):
+    """The object registered as `name` (imported now); SpecError when nothing provides it."""
+    target = _components.get(name)
+    if target is None:
+        raise SpecError(f"no {name!r} is available (kiln/stages.py registers the built-in ones)")
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def register_stage(name: str):

@@ -112,7 +112,7 @@ class Stage:
         return ""
 
     def fingerprint(self, input_fingerprints: dict[str, str]) -> str:
-        from kiln import __version__
+        from kiln.platform.version import __version__
 
         body = {
             "type": f"{type(self).__module__}.{type(self).__qualname__}",

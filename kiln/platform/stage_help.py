@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 from kiln.platform.errors import KilnError
+from kiln.platform.registry import component
 
 
 def _plain(cell: str) -> str:
@@ -60,7 +61,8 @@ def stage_detail(name: str) -> list[str]:
 
 def preset_lines() -> list[str]:
     """The model presets `model: NAME` (train, sft) accepts, with their size."""
-    from kiln.training.model.config import PRESETS, ModelConfig
+    # the model is a layer above the platform: the composition root names it (kiln/stages.py)
+    PRESETS, ModelConfig = component("model.presets"), component("model.config")
 
     lines = ["Model presets (`model: NAME` or `model: {preset: NAME, ...}` in train):"]
     for name, fields in PRESETS.items():

@@ -13,8 +13,8 @@ from kiln.serving.chat_template import triton_chat_config
 from kiln.serving.protocol import RequestError
 
 if TYPE_CHECKING:
-    from kiln.serving.logprobs import TokenScore
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.logprobs import TokenScore
+    from kiln.engine.sampler import SamplingParams
 
 LOCAL_ONLY = "needs the local backend (the triton backend sends text and receives text)"
 UNAVAILABLE = "the Triton server is unavailable (restarting?): retry after the Retry-After delay"

@@ -14,11 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from kiln.engine.config import BatchingConfig
+
+__all__ = ["Backend", "BatchingConfig", "Job", "Prompt", "Result"]
+
 
 if TYPE_CHECKING:
-    from kiln.serving.logprobs import TokenScore
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.logprobs import TokenScore
+    from kiln.engine.sampler import SamplingParams
 
 Prompt = str | list[int]
 
@@ -44,23 +47,6 @@ class Result:
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = field(default=None, repr=False)
     ended_by_eos: bool = False  # an end-of-text token (not in token_ids) ended it
-
-
-class BatchingConfig(BaseModel):
-    """How the local backend batches concurrent prompts: `continuous` (kiln.serving.engine: rows
-    join and leave the running batch at every decoding step, max_batch_size KV-cache slots) or
-    `batch` (groups of requests gathered for batch_wait_timeout_s into one `generate` call)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: Literal["continuous", "batch"] = Field(
-        "continuous", description="continuous: iteration-level batching; batch: per request group"
-    )
-    max_batch_size: int = Field(8, ge=1, description="prompts per generate() call (1: no batching)")
-    batch_wait_timeout_s: float = Field(0.01, ge=0.0, description="wait this long to fill a batch")
-    prefill_chunk: int = Field(
-        256, ge=1, description="continuous: prompt tokens prefilled per step (long prompts chunked)"
-    )
 
 
 class Backend(Protocol):

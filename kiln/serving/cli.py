@@ -31,13 +31,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--triton-url", help="existing Triton gRPC host:port (default: start one)")
     p.add_argument("--triton-model", help="model name in the Triton repository")
-    p.add_argument("--max-batch-size", type=int, default=8, help="dynamic batching (local backend)")
-    p.add_argument("--batch-wait-ms", type=float, default=10.0)
     p.add_argument(
-        "--engine",
-        choices=["continuous", "batch"],
-        default="continuous",
-        help="local backend: continuous batching (default) or per request group",
+        "--max-batch-size", type=int, default=8, help="local backend: sequences decoded at once"
     )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
@@ -102,11 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         "triton_url": args.triton_url,
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
-        "batching": {
-            "max_batch_size": args.max_batch_size,
-            "batch_wait_timeout_s": args.batch_wait_ms / 1000,
-            "engine": args.engine,
-        },
+        "batching": {"max_batch_size": args.max_batch_size},
         "deployment": deployment,
     }
     if warning := public_bind_warning(args.host, args.api_key):

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.model.formats.hf import find_hf_dir
 from kiln.platform.errors import InputError
 from kiln.serving.app import DEFAULT_APP_NAME, AppSettings, deploy
 
@@ -18,16 +19,6 @@ log = logging.getLogger("kiln")
 
 # app name -> the endpoint this process launched (so Python callers can stop one by name)
 RUNNING: dict[str, Endpoint] = {}
-
-
-def find_hf_dir(model_dir: str) -> str:
-    """The Hugging Face dir of an ExportedModel (`<dir>/hf`) or the dir itself."""
-    for cand in (os.path.join(model_dir, "hf"), model_dir):
-        if os.path.exists(os.path.join(cand, "config.json")):
-            return cand
-    if os.path.exists(os.path.join(model_dir, "adapter_config.json")):  # PEFT LoRA on its base
-        return model_dir
-    raise InputError(f"{model_dir}: no exported Hugging Face model (config.json) here or in hf/")
 
 
 def find_triton_repo(model_dir: str, model: str | None = None) -> tuple[str, str]:

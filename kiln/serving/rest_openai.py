@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from kiln.serving.backends import Backend, Job, Result
-from kiln.serving.chat_template import end_of_turn_markers, render_chat
+from kiln.serving.chat_template import render_chat
 from kiln.serving.protocol import RequestError, openai_error
 from kiln.serving.protocol_openai import (
     AssistantMessage,
@@ -43,6 +43,7 @@ from kiln.serving.rest_params import (
     require_model,
     sampling_params,
 )
+from kiln.text.chat_template import end_of_turn_markers
 
 router = APIRouter(prefix="/v1")
 

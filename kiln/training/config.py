@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kiln.model.config import ModelConfig
 from kiln.platform.errors import ConfigError
 from kiln.training.checkpoint.config import CheckpointConfig
 from kiln.training.data.config import DataConfig
-from kiln.training.model.config import ModelConfig
 
 
 class _Strict(BaseModel):

@@ -6,7 +6,7 @@ import resource
 
 import torch
 
-from kiln.training.model.config import ModelConfig
+from kiln.model.config import ModelConfig
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets (which print the sparse
 # figure: half of it). "tf32" is the fp32 matmul peak when TF32 is on (kiln turns it on on CUDA).

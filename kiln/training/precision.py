@@ -62,7 +62,7 @@ def fp8_linear_names(model: nn.Module) -> list[str]:
     counts, which TE's fp8 GEMMs refuse unless divisible by 8/16), and any Linear whose sizes are
     not multiples of 16 (TE's fp8 shape rule).
     """
-    from kiln.training.model.moe import MoE
+    from kiln.model.moe import MoE
 
     names = []
     for block_name, block in model.layers.items():

@@ -31,8 +31,8 @@ class TrainStageConfig(TrainConfig, StageConfig):
 def continue_from_model(cfg: TrainConfig, model_dir: str, init_dir: Path) -> TrainConfig:
     """Continued pretraining of an ExportedModel (import-model, export, sft): its `hf/` weights
     as a kiln checkpoint to start from (`checkpoint.init_from`) and its shape as `model:`."""
-    from kiln.serving.import_hf import write_model_checkpoint
-    from kiln.training.model.weights import read_hf_dir
+    from kiln.model.formats.hf import read_hf_dir
+    from kiln.model.formats.weights import write_model_checkpoint
 
     _, model_cfg, state = read_hf_dir(os.path.join(model_dir, "hf"))
     if model_cfg.max_seq_len < cfg.seq_len:

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model import Transformer
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
-from kiln.training.model import Transformer
 from kiln.training.optimizer import (
     build_lr_scheduler,
     build_optimizer,
@@ -49,6 +49,13 @@ log = logging.getLogger("kiln.training")
 
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
+
+    # What a subclass changes, declared by it (never inferred from which methods it overrides):
+    # its own accumulation loop steps the pipeline schedule once per micro-batch (post-training)
+    accumulates_in_schedule = True
+    # `adapt_model` needs the full model's weights (post-training loads its base there), so the
+    # model is not built on the meta device
+    adapts_full_model = False
 
     def __init__(
         self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None
@@ -163,7 +170,7 @@ class Trainer:
         """Build on the meta device, carve this rank's pipeline stage(s), parallelize, then
         allocate and initialise only the local shards (torchtitan's order; the same weights as
         one process, see parallel/meta_init.py). Otherwise every rank builds the full model."""
-        from kiln.training.model.meta import build_on_meta
+        from kiln.model.meta import build_on_meta
         from kiln.training.parallel.meta_init import materialize
         from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
@@ -197,16 +204,13 @@ class Trainer:
         materialize(self.model_parts, self.cfg.model, init_device, self.cfg.seed, self.device)
 
     def _accumulates_in_schedule(self) -> bool:
-        """Whether all grad_accum micro-batches go through one pipeline schedule step; a subclass
-        with its own accumulation loop (post-training) steps the schedule per micro-batch."""
-        own_loop = type(self)._accumulate_gradients is not Trainer._accumulate_gradients
-        return self.dims.pp_enabled and not own_loop
+        """Whether all grad_accum micro-batches go through one pipeline schedule step."""
+        return self.dims.pp_enabled and self.accumulates_in_schedule
 
     def _builds_on_meta(self) -> bool:
-        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or a subclass
-        adapts the full model (post-training loads base weights into it)."""
-        adapts = type(self).adapt_model is not Trainer.adapt_model
-        return self.cfg.meta_init and self.cfg.precision != "fp8" and not adapts
+        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or `adapt_model`
+        needs the full model."""
+        return self.cfg.meta_init and self.cfg.precision != "fp8" and not self.adapts_full_model
 
     def _build_full_model(self) -> nn.Module:
         """Same seed on every rank: each builds the full model, then keeps and shards its part."""
@@ -282,7 +286,7 @@ class Trainer:
             loss = cross_entropy_loss(model(tokens), labels)
             total = loss
             if cfg.model.n_experts:
-                from kiln.training.model.moe import moe_aux_loss
+                from kiln.model.moe import moe_aux_loss
 
                 # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)

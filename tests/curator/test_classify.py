@@ -17,7 +17,7 @@ import pytest
 from kiln.curator.classify import ClassifyConfig, FastTextClassifier, classify
 from kiln.curator.classify.config import FastTextConfig, KeepConfig
 from kiln.curator.classify.keep import cutoff, keep_mask
-from tests.curator.corpus import high_quality, quality_mix
+from tests.curator.quality_docs import high_quality, quality_mix
 from tests.platform.console_checks import assert_quiet
 
 SMALL = {"dim": 16, "bucket": 20_000}  # a small model: quick on a busy 2-core machine

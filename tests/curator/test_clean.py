@@ -10,7 +10,7 @@ import ftfy
 
 from kiln.curator.clean import Cleaner
 from kiln.curator.config import CleanConfig
-from tests.curator.corpus import japanese, prose
+from tests.curator.prose import japanese, prose
 
 ONLY_FTFY = CleanConfig(
     normalization="none",

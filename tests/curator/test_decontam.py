@@ -14,7 +14,7 @@ import pytest
 
 from kiln.curator import CurateConfig, curate
 from kiln.curator.filters.decontam import Decontaminate
-from tests.curator.corpus import JA_SENTENCES, japanese, prose, sentence
+from tests.curator.prose import JA_SENTENCES, japanese, prose, sentence
 
 N = 13
 _TOKEN = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]|[^\W_\u3040-\u30ff\u4e00-\u9fff]+")

@@ -15,7 +15,8 @@ from kiln.curator.filters import DocBatch, DocumentFilter, build_filters
 from kiln.curator.filters.langid_batch import batch_langid
 from kiln.curator.filters.repetition import ngram_fractions
 from kiln.curator.process import ChunkProcessor
-from tests.curator.corpus import DE_SENTENCES, japanese, junk_docs, prose, technical
+from tests.curator.planted_corpus import junk_docs
+from tests.curator.prose import DE_SENTENCES, japanese, prose, technical
 
 
 def _reasons(proc: ChunkProcessor, texts: dict[str, str]) -> dict[str, str | None]:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.curator.corpus import mutate_to, prose
+from tests.curator.prose import mutate_to, prose
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def test_cudf_backend_on_local_cuda_cluster(request, tmp_path):
         pytest.importorskip(module)
     request.getfixturevalue("ray_session")  # the curator's Ray Data stream
     from kiln.curator import CurateConfig, curate
-    from tests.curator.corpus import make_corpus, write_jsonl
+    from tests.curator.planted_corpus import make_corpus, write_jsonl
 
     planted = make_corpus(seed=1, n_clean=20, n_pairs=5)
     write_jsonl(planted, str(tmp_path / "in.jsonl"))

@@ -10,8 +10,9 @@ import pytest
 
 from kiln.curator.dedup.components import duplicates_from_edges
 from kiln.curator.dedup.minhash import MinHasher
-from kiln.curator.dedup.shingles import jaccard, shingle_hashes, shingle_set
-from tests.curator.corpus import mutate_to, prose
+from kiln.curator.dedup.shingles import jaccard, shingle_hashes
+from tests.curator.prose import mutate_to, prose
+from tests.curator.shingle_sets import shingle_set
 
 
 def test_shingles_match_a_naive_polynomial_hash():

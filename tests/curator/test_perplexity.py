@@ -13,7 +13,7 @@ import torch
 
 from kiln.curator.classify import ClassifyConfig, classify
 from kiln.curator.classify.perplexity import PerplexityScorer
-from tests.curator.corpus import high_quality, low_quality
+from tests.curator.quality_docs import high_quality, low_quality
 
 
 def _reference(rng: random.Random, n: int) -> list[str]:
@@ -25,9 +25,9 @@ def lm(tmp_path_factory):
     """(checkpoint step folder, tokenizer.json) of a 2-layer model trained on reference text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
-    from kiln.training.model.weights import write_checkpoint
+    from kiln.model.config import ModelConfig
+    from kiln.model.formats.checkpoint import write_checkpoint
+    from kiln.model.transformer import Transformer
 
     root = tmp_path_factory.mktemp("ppl-model")
     texts = _reference(random.Random(0), 150)

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from kiln.curator import CurateConfig, curate
-from tests.curator.corpus import Planted, make_corpus, write_jsonl
+from tests.curator.planted_corpus import Planted, make_corpus, write_jsonl
 
 MAX_CHARS = 20_000
 

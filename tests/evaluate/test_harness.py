@@ -122,8 +122,8 @@ def endpoint(ray_session, model_dir):
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory, model_dir) -> dict:
-    from kiln.serving.generate import Generator
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.generator import Generator
+    from kiln.engine.sampler import SamplingParams
 
     gen = Generator.load(model_dir)
     tmp = tmp_path_factory.mktemp("tasks")

@@ -23,7 +23,7 @@ def tiny_export(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tokens_dir(tmp_path_factory) -> str:
     """A TokenDataset with a `valid` split: 7 documents of random ids, each ending in EOD (0)."""
-    from kiln.training.data.indexed_dataset import IndexedDatasetWriter
+    from kiln.text.indexed_dataset import IndexedDatasetWriter
 
     out = tmp_path_factory.mktemp("tokens")
     with IndexedDatasetWriter(out / "valid", dtype=np.uint16) as w:

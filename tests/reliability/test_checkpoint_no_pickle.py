@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from kiln.model.formats.dcp_io import make_reader
+from kiln.model.formats.safe_reader import SafeLoadPlanner
 from kiln.platform.errors import InputError
 from kiln.training.checkpoint import CheckpointConfig
-from kiln.training.checkpoint.dcp_io import make_reader
 from kiln.training.checkpoint.json_state import encode_rng, restore_rng
-from kiln.training.checkpoint.safe_reader import SafeLoadPlanner
 from tests.training.checkpoint.toy import ToyTrainer
 
 

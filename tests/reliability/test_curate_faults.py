@@ -15,7 +15,7 @@ import pytest
 from kiln.curator.stage import CurateStage
 from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
-from tests.curator.corpus import prose
+from tests.curator.prose import prose
 from tests.reliability.faults import KILL_TAG, PAUSE_TAG, fail_on_init_marker
 
 DRIVER = """

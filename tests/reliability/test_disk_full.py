@@ -84,7 +84,7 @@ def test_curator_output_on_full_disk_fails_clearly_without_artifact(tmp_path):
     from kiln.curator.stage import CurateStage
     from kiln.platform.errors import StageFailed
     from kiln.platform.pipeline import Pipeline
-    from tests.curator.corpus import prose
+    from tests.curator.prose import prose
     from tests.reliability.conftest import tmpfs
 
     rng = random.Random(0)

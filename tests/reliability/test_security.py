@@ -74,7 +74,7 @@ def rest(tmp_path_factory):
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path_factory.mktemp("sec") / "tiny"))
-    backend = LocalBackend(model, "tiny", BatchingConfig(engine="batch", max_batch_size=1))
+    backend = LocalBackend(model, "tiny", BatchingConfig(max_batch_size=1))
     limits = Limits(max_new_tokens=8, max_prompt_chars=200, max_body_bytes=4096)
     with TestClient(create_api(backend, limits, api_key=KEY)) as client:
         yield client
@@ -140,7 +140,7 @@ def _truncate(path: str, size: int) -> None:
 
 
 def test_truncated_safetensors_is_one_line(tmp_path):
-    from kiln.training.model.weights import read_weights
+    from kiln.model.formats.weights import read_weights
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path / "tiny"))
@@ -156,7 +156,7 @@ def test_truncated_gguf_is_one_line(tmp_path):
     import numpy as np
     from gguf import GGUFWriter
 
-    from kiln.training.model.gguf import read_gguf
+    from kiln.model.formats.gguf import read_gguf
 
     path = str(tmp_path / "m.gguf")
     writer = GGUFWriter(path, "llama")
@@ -188,8 +188,8 @@ def test_truncated_dcp_shard_is_one_line(tmp_path):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from kiln.training.checkpoint import storage
-    from kiln.training.checkpoint.offline import load_model_state
+    from kiln.model.formats import storage
+    from kiln.model.formats.checkpoint import load_model_state
 
     ckpt = str(tmp_path / "step-00000001")
     with pytest.warns(UserWarning):  # one process, no process group: intended

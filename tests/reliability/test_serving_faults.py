@@ -42,14 +42,14 @@ def _running_replicas() -> int:
 def test_replica_killed_under_load_no_client_sees_5xx(ray_session, tmp_path):
     from ray import serve
 
+    from kiln.engine.generator import Generator, SamplingParams
     from kiln.serving.client import KilnClient
-    from kiln.serving.generate import Generator, SamplingParams
     from kiln.serving.rest_launch import launch
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path / "tiny"))
     settings = {
-        "batching": {"engine": "batch", "max_batch_size": 4, "batch_wait_timeout_s": 0.005},
+        "batching": {"max_batch_size": 4},
         "deployment": {"num_replicas": 2, "num_cpus": 0.25},
     }
     endpoint = launch(model, settings, port=free_port(), app_name=APP, route_prefix="/faults")

@@ -235,7 +235,7 @@ def triton_repo(tmp_path_factory):
     pytest.importorskip("pytriton")
     pytest.importorskip("tritonclient.grpc")
     from kiln.serving.export.triton import export_triton
-    from tests.serving.generate.tiny import tiny_generator, train_tokenizer
+    from tests.engine.tiny import tiny_generator, train_tokenizer
 
     repo = str(tmp_path_factory.mktemp("triton-faults") / "repo")
     gen = tiny_generator("llama", train_tokenizer())
@@ -249,8 +249,8 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
 ):
     from ray import serve
 
+    from kiln.engine.generator import Generator, SamplingParams
     from kiln.serving.client import KilnClient
-    from kiln.serving.generate import Generator, SamplingParams
     from kiln.serving.rest_launch import launch
 
     prompts = [f"the {i} quick brown fox" for i in range(REQUESTS)]

@@ -24,7 +24,7 @@ _CTX.set_forkserver_preload(
         "torch.distributed",
         "torch.distributed.tensor",
         "torch._dynamo",
-        "kiln.training.model",
+        "kiln.model",
         "kiln.training.trainer",
     ]
 )

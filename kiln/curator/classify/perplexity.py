@@ -13,14 +13,13 @@ class PerplexityScorer:
     """One model per process (a Ray Data actor holds one): batched, right-padded forward."""
 
     def __init__(self, model: str, tokenizer: str, max_tokens: int = 512, batch_size: int = 8):
-        from tokenizers import Tokenizer
-
-        from kiln.training.model.weights import build_model, read_weights
+        from kiln.model.formats.weights import build_model, read_weights
+        from kiln.text.tokenizer import load_tokenizer
 
         _, cfg, state = read_weights(model)
         self.model = build_model(cfg, state)
         self.device = next(self.model.parameters()).device
-        self.tok = Tokenizer.from_file(tokenizer)
+        self.tok = load_tokenizer(tokenizer)
         self.max_tokens = min(max_tokens, cfg.max_seq_len)
         self.batch_size = batch_size
 

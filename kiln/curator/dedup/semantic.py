@@ -45,12 +45,12 @@ class Embedder:
 
     def __init__(self, model: str = DEFAULT_MODEL, max_tokens: int = 256, batch_size: int = 32):
         import torch
-        from tokenizers import Tokenizer
 
         from kiln.curator.dedup.semantic_bert import BertEncoder
+        from kiln.text.tokenizer import load_tokenizer
 
         folder = resolve_model(model)
-        self.tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tok = load_tokenizer(folder / "tokenizer.json")
         self.tok.enable_truncation(max_tokens)
         self.tok.enable_padding(pad_id=self.tok.token_to_id("[PAD]") or 0)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"

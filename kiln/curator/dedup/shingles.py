@@ -78,10 +78,6 @@ def shingle_hashes(texts: list[str], n: int, seed: int = 0) -> tuple[np.ndarray,
     return mix64(hashes ^ np.uint64(seed & 0xFFFFFFFFFFFFFFFF)), doc
 
 
-def shingle_set(text: str, n: int, seed: int = 0) -> np.ndarray:
-    return np.unique(shingle_hashes([text], n, seed)[0])
-
-
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Jaccard similarity of two sorted unique hash arrays."""
     if len(a) == 0 and len(b) == 0:

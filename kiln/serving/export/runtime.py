@@ -1,9 +1,11 @@
-"""Copy the part of kiln that generation needs (model, KV cache, sampling) into a folder.
+"""Copy the part of kiln that generation needs (engine, model, weight formats, tokenizer, chat
+template) into a folder.
 
-A Triton model repository ships with that copy so its `model.py` imports `kiln.serving.generate`
-without Ray, pandas or the rest of the platform. The files are found by following the
-module-level `import kiln...` statements from the roots (imports inside functions are lazy and
-not followed); packages get an empty `__init__.py` unless something imports from the package.
+A Triton model repository ships with that copy so its `model.py` runs without Ray, pandas or the
+rest of the platform, and without kiln installed. The files are found by following every
+`import kiln...` statement from the roots, at module level and inside functions (not under
+`if TYPE_CHECKING:`); packages get an empty `__init__.py` unless something imports from the
+package.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib.util
 import os
 import shutil
 
-ROOTS = ("kiln.serving.generate",)  # it imports the model, its weight I/O and sampling
+ROOTS = ("kiln.engine.generator",)  # it imports the engine, the model and its weight formats
 
 
 def _module_file(name: str) -> str | None:
@@ -24,22 +26,17 @@ def _module_file(name: str) -> str | None:
     return spec.origin if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
-def _module_level_imports(path: str, module: str) -> set[str]:
-    """kiln modules imported at module level (skipping `if TYPE_CHECKING:` blocks)."""
+def kiln_imports(path: str, module: str) -> set[str]:
+    """kiln modules `path` imports, anywhere in it but `if TYPE_CHECKING:` blocks."""
     with open(path) as f:
         tree = ast.parse(f.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     found: set[str] = set()
 
-    def visit(body):
-        for node in body:
-            if isinstance(node, ast.If):
-                test = ast.unparse(node.test)
-                if "TYPE_CHECKING" not in test:
-                    visit(node.body)
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -50,6 +47,8 @@ def _module_level_imports(path: str, module: str) -> set[str]:
                     base = f"{parent}.{base}" if base else parent
                 found.add(base)
                 found.update(f"{base}.{a.name}" for a in node.names)  # submodules, if any
+            else:  # function and class bodies, if/try/with/for blocks, ...
+                visit(ast.iter_child_nodes(node))
 
     visit(tree.body)
     return {m for m in found if m == "kiln" or m.startswith("kiln.")}
@@ -67,7 +66,7 @@ def runtime_files(roots=ROOTS) -> dict[str, str]:
         if path is None:
             continue  # an attribute, not a module
         files[name] = path
-        todo.extend(_module_level_imports(path, name))
+        todo.extend(kiln_imports(path, name))
         parts = name.split(".")
         for i in range(1, len(parts)):  # parent packages must exist; their __init__ stays empty
             files.setdefault(".".join(parts[:i]) + ".__pkg__", "")

@@ -29,13 +29,6 @@ _INPUTS = [
     ("stop", "TYPE_STRING", "[ -1 ]", True),
     ("stream", "TYPE_BOOL", "[ 1 ]", True),
 ]
-# what model.py imports: generation, the engine and the chat-template renderer
-RUNTIME_ROOTS = (
-    "kiln.serving.generate",
-    "kiln.serving.engine",
-    "kiln.serving.engine.detokenize",
-    "kiln.training.post.chat_template",
-)
 _OUTPUTS = [
     ("text_output", "TYPE_STRING"),
     ("finish_reason", "TYPE_STRING"),
@@ -135,9 +128,9 @@ def export_triton(
 
     An already exported HF directory is copied as is. Returns the model directory.
     """
-    from kiln.serving.chat_template import end_of_turn_markers, load_chat_config
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.export.runtime import copy_runtime
+    from kiln.serving.export.runtime import copy_runtime, kiln_imports
+    from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
     cfg = cfg.model_copy(update=fields) if cfg else TritonExportConfig(**fields)
     model_dir = os.path.join(repo_dir, cfg.model_name)
@@ -150,16 +143,18 @@ def export_triton(
         os.path.join(source, "config.json")
     )
     if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
-        from kiln.serving.export.shared_weights import link_or_copy_weights
+        from kiln.model.formats.shared_weights import link_or_copy_weights
 
         shutil.copytree(source, hf_dir, copy_function=link_or_copy_weights)
     else:
         export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)
     if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
         raise InputError("Triton export needs a tokenizer (text in, text out): pass tokenizer=")
-    here = os.path.dirname(os.path.abspath(__file__))
-    shutil.copyfile(os.path.join(here, "triton_model.py"), os.path.join(version_dir, "model.py"))
-    copy_runtime(os.path.join(version_dir, "runtime"), roots=RUNTIME_ROOTS)
+    model_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_model.py")
+    shutil.copyfile(model_py, os.path.join(version_dir, "model.py"))
+    # the runtime is what model.py imports, and what that imports
+    roots = kiln_imports(model_py, "kiln.serving.export.triton_model")
+    copy_runtime(os.path.join(version_dir, "runtime"), roots=sorted(roots))
     template, special = load_chat_config(hf_dir)
     with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
         f.write(config_pbtxt(cfg, end_of_turn_markers(template, special), template, special))

@@ -5,7 +5,7 @@ Inputs follow the vLLM backend's convention: `text_input` (string) or `messages`
 `max_tokens`, `temperature`, `top_k`, `top_p`, `seed`, `stop` and `stream`; output `text_output`
 (the completion, without the prompt) plus `finish_reason`, `prompt_tokens`, `completion_tokens`.
 
-Every row runs on kiln's continuous-batching engine (kiln.serving.engine): rows from the
+Every row runs on kiln's continuous-batching engine (kiln.engine): rows from the
 requests of one execute, and with a decoupled transaction policy rows from later executes too,
 join the running batch at the next decoding step, each in its own KV-cache slot, and fail alone.
 Decoupled: execute returns at once and the engine thread sends each request's response (with
@@ -86,8 +86,8 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from kiln.serving.engine import Engine
-        from kiln.serving.generate import Generator
+        from kiln.engine import Engine
+        from kiln.engine.generator import Generator
 
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
@@ -116,7 +116,7 @@ class TritonPythonModel:
     def _chat_setup(self, hf_dir, end_of_turn):
         """The chat template (the model's, else ChatML) and its end-of-turn tokens, which end a
         completion as the end-of-text token does (as the REST local backend does)."""
-        from kiln.training.post.chat_template import ChatTemplate
+        from kiln.text.chat_template import ChatTemplate
 
         try:
             self.template = ChatTemplate.from_pretrained(hf_dir)
@@ -157,7 +157,7 @@ class TritonPythonModel:
         return _strings(text.as_numpy())
 
     def _rows(self, request):
-        from kiln.serving.sampling import SamplingParams
+        from kiln.engine.sampler import SamplingParams
 
         prompts = self._prompts(request)
         fields = [{} for _ in prompts]
@@ -251,8 +251,7 @@ class TritonPythonModel:
 
     def _execute_decoupled(self, request):
         """Rows go to the engine; its thread sends the response(s) when they are ready."""
-        from kiln.serving.engine.detokenize import IncrementalText
-        from kiln.serving.generate import _hold_back
+        from kiln.engine.detokenize import IncrementalText, hold_back
 
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -271,7 +270,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
 
         def on_token(event):
-            now = _hold_back(text.update(event.token_ids), stops)
+            now = hold_back(text.update(event.token_ids), stops)
             if len(now) > len(sent[0]) and now.startswith(sent[0]):
                 send_delta(now[len(sent[0]) :])
                 sent[0] = now

@@ -17,7 +17,7 @@ def __getattr__(name):  # keep `import kiln.training.checkpoint` light (no torch
 
         return Checkpointer
     if name in ("latest_checkpoint", "load_model_state", "read_sidecar"):
-        from kiln.training.checkpoint import offline
+        from kiln.model.formats import checkpoint
 
-        return getattr(offline, name)
+        return getattr(checkpoint, name)
     raise AttributeError(name)

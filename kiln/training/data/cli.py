@@ -118,7 +118,7 @@ def _tokenize(args) -> int:
 
 def _describe(args) -> int:
     from kiln.platform.errors import InputError
-    from kiln.training.data.indexed_dataset import IndexedDataset
+    from kiln.text.indexed_dataset import IndexedDataset
     from kiln.training.data.sources import resolve_prefix
 
     root = Path(args.path)

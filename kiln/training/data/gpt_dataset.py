@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.training.data.indexed_dataset import IndexedDataset
+from kiln.text.indexed_dataset import IndexedDataset
 from kiln.training.data.piece_copy import copy_pieces
 
 ADD_EXTRA_TOKEN = 1  # the label of the last input token

@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
-from kiln.training.data import indexed_dataset
+from kiln.text import indexed_dataset
 
 SPLITS = ("train", "valid", "test")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from kiln.platform.errors import ConfigError, InputError
+from kiln.text.indexed_dataset import IndexedDataset, exists
 from kiln.training.data.blended_dataset import BlendedDataset
 from kiln.training.data.config import DataConfig
 from kiln.training.data.gpt_dataset import GPTDataset
-from kiln.training.data.indexed_dataset import IndexedDataset, exists
 
 TOKENS_META = "tokens.json"  # written by the tokenize stage next to the split prefixes
 

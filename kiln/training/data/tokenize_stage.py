@@ -20,7 +20,8 @@ from pydantic import Field, model_validator
 
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
-from kiln.training.data import indexed_dataset
+from kiln.text import indexed_dataset
+from kiln.text.tokenizer import EOD_TOKEN, eod_id, load_tokenizer, model_eod_token, tokenizer_file
 from kiln.training.data.parallel_tokenize import (
     SPLITS,
     ShardTokenizer,
@@ -29,15 +30,7 @@ from kiln.training.data.parallel_tokenize import (
     tokenize_corpus,
 )
 from kiln.training.data.sources import TOKENS_META
-from kiln.training.data.tokenizer import (
-    EOD_TOKEN,
-    eod_id,
-    load_tokenizer,
-    model_eod_token,
-    save_tokenizer,
-    tokenizer_file,
-    train_tokenizer,
-)
+from kiln.training.data.tokenizer import save_tokenizer, train_tokenizer
 
 
 class TokenizeConfig(StageConfig):

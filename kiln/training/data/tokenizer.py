@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizers with Hugging Face `tokenizers`: train one on a corpus, or load one.
+"""Byte-level BPE tokenizers with Hugging Face `tokenizers`: train one on a corpus and save it
+(loading any model's tokenizer is kiln.text.tokenizer).
 
 Byte level means every string round-trips exactly (no unknown token). The pre-tokenizer splits
 text before BPE sees it, GPT-2 style, but also keeps runs of Han, Hiragana and Katakana apart:
@@ -13,9 +14,7 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from kiln.platform.errors import InputError
-
-EOD_TOKEN = "<|endoftext|>"
+from kiln.text.tokenizer import EOD_TOKEN
 
 # Contractions; non-CJK letters (with a leading space); Han / Hiragana / Katakana runs; numbers
 # in groups of three; punctuation; newlines; other whitespace (GPT-2 / Llama-3 conventions).
@@ -71,57 +70,6 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
     for t in texts:
         if t:
             yield t
-
-
-def tokenizer_file(path: str | os.PathLike) -> Path:
-    """`path` itself, or the `tokenizer.json` of a Tokenizer artifact, a HF model folder, a
-    `kiln import-hf` output or an ExportedModel artifact (`<path>/hf/tokenizer.json`)."""
-    p = Path(path)
-    if p.is_dir():
-        p = next(
-            (f for f in (p / "tokenizer.json", p / "hf" / "tokenizer.json") if f.is_file()),
-            p / "tokenizer.json",
-        )
-    if not p.is_file():
-        raise InputError(
-            f"{path}: no tokenizer.json here (expected a file or a directory holding one)"
-        )
-    return p
-
-
-def load_tokenizer(path: str | os.PathLike):
-    from tokenizers import Tokenizer
-
-    file = tokenizer_file(path)
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions on bad files
-        raise InputError(f"{file}: not a Hugging Face tokenizer.json ({e})") from None
-
-
-def model_eod_token(path: str | os.PathLike) -> str:
-    """The end-of-document token of a model's tokenizer: `<|endoftext|>` when the vocabulary has
-    it (GPT-2, SmolLM2, Qwen, ... separate pretraining documents with it), else the tokenizer
-    config's `eos_token`."""
-    from tokenizers import Tokenizer
-
-    file = tokenizer_file(path)
-    if Tokenizer.from_file(str(file)).token_to_id(EOD_TOKEN) is not None:
-        return EOD_TOKEN
-    config = file.with_name("tokenizer_config.json")
-    eos = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
-    if isinstance(eos, dict):  # AddedToken serialised
-        eos = eos.get("content")
-    if not eos:
-        raise InputError(f"{file}: no {EOD_TOKEN!r} token and no eos_token in its config")
-    return eos
-
-
-def eod_id(tok, eod_token: str = EOD_TOKEN) -> int:
-    i = tok.token_to_id(eod_token)
-    if i is None:
-        raise InputError(f"tokenizer has no end-of-document token {eod_token!r}")
-    return i
 
 
 def save_tokenizer(

@@ -50,7 +50,7 @@ def save_ops() -> set:
 
 
 def _op_policy_context():
-    from kiln.training.parallel.ring_attention import inside_ring_blocks
+    from kiln.training.parallel.ring import inside_ring_blocks
 
     keep = save_ops()
 

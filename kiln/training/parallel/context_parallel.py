@@ -25,7 +25,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from kiln.platform.errors import ConfigError
-from kiln.training.parallel.ring_attention import local_positions, ring_attention, zigzag_shard
+from kiln.training.parallel.ring import local_positions, zigzag_shard
+from kiln.training.parallel.ring_attention import ring_attention
 
 log = logging.getLogger("kiln.training")
 
@@ -64,7 +65,7 @@ def apply_context_parallel(
     max_seq_len); batches must then be `seq_len` tokens long, sharded by
     `shard_for_context_parallel`.
     """
-    from kiln.training.model.moe import MoE
+    from kiln.model.moe import MoE
 
     group = cp_mesh.get_group()
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()

@@ -32,8 +32,8 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 
+from kiln.model.moe import MoE, grouped_swiglu
 from kiln.platform.errors import ConfigError
-from kiln.training.model.moe import MoE, grouped_swiglu
 
 
 class _AllToAll(torch.autograd.Function):

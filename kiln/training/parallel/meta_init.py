@@ -20,9 +20,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from kiln.training.model import ModelConfig, Transformer
-from kiln.training.model.meta import build_on_meta
-from kiln.training.model.transformer import BASE_STD
+from kiln.model import ModelConfig, Transformer
+from kiln.model.meta import build_on_meta
+from kiln.model.transformer import BASE_STD
 
 # Wrappers that recompute and compile put into parameter names; checkpoints strip them too.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")

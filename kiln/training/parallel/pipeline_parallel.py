@@ -21,8 +21,8 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
+from kiln.model.config import ModelConfig
 from kiln.platform.errors import ConfigError
-from kiln.training.model.config import ModelConfig
 from kiln.training.parallel.pipeline_shape import pipeline_microbatches, virtual_stages
 
 

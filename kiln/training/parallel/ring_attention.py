@@ -14,116 +14,25 @@ by reshaping, so key/value heads are never repeated in memory.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-_state = threading.local()
+from kiln.training.parallel.ring import (
+    DKV_TAG,
+    KV_TAG,
+    Block,
+    Ring,
+    finite_or_zero,
+    local_chunks,
+    merge_partial,
+    plan_blocks,
+    ring_blocks,
+    wait_all,
+)
+from kiln.training.parallel.ring_attention_fused import FusedRingAttention, fused_kernel_available
 
 
-def inside_ring_blocks() -> bool:
-    """True while this thread computes ring-attention blocks (selective recompute's policy asks:
-    the fp32 path's score matmuls are not worth saving)."""
-    return getattr(_state, "depth", 0) > 0
-
-
-@contextmanager
-def _ring_blocks():
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
-
-
-def zigzag_shard(x: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """Rank `rank`'s zig-zag part of x along dim: chunks rank and 2*world-1-rank of 2*world."""
-    if x.shape[dim] % (2 * world):
-        raise ValueError(f"length {x.shape[dim]} along dim {dim} must divide by 2*cp = {2 * world}")
-    chunks = x.chunk(2 * world, dim)
-    return torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], dim)
-
-
-def zigzag_unshard(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """Inverse of zigzag_shard: the full tensor from every rank's part (in rank order)."""
-    halves = [s.chunk(2, dim) for s in shards]
-    ordered = [h[0] for h in halves] + [h[1] for h in reversed(halves)]
-    return torch.cat(ordered, dim)
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    start: int  # global position of the first token
-    offset: int  # index of the first token in the rank-local sequence
-    length: int
-
-
-def _chunks(local_len: int, rank: int, world: int, zigzag: bool) -> list[_Chunk]:
-    if not zigzag:
-        return [_Chunk(rank * local_len, 0, local_len)]
-    c = local_len // 2
-    return [_Chunk(rank * c, 0, c), _Chunk((2 * world - 1 - rank) * c, c, c)]
-
-
-def local_positions(local_len: int, rank: int, world: int, zigzag: bool = True) -> torch.Tensor:
-    """Global positions of a rank's local tokens."""
-    return torch.cat(
-        [torch.arange(c.start, c.start + c.length) for c in _chunks(local_len, rank, world, zigzag)]
-    )
-
-
-def _visibility(q: _Chunk, k: _Chunk, causal: bool, window: int | None) -> str:
-    """'all', 'none' or 'some' of the (query, key) pairs of two chunks may attend."""
-    q_last, k_last = q.start + q.length - 1, k.start + k.length - 1
-    full, empty = True, False
-    if causal:
-        full &= k_last <= q.start
-        empty |= k.start > q_last
-    if window is not None:  # key j visible from query i when i - j < window
-        full &= q_last - k.start < window
-        empty |= q.start - k_last >= window
-    return "none" if empty else "all" if full else "some"
-
-
-@dataclass
-class _Block:
-    q: slice  # local query rows
-    k: slice  # local rows of the key/value block
-    mask: torch.Tensor | None  # [q rows, k rows] True = attend; None = all visible
-
-
-def _plan(q_chunks, k_chunks, causal, window, device) -> list[_Block]:
-    """Which query rows attend to which key rows of one key/value block, and with what mask
-    (built on `device`: no host-side position tensors or copies per step)."""
-    blocks = []
-    for qc in q_chunks:
-        seen = [(kc, v) for kc in k_chunks if (v := _visibility(qc, kc, causal, window)) != "none"]
-        if not seen:
-            continue
-        lo = min(kc.offset for kc, _ in seen)
-        hi = max(kc.offset + kc.length for kc, _ in seen)
-        mask = None
-        if any(v == "some" for _, v in seen) or hi - lo != sum(kc.length for kc, _ in seen):
-            qpos = torch.arange(qc.start, qc.start + qc.length, device=device)
-            kpos = torch.cat(
-                [torch.arange(kc.start, kc.start + kc.length, device=device) for kc in k_chunks]
-            )[lo:hi]
-            in_block = torch.zeros(hi - lo, dtype=torch.bool, device=device)
-            for kc, _ in seen:
-                in_block[kc.offset - lo : kc.offset - lo + kc.length] = True
-            mask = in_block[None, :].expand(qc.length, -1).clone()
-            if causal:
-                mask &= kpos[None, :] <= qpos[:, None]
-            if window is not None:
-                mask &= (qpos[:, None] - kpos[None, :]) < window
-        blocks.append(_Block(slice(qc.offset, qc.offset + qc.length), slice(lo, hi), mask))
-    return blocks
-
-
-def _scores(q, k, block: _Block, scale: float) -> torch.Tensor:
+def _scores(q, k, block: Block, scale: float) -> torch.Tensor:
     """q [B, Hkv, G, S, D], k [B, Hkv, Sk, D] -> masked scores [B, Hkv, G, Sq, Sk] of one block."""
     qb = q[:, :, :, block.q]
     B, Hkv, G, Sq, D = qb.shape
@@ -136,59 +45,20 @@ def _scores(q, k, block: _Block, scale: float) -> torch.Tensor:
     return s
 
 
-def _finite(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isinf(x), torch.zeros_like(x), x)
-
-
-def _attend_block(q, k, v, block: _Block, scale: float):
+def _attend_block(q, k, v, block: Block, scale: float):
     """Partial attention of one block: (out [B, Hkv, G, Sq, D], lse [B, Hkv, G, Sq])."""
     s = _scores(q, k, block, scale)
     lse = torch.logsumexp(s, dim=-1)  # -inf for rows with no visible key in this block
-    p = torch.exp(s - _finite(lse).unsqueeze(-1))
+    p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
     B, Hkv, G, Sq, Sk = p.shape
     out = torch.matmul(p.view(B, Hkv, G * Sq, Sk), v[:, :, block.k]).view(B, Hkv, G, Sq, -1)
     return out, lse
 
 
-def _merge(out, lse, out_b, lse_b):
-    """Combine two partial softmax results over disjoint key sets (log-sum-exp)."""
-    new = torch.logaddexp(lse, lse_b)
-    safe = _finite(new)
-    out = out * torch.exp(lse - safe).unsqueeze(-1) + out_b * torch.exp(lse_b - safe).unsqueeze(-1)
-    return out, new
-
-
-class _Ring:
-    """Neighbours in the group and one send-to-next / receive-from-previous exchange."""
-
-    def __init__(self, group):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world)
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world)
-
-    def shift(self, send: torch.Tensor, tag: int):
-        recv = torch.empty_like(send)
-        ops = [
-            dist.P2POp(dist.isend, send, self.next, self.group, tag),
-            dist.P2POp(dist.irecv, recv, self.prev, self.group, tag),
-        ]
-        return recv, dist.batch_isend_irecv(ops)
-
-
-def _wait(works) -> None:
-    for work in works:
-        work.wait()
-
-
-_KV_TAG, _DKV_TAG = 17, 18
-
-
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, window, zigzag):
-        ring = _Ring(group)
+        ring = Ring(group)
         B, Hq, S, D = q.shape
         Hkv = k.shape[1]
         if Hq % Hkv:
@@ -200,22 +70,24 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v]).float().contiguous()
         out = torch.zeros_like(qf)
         lse = torch.full(qf.shape[:-1], float("-inf"), device=q.device)
-        q_chunks = _chunks(S, ring.rank, ring.world, zigzag)
+        q_chunks = local_chunks(S, ring.rank, ring.world, zigzag)
         plans = []
         for step in range(ring.world):
             if step < ring.world - 1:
-                next_kv, works = ring.shift(kv, _KV_TAG)  # overlaps with this step's compute
+                next_kv, works = ring.shift(kv, KV_TAG)  # overlaps with this step's compute
             src = (ring.rank - step) % ring.world
-            plan = _plan(q_chunks, _chunks(S, src, ring.world, zigzag), causal, window, q.device)
+            plan = plan_blocks(
+                q_chunks, local_chunks(S, src, ring.world, zigzag), causal, window, q.device
+            )
             for block in plan:
                 out_b, lse_b = _attend_block(qf, kv[0], kv[1], block, scale)
                 rows = block.q
-                out[:, :, :, rows], lse[:, :, :, rows] = _merge(
+                out[:, :, :, rows], lse[:, :, :, rows] = merge_partial(
                     out[:, :, :, rows], lse[:, :, :, rows], out_b, lse_b
                 )
             plans.append(plan)
             if step < ring.world - 1:
-                _wait(works)
+                wait_all(works)
                 kv = next_kv
         ctx.ring, ctx.plans, ctx.scale = ring, plans, scale
         ctx.save_for_backward(q, k, v, out, lse)
@@ -236,7 +108,7 @@ class RingAttention(torch.autograd.Function):
         dkv = torch.zeros_like(kv)  # accumulator of the block currently held; travels with it
         for step in range(ring.world):
             if step < ring.world - 1:
-                next_kv, works = ring.shift(kv, _KV_TAG)
+                next_kv, works = ring.shift(kv, KV_TAG)
             for block in ctx.plans[step]:
                 rows = block.q
                 s = _scores(qf, kv[0], block, scale)
@@ -251,10 +123,10 @@ class RingAttention(torch.autograd.Function):
                 q2 = qf[:, :, :, rows].reshape(B, Hkv, G * Sq, D)
                 dkv[0][:, :, block.k] += torch.matmul(ds.transpose(-1, -2), q2)
             if ring.world > 1:
-                dkv, dkv_works = ring.shift(dkv, _DKV_TAG)  # after the last step it is back home
-                _wait(dkv_works)
+                dkv, dkv_works = ring.shift(dkv, DKV_TAG)  # after the last step it is back home
+                wait_all(dkv_works)
             if step < ring.world - 1:
-                _wait(works)
+                wait_all(works)
                 kv = next_kv
         dq = dq.reshape(B, Hq, S, D).to(q.dtype)
         return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
@@ -280,13 +152,8 @@ def ring_attention(
     block has one: CPU's flash op; on CUDA flash for unmasked fp16/bf16 blocks on sm80+, else
     the memory-efficient op); False: the fp32 matmul path (any device).
     """
-    from kiln.training.parallel.ring_attention_fused import (
-        FusedRingAttention,
-        fused_kernel_available,
-    )
-
     if fused is None:
         fused = fused_kernel_available(q.device, q.dtype)
     impl = FusedRingAttention if fused else RingAttention
-    with _ring_blocks():
+    with ring_blocks():
         return impl.apply(q, k, v, group, causal, window, zigzag)

@@ -1,7 +1,7 @@
 """Ring attention with each block on a fused attention kernel that returns its log-sum-exp
 (aten's CPU flash op; on CUDA aten's flash or memory-efficient op, chosen per block by
 `block_kernel`), K/V sent in the compute dtype. The ring, chunk plan and merge are
-ring_attention.py's."""
+kiln/training/parallel/ring.py's."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.training.parallel.ring_attention import (
-    _DKV_TAG,
-    _KV_TAG,
-    _Block,
-    _chunks,
-    _merge,
-    _plan,
-    _Ring,
-    _wait,
+from kiln.training.parallel.ring import (
+    DKV_TAG,
+    KV_TAG,
+    Block,
+    Ring,
+    local_chunks,
+    merge_partial,
+    plan_blocks,
+    wait_all,
 )
 
 # Block kernels returning their log-sum-exp: aten's CPU flash op (takes a mask), and on CUDA the
@@ -62,7 +62,7 @@ def fused_kernel_available(device: torch.device, dtype: torch.dtype = torch.bflo
     return _kernel_for(device, dtype, True) is not None
 
 
-def _bias(block: _Block, dtype: torch.dtype, align: int = 1) -> torch.Tensor | None:
+def _bias(block: Block, dtype: torch.dtype, align: int = 1) -> torch.Tensor | None:
     """The block's mask as the additive bias the fused kernels take (in the compute dtype); rows
     padded to `align` elements in memory (the efficient kernel's requirement), sliced back."""
     if block.mask is None:
@@ -82,7 +82,7 @@ class _Saved:
     extra: tuple = ()
 
 
-def _fused_forward(q, k, v, block: _Block, scale: float, groups: int):
+def _fused_forward(q, k, v, block: Block, scale: float, groups: int):
     """One block on a fused kernel: (out [B, Hq, Sq, D] in q's dtype, lse [B, Hq, Sq] fp32,
     _Saved). K/V heads are repeated for the block only (the kernels have no GQA form)."""
     qb = q[:, :, block.q]
@@ -117,7 +117,7 @@ def _fused_forward(q, k, v, block: _Block, scale: float, groups: int):
     return out, lse, saved
 
 
-def _fused_backward(dout, q, k, v, out, lse, block: _Block, scale, groups, saved: _Saved):
+def _fused_backward(dout, q, k, v, out, lse, block: Block, scale, groups, saved: _Saved):
     """dq, dk, dv of one block from the final output and log-sum-exp (flash-style backward)."""
     rows = block.q
     qb, do, ob, lb = q[:, :, rows], dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
@@ -181,31 +181,33 @@ class FusedRingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, causal, window, zigzag):
-        ring = _Ring(group)
+        ring = Ring(group)
         _check_shapes(q, k, zigzag)
         B, Hq, S, D = q.shape
         groups, scale = Hq // k.shape[1], D**-0.5
         kv = torch.stack([k, v]).contiguous()
         out = torch.zeros(B, Hq, S, D, dtype=torch.float32, device=q.device)
         lse = torch.full((B, Hq, S), float("-inf"), device=q.device)
-        q_chunks = _chunks(S, ring.rank, ring.world, zigzag)
+        q_chunks = local_chunks(S, ring.rank, ring.world, zigzag)
         plans = []
         for step in range(ring.world):
             if step < ring.world - 1:
-                next_kv, works = ring.shift(kv, _KV_TAG)  # overlaps with this step's compute
+                next_kv, works = ring.shift(kv, KV_TAG)  # overlaps with this step's compute
             src = (ring.rank - step) % ring.world
-            plan = _plan(q_chunks, _chunks(S, src, ring.world, zigzag), causal, window, q.device)
+            plan = plan_blocks(
+                q_chunks, local_chunks(S, src, ring.world, zigzag), causal, window, q.device
+            )
             kernels = []
             for block in plan:
                 out_b, lse_b, saved = _fused_forward(q, kv[0], kv[1], block, scale, groups)
                 kernels.append(saved)
                 rows = block.q
-                out[:, :, rows], lse[:, :, rows] = _merge(
+                out[:, :, rows], lse[:, :, rows] = merge_partial(
                     out[:, :, rows], lse[:, :, rows], out_b.float(), lse_b
                 )
             plans.append(list(zip(plan, kernels, strict=True)))
             if step < ring.world - 1:
-                _wait(works)
+                wait_all(works)
                 kv = next_kv
         out = out.to(q.dtype)
         ctx.ring, ctx.plans, ctx.scale, ctx.groups = ring, plans, scale, groups
@@ -223,7 +225,7 @@ class FusedRingAttention(torch.autograd.Function):
         dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)
         for step in range(ring.world):
             if step < ring.world - 1:
-                next_kv, works = ring.shift(kv, _KV_TAG)
+                next_kv, works = ring.shift(kv, KV_TAG)
             for block, saved in ctx.plans[step]:
                 dq_b, dk_b, dv_b = _fused_backward(
                     dout, q, kv[0], kv[1], out, lse, block, scale, groups, saved
@@ -232,10 +234,10 @@ class FusedRingAttention(torch.autograd.Function):
                 dkv[0][:, :, block.k] += dk_b
                 dkv[1][:, :, block.k] += dv_b
             if ring.world > 1:
-                dkv, dkv_works = ring.shift(dkv, _DKV_TAG)  # after the last step it is back home
-                _wait(dkv_works)
+                dkv, dkv_works = ring.shift(dkv, DKV_TAG)  # after the last step it is back home
+                wait_all(dkv_works)
             if step < ring.world - 1:
-                _wait(works)
+                wait_all(works)
                 kv = next_kv
         grads = dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
         return (*grads, None, None, None, None)

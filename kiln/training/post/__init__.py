@@ -1,5 +1,5 @@
 """Post-training: chat/instruction/preference data, chat templates, packing, SFT and DPO
-objectives. LoRA lives beside the model (kiln/training/model/lora.py); the trainer is the same one
+objectives. LoRA lives beside the model (kiln/model/lora.py); the trainer is the same one
 pretraining uses (SFT and DPO are objectives and data formats, not a second trainer).
 
 Nothing here imports torch at package import time.

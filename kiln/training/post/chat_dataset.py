@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from kiln.platform.errors import InputError
-from kiln.training.data.indexed_dataset import IndexedDataset, IndexedDatasetWriter, exists
+from kiln.text.indexed_dataset import IndexedDataset, IndexedDatasetWriter, exists
 
 IGNORE_INDEX = -100
 Kind = Literal["sft", "preference"]

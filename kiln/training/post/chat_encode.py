@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from kiln.training.post.chat_template import ChatTemplate
+from kiln.text.chat_template import ChatTemplate
 from kiln.training.post.records import BadRow, PreferencePair
 
 LossMask = Literal["assistant", "last", "all"]

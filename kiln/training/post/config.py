@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from kiln.model.lora import LoRAConfig
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
-from kiln.training.model.lora import LoRAConfig
 from kiln.training.post.dpo import DPOConfig
 
 

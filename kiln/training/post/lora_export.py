@@ -1,84 +1,14 @@
-"""LoRA export: a PEFT adapter folder for the HF export of the base, or merged HF weights.
-
-The adapter folder is what `peft`'s `save_pretrained` writes for a Llama model:
-`adapter_config.json` (peft_type LORA, r, lora_alpha, target_modules in HF names) and
-`adapter_model.safetensors` with keys `base_model.model.<HF module>.lora_A.weight` /
-`.lora_B.weight` (peft drops the adapter name "default" when saving).
-"""
+"""Post-training's HF export: the trained weights, LoRA adapters merged in, written straight as a
+Hugging Face folder (kiln.model.formats.hf); the PEFT adapter folder is kiln.model.formats.peft."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 import torch
 
-from kiln.platform.errors import InputError
-from kiln.training.model.lora import LORA_PARAMS, LoRAConfig, adapter_state_dict, merged_state_dict
-
-HF_MODULE = {
-    "wq": "q_proj",
-    "wk": "k_proj",
-    "wv": "v_proj",
-    "wo": "o_proj",
-    "w1": "gate_proj",
-    "w2": "down_proj",
-    "w3": "up_proj",
-}
-PEFT_SUFFIX = {"lora_a": "lora_A", "lora_b": "lora_B"}
-
-
-_HF_BLOCK = {"attention": "self_attn", "feed_forward": "mlp"}
-
-
-def peft_adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """kiln adapter entries (`layers.0.attention.wq.lora_a`) under PEFT's names
-    (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`)."""
-    out = {}
-    for name, tensor in adapter_state_dict(state).items():
-        prefix, block, linear, param = name.rsplit(".", 3)  # layers.<i>, block, wq, lora_a
-        if block not in _HF_BLOCK or linear not in HF_MODULE:
-            raise InputError(f"adapter {name!r} has no PEFT name (only dense Llama linears)")
-        hf_module = f"model.{prefix}.{_HF_BLOCK[block]}.{HF_MODULE[linear]}"
-        out[f"base_model.model.{hf_module}.{PEFT_SUFFIX[param]}.weight"] = tensor
-    return out
-
-
-def peft_adapter_config(cfg: LoRAConfig, base_model_name_or_path: str | None = None) -> dict:
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model_name_or_path,
-        "r": cfg.rank,
-        "lora_alpha": cfg.alpha,
-        "lora_dropout": cfg.dropout,
-        "target_modules": sorted(HF_MODULE[t] for t in cfg.target_names),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "use_rslora": False,
-        "init_lora_weights": True,
-        "modules_to_save": None,
-    }
-
-
-def export_peft_adapter(
-    state: dict[str, torch.Tensor],
-    cfg: LoRAConfig,
-    out_dir: str,
-    base_model_name_or_path: str | None = None,
-) -> dict:
-    """Write `adapter_config.json` + `adapter_model.safetensors`; returns a summary."""
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in peft_adapter_state(state).items()}
-    os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), {"format": "pt"})
-    config = peft_adapter_config(cfg, base_model_name_or_path)
-    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    return {"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values())}
+from kiln.model.config import ModelConfig
+from kiln.model.formats.hf import write_hf_dir
+from kiln.model.lora import LORA_PARAMS, LoRAConfig, merged_state_dict
+from kiln.text.tokenizer import find_tokenizer
 
 
 def export_merged_hf(
@@ -92,82 +22,21 @@ def export_merged_hf(
     share_from: str | None = None,
 ) -> dict:
     """Adapters merged into the base weights (`cfg` None: a full fine-tune, nothing to merge),
-    written as a HF model directory by kiln's export_hf, one file per block: the blocks equal
-    to those of the HF folder `share_from` (the base) are hard links to its files."""
-    from kiln.serving.export.hf import export_hf
-    from kiln.serving.import_hf import write_model_checkpoint
-
+    written as a HF model directory with `tokenizer` (a path or a Tokenizer), if given, one file
+    per block: the blocks equal to those of the HF folder `share_from` (the base) are hard links
+    to its files."""
     merged = merged_state_dict(state, cfg.scaling) if cfg is not None else dict(state)
     if model_cfg.get("tie_embeddings"):
         merged.pop("output.weight", None)
     assert not any(k.rsplit(".", 1)[-1] in LORA_PARAMS for k in merged)
-    with tempfile.TemporaryDirectory(prefix="kiln-lora-merge-") as tmp:
-        write_model_checkpoint(tmp, model_cfg, merged)
-        return export_hf(
-            tmp, out_dir, tokenizer=tokenizer, dtype=dtype, blocks=True, share_from=share_from
-        )
-
-
-_KILN_MODULE = {hf: kiln for kiln, hf in HF_MODULE.items()}
-_KILN_BLOCK = {hf: kiln for kiln, hf in _HF_BLOCK.items()}
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
-
-
-def is_peft_adapter(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
-        os.path.join(path, "config.json")
+    tok, tok_dir = find_tokenizer(tokenizer, []) if tokenizer is not None else (None, None)
+    return write_hf_dir(
+        ModelConfig(**model_cfg),
+        merged,
+        out_dir,
+        tok=tok,
+        tok_dir=tok_dir,
+        dtype=dtype,
+        blocks=True,
+        share_from=share_from,
     )
-
-
-def _kiln_adapter_name(peft_name: str, folder: str) -> str:
-    """`base_model.model.model.layers.0.self_attn.q_proj.lora_A[.default].weight` ->
-    `layers.0.attention.wq.lora_a`."""
-    parts = peft_name.removeprefix("base_model.model.model.").split(".")
-    parts = [p for p in parts if p not in ("default", "weight")]
-    if len(parts) != 5 or parts[0] != "layers" or parts[4] not in ("lora_A", "lora_B"):
-        raise InputError(f"{folder}: adapter tensor {peft_name!r} is not a Llama LoRA A/B")
-    _, index, block, module, ab = parts
-    if block not in _KILN_BLOCK or module not in _KILN_MODULE:
-        raise InputError(f"{folder}: adapter tensor {peft_name!r} targets no dense Llama linear")
-    return f"layers.{index}.{_KILN_BLOCK[block]}.{_KILN_MODULE[module]}.{ab.lower()}"
-
-
-def read_peft_adapter(folder: str, base: str | None = None):
-    """(config, kiln state dict) of `base` (default: the adapter's `base_model_name_or_path`)
-    with a PEFT LoRA adapter folder merged in: what serving base + adapter loads."""
-    from safetensors.torch import load_file
-
-    from kiln.training.model.weights import read_weights
-
-    with open(os.path.join(folder, "adapter_config.json")) as f:
-        config = json.load(f)
-    unsupported = [
-        key
-        for key in (
-            "modules_to_save",
-            "rank_pattern",
-            "alpha_pattern",
-            "use_dora",
-            "fan_in_fan_out",
-        )
-        if config.get(key)
-    ]
-    if config.get("peft_type", "LORA") != "LORA" or config.get("bias", "none") != "none":
-        unsupported.append("peft_type/bias")
-    if unsupported:
-        raise InputError(f"{folder}/adapter_config.json: unsupported LoRA options {unsupported}")
-    base = base or config.get("base_model_name_or_path")
-    if not base or not os.path.exists(base):
-        raise InputError(
-            f"{folder}/adapter_config.json: base_model_name_or_path {base!r} is not a local model"
-        )
-    rank, alpha = config["r"], config["lora_alpha"]
-    scaling = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
-    tensors = load_file(os.path.join(folder, "adapter_model.safetensors"))
-    adapters = {_kiln_adapter_name(k, folder): v for k, v in tensors.items()}
-    _, cfg, state = read_weights(base)
-    missing = {k.rsplit(".", 1)[0] + ".weight" for k in adapters} - set(state)
-    if missing:
-        raise InputError(f"{folder}: the base {base} has no layer {sorted(missing)[0]}")
-    return cfg, merged_state_dict({**state, **adapters}, scaling)

@@ -37,18 +37,3 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of trained-token log-probs [B], number of trained tokens [B])."""
     return token_logps(logits, labels).sum(-1), (labels != IGNORE_INDEX).sum(-1)
-
-
-def per_document_losses(
-    logits: torch.Tensor, labels: torch.Tensor, document_ids: torch.Tensor
-) -> dict[tuple[int, int], torch.Tensor]:
-    """Mean loss of each (row, document) of a packed batch: comparable with unpacked rows."""
-    nll = -token_logps(logits, labels)
-    trained = labels != IGNORE_INDEX
-    out = {}
-    for row in range(labels.shape[0]):
-        for doc in document_ids[row].unique().tolist():
-            sel = (document_ids[row] == doc) & trained[row]
-            if doc >= 0 and sel.any():
-                out[(row, doc)] = nll[row][sel].mean()
-    return out

@@ -37,7 +37,7 @@ def varlen_boundaries(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def flash_varlen_usable(q: torch.Tensor) -> bool:
     """flash-attn's varlen kernel: CUDA, half precision and the package installed."""
-    from kiln.training.model.attention import backend_available
+    from kiln.model.attention import backend_available
 
     return (
         q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and backend_available("flash_attn")

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from kiln.platform.errors import InputError
-from kiln.training.data.indexed_dataset import token_dtype
+from kiln.text.chat_template import ChatTemplate, add_chat_tokens
+from kiln.text.indexed_dataset import token_dtype
+from kiln.text.tokenizer import load_tokenizer
 from kiln.training.post.chat_dataset import ChatDatasetWriter
 from kiln.training.post.chat_encode import LossMask, encode_chat, encode_preference
-from kiln.training.post.chat_template import ChatTemplate, add_chat_tokens
 from kiln.training.post.packing import pack
 from kiln.training.post.records import (
     BadRow,
@@ -26,17 +27,6 @@ from kiln.training.post.records import (
     to_conversation,
     to_preference,
 )
-
-
-def load_tokenizer(path: str | os.PathLike):
-    """A `tokenizers.Tokenizer` from tokenizer.json or a directory holding one."""
-    from tokenizers import Tokenizer
-
-    p = Path(path)
-    file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        raise InputError(f"tokenizer: {path} has no tokenizer.json")
-    return Tokenizer.from_file(str(file))
 
 
 def _setup(tokenizer, template: str | ChatTemplate, add_tokens: bool, out_dir: str):

@@ -43,17 +43,17 @@ def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
 
 def export_checkpoint(cfg: PostTrainConfig, ckpt: str, out_dir: str, chat_dir: str | None):
     """The same export from a run's checkpoint (full, or adapter-only on its referenced base)."""
-    from kiln.training.checkpoint.offline import load_model_state, read_sidecar
-    from kiln.training.model.weights import read_weights
+    from kiln.model.formats.checkpoint import load_model_state, read_sidecar
+    from kiln.model.formats.weights import read_weights
 
     model_cfg, state = load_model_state(ckpt)
     ref = read_sidecar(ckpt).get("adapter_only")
     if ref:  # the adapters, on the base they were trained on
-        from kiln.training.post.adapter_checkpoint import check_base
+        from kiln.model.formats.adapter_checkpoint import check_base
 
         check_base(read_sidecar(ckpt), ckpt, ref["base"])
         state = {**read_weights(ref["base"])[2], **state}
-    from kiln.training.model.config import ModelConfig
+    from kiln.model.config import ModelConfig
 
     cfg = cfg.model_copy(update={"model": ModelConfig(**model_cfg)})
     return export_state(cfg, state, out_dir, chat_dir)
@@ -61,8 +61,9 @@ def export_checkpoint(cfg: PostTrainConfig, ckpt: str, out_dir: str, chat_dir: s
 
 def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None) -> dict:
     """Write `<out>/hf` (adapters merged, chat template) and, for LoRA, `<out>/adapter`."""
-    from kiln.training.model.lora import LORA_PARAMS
-    from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
+    from kiln.model.formats.peft import export_peft_adapter
+    from kiln.model.lora import LORA_PARAMS
+    from kiln.training.post.lora_export import export_merged_hf
 
     state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
     summary: dict[str, Any] = {}
@@ -91,9 +92,9 @@ def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None
     if lora is not None:  # `kiln serve out/adapter` (base + adapter) renders chats as hf/ does
         import shutil
 
-        from kiln.training.post.lora_export import TOKENIZER_FILES
+        from kiln.text.tokenizer import TOKENIZER_FILES
 
-        for name in TOKENIZER_FILES:
+        for name in (*TOKENIZER_FILES, "generation_config.json"):
             if os.path.isfile(os.path.join(hf_dir, name)):
                 shutil.copyfile(os.path.join(hf_dir, name), os.path.join(out_dir, "adapter", name))
     return summary
@@ -136,7 +137,7 @@ def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:
 
 def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None) -> dict:
     """Train (resuming from cfg.checkpoint.dir when it holds a checkpoint) and export."""
-    from kiln.serving.hub import local_model
+    from kiln.model.formats.hub import local_model
     from kiln.training.post.trainer import PostTrainer, chat_prefix
 
     if cfg.base:  # a Hub id: its snapshot folder (downloaded once, here)
@@ -160,7 +161,7 @@ def train_post_on_ray(
 ) -> dict:
     """The same run on Ray Train (one worker per rank, as `train` runs), then the export from
     its final checkpoint (in the driver: adapter-only checkpoints merge onto their base)."""
-    from kiln.serving.hub import local_model
+    from kiln.model.formats.hub import local_model
     from kiln.training.post.trainer import chat_prefix
     from kiln.training.ray_train import train_on_ray
 

@@ -43,9 +43,9 @@ class ImportModelStage(Stage):
         import json
         from pathlib import Path
 
-        from kiln.serving.export.hf import export_hf
-        from kiln.serving.import_hf import read_model
-        from kiln.training.model.weights import build_model
+        from kiln.model.formats.hf import write_hf_dir
+        from kiln.model.formats.weights import build_model, read_model
+        from kiln.text.tokenizer import find_tokenizer
 
         work = Path(ctx.work_dir or ctx.stage_dir)
         tokenizer_dir = work / "tokenizer"
@@ -55,7 +55,10 @@ class ImportModelStage(Stage):
         out = ctx.outputs["model"]
         hf = os.path.join(out.path, "hf")
         # per-block files: a LoRA fine-tune of this base hard-links the blocks it leaves alone
-        summary = export_hf(model, hf, tokenizer=str(tokenizer_dir), blocks=True)
+        tok, tok_dir = find_tokenizer(str(tokenizer_dir), [])
+        summary = write_hf_dir(
+            model.cfg, model.state_dict(), hf, tok=tok, tok_dir=tok_dir, blocks=True
+        )
         source_config = tokenizer_dir / "tokenizer_config.json"
         template = (
             json.loads(source_config.read_text()).get("chat_template")
@@ -125,9 +128,8 @@ class PrepareChatStage(Stage):
             template = model_hf
         source = cfg.source
         if not os.path.exists(source):  # a shipped file (kiln/pipelines/data/...) from anywhere
-            import kiln
-
-            shipped = os.path.join(os.path.dirname(os.path.dirname(kiln.__file__)), source)
+            checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+            shipped = os.path.join(checkout, source)
             source = shipped if os.path.exists(shipped) else source
         out = ctx.outputs["data"]
         common = {

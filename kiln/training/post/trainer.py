@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
 from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
 from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
 from kiln.training.post.config import PostTrainConfig
@@ -50,11 +50,13 @@ def chat_prefix(cfg: PostTrainConfig, split: str | None = None) -> str:
 class PostTrainer(Trainer):
     cfg: PostTrainConfig
     trained_tokens_only = True  # SFT's output layer on labelled positions only (one process)
+    accumulates_in_schedule = False  # _accumulate_gradients steps the schedule per micro-batch
+    adapts_full_model = True  # adapt_model loads the base weights and swaps in LoRA
 
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         self._base_state = None
         if cfg.base:
-            from kiln.training.model.weights import read_weights
+            from kiln.model.formats.weights import read_weights
 
             _, base_cfg, self._base_state = read_weights(cfg.base)
             if base_cfg.max_seq_len < cfg.seq_len:
@@ -67,7 +69,7 @@ class PostTrainer(Trainer):
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         if self._base_state is not None:
-            from kiln.training.model.weights import load_weights
+            from kiln.model.formats.weights import load_weights
 
             load_weights(model, self._base_state)
             self._base_state = None  # copied into the model: drop the host copy

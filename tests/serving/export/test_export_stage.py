@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kiln.model.formats.weights import write_model_checkpoint
 from kiln.platform.artifact import Artifact
 from kiln.platform.stage import StageContext
 from kiln.serving.export_stage import ExportStage
-from kiln.serving.import_hf import write_model_checkpoint
-from tests.serving.generate.tiny import tiny_model, train_tokenizer
+from tests.engine.tiny import tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 
@@ -59,8 +59,8 @@ def test_export_stage_writes_hf_and_triton(checkpoint_and_tokenizer, tmp_path):
 
 
 def test_kiln_export_cli(checkpoint_and_tokenizer, tmp_path, capsys):
+    from kiln.engine.generator import Generator
     from kiln.platform.cli import main
-    from kiln.serving.generate import Generator
 
     ckpt, tokenizer = checkpoint_and_tokenizer
     out = str(tmp_path / "out")

@@ -8,10 +8,11 @@ import os
 import pytest
 import torch
 
+from kiln.engine.generator import Generator, SamplingParams
+from kiln.model.formats.weights import write_model_checkpoint
 from kiln.serving.export.hf import export_hf
-from kiln.serving.generate import Generator, SamplingParams
-from kiln.serving.import_hf import import_hf, write_model_checkpoint
-from tests.serving.generate.tiny import SHAPES, tiny_model, train_tokenizer
+from kiln.serving.import_hf import import_hf
+from tests.engine.tiny import SHAPES, tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 
@@ -40,9 +41,9 @@ def test_exported_checkpoint_loads_in_transformers_with_equal_logits(
 ):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kiln.serving.generate import load_tokenizer
+    from kiln.text.tokenizer import find_tokenizer
 
-    tok = load_tokenizer(tokenizer_dir, [])[0]
+    tok = find_tokenizer(tokenizer_dir, [])[0]
     model = tiny_model(shape, tok.get_vocab_size())
     ckpt_root = str(tmp_path / "ckpt")
     write_model_checkpoint(ckpt_root, model.cfg.model_dump(), model.state_dict())
@@ -105,8 +106,9 @@ def _hf_model(shape: str, vocab_size: int):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_imported_hf_model_has_the_original_logits(shape, tmp_path):
+    from kiln.model.formats.checkpoint import read_checkpoint
+    from kiln.model.formats.weights import build_model
     from kiln.platform.cli import main
-    from kiln.training.model.weights import build_model, read_checkpoint
 
     hf = _hf_model(shape, vocab_size=300)
     hf_dir = str(tmp_path / "hf")

@@ -89,7 +89,7 @@ def _import(capsys, *argv: str) -> tuple[int, str]:
 
 
 def test_a_hub_id_imports_then_comes_from_the_cache(hub, model_dir, tmp_path, monkeypatch, capsys):
-    from kiln.training.model.weights import read_hf_dir, read_weights
+    from kiln.model.formats.weights import read_hf_dir, read_weights
 
     url, requests = hub
     assert _import(capsys, REPO, "--out", str(tmp_path / "ckpt"))[0] == 0
@@ -108,7 +108,7 @@ def test_a_hub_id_imports_then_comes_from_the_cache(hub, model_dir, tmp_path, mo
 
 
 def test_a_revision_is_pinned(hub, tmp_path, capsys):
-    from kiln.serving.hub import local_model
+    from kiln.model.formats.hub import local_model
 
     _, requests = hub
     assert _import(capsys, REPO, "--revision", "v1", "--out", str(tmp_path / "ckpt"))[0] == 0

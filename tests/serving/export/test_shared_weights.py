@@ -11,11 +11,11 @@ import os
 import pytest
 import torch
 
+from kiln.model.config import ModelConfig
+from kiln.model.formats.shared_weights import INDEX, block_of
+from kiln.model.formats.weights import read_weights
+from kiln.model.transformer import Transformer
 from kiln.serving.export.hf import export_hf
-from kiln.serving.export.shared_weights import INDEX, block_of
-from kiln.training.model.config import ModelConfig
-from kiln.training.model.transformer import Transformer
-from kiln.training.model.weights import read_weights
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

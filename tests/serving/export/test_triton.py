@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kiln.engine.generator import Generator, SamplingParams
 from kiln.serving.export.triton import export_triton
-from kiln.serving.generate import Generator, SamplingParams
 from kiln.serving.triton_server import TritonServer
 from kiln.serving.triton_stubs import stub_pids
 from tests.conftest import free_port
-from tests.serving.generate.tiny import tiny_generator, train_tokenizer
+from tests.engine.tiny import tiny_generator, train_tokenizer
 
 pytestmark = pytest.mark.slow  # tritonserver and python-backend stub processes
 
@@ -111,14 +111,14 @@ def test_repository_layout_and_config(repo):
         assert needle in config
     assert "decoupled: true" in Path(repo, "tiny_stream", "config.pbtxt").read_text()
     runtime = os.path.join(model, "1", "runtime", "kiln")
-    assert os.path.exists(os.path.join(runtime, "training", "model", "moe.py"))
+    assert os.path.exists(os.path.join(runtime, "model", "moe.py"))
     assert not os.path.exists(os.path.join(runtime, "platform", "runtime.py"))  # no Ray in the repo
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert os.path.exists(os.path.join(model, "1", "hf", name))
     # the vendored runtime is self-contained: it generates without Ray (or kiln's checkout)
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import kiln; "
-        "from kiln.serving.generate import Generator; "
+        "from kiln.engine.generator import Generator; "
         "assert kiln.__file__.startswith(sys.argv[1]), kiln.__file__; "
         "g = Generator.load(sys.argv[2]); g.generate(['hi']); "
         "assert not any(m.split('.')[0] in ('ray', 'pandas') for m in sys.modules), 'ray imported'"

@@ -27,7 +27,7 @@ def as_served(pbtxt: str) -> dict:
 def export(tmp_path, template: str | None) -> str:
     from kiln.serving.export.hf import export_hf
     from kiln.serving.export.triton import export_triton
-    from tests.serving.generate.tiny import tiny_generator, train_tokenizer
+    from tests.engine.tiny import tiny_generator, train_tokenizer
 
     hf = tmp_path / "hf"
     export_hf(tiny_generator("llama", train_tokenizer()), str(hf))

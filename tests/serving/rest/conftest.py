@@ -27,7 +27,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def generator(tiny_model_dir):
     """The same model in-process: the reference the endpoint must agree with."""
-    from kiln.serving.generate import Generator
+    from kiln.engine.generator import Generator
 
     return Generator.load(tiny_model_dir)
 
@@ -41,7 +41,7 @@ def endpoint(ray_session, tiny_model_dir):
     settings = {
         "api_key": API_KEY,
         "limits": {"max_new_tokens": MAX_NEW_TOKENS, "max_prompt_chars": 2000},
-        "batching": {"max_batch_size": 16, "batch_wait_timeout_s": 0.02},
+        "batching": {"max_batch_size": 16},
         "deployment": {"num_cpus": 0.5, "autoscaling": AUTOSCALING},
     }
     # under a route prefix of its own: no clash with an app another test left at "/"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.serving.chat_template import CHATML, end_of_turn_markers, render_chat
+from kiln.serving.chat_template import render_chat
+from kiln.text.chat_template import CHATML, end_of_turn_markers
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

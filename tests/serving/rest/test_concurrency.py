@@ -39,7 +39,7 @@ async def _fire(url: str) -> list[httpx.Response]:
 
 @pytest.mark.slow  # a load test: 200 requests through Serve
 def test_200_concurrent_requests_no_5xx(endpoint, generator):
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     responses = asyncio.run(_fire(endpoint.url))
     statuses = [r.status_code for r in responses]

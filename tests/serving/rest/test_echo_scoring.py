@@ -3,7 +3,7 @@ log-likelihood harnesses depend on."""
 
 from __future__ import annotations
 
-from kiln.serving.sampling import SamplingParams
+from kiln.engine.sampler import SamplingParams
 
 
 def test_echo_logprobs_list_the_end_of_text_token(api_client, local_backend):

@@ -25,7 +25,7 @@ def triton(endpoint):
 
 
 def greedy(generator, prompts, n):
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     return [c.text for c in generator.generate(prompts, SamplingParams(max_new_tokens=n))]
 

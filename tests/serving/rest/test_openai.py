@@ -18,7 +18,7 @@ def client(endpoint):
 
 
 def greedy(generator, prompt: str, n: int) -> str:
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     return generator.generate([prompt], SamplingParams(max_new_tokens=n))[0].text
 

@@ -46,8 +46,8 @@ MESSAGES = [
 
 
 def test_chat_completion_renders_chatml_and_equals_in_process(client, generator, endpoint):
+    from kiln.engine.sampler import SamplingParams
     from kiln.serving.client import KilnClient
-    from kiln.serving.sampling import SamplingParams
 
     r = client.chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=10, temperature=0

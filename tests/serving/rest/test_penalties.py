@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.serving.sampling import SamplingParams, apply_penalties
+from kiln.engine.sampler import SamplingParams, apply_penalties
 
 
 def test_greedy_repetition_penalty_equals_transformers(tiny_model_dir, generator):

@@ -92,7 +92,7 @@ async def _mixed(url: str, valid: list[dict], edge: list[tuple[str, dict]]):
 
 
 def test_valid_requests_beside_edge_ones_all_succeed(endpoint, generator):
-    from kiln.serving.sampling import SamplingParams
+    from kiln.engine.sampler import SamplingParams
 
     prompts = [f"batch isolation {i}" for i in range(9)]
     valid = [{"prompt": p, "max_tokens": 6, "temperature": 0} for p in prompts]
@@ -114,8 +114,8 @@ def test_valid_requests_beside_edge_ones_all_succeed(endpoint, generator):
 def test_a_job_that_fails_in_a_batch_fails_alone(local_backend):
     """Per-job error capture: a job the model cannot run (its token ids skip `prepare`'s check)
     shares a batch with valid ones; only it gets an error."""
+    from kiln.engine.sampler import SamplingParams
     from kiln.serving.backends import Job
-    from kiln.serving.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=3)
     good = [
@@ -137,7 +137,7 @@ def test_a_job_that_fails_in_a_batch_fails_alone(local_backend):
 
 @pytest.mark.parametrize("temperature", [1e-5, 1.0, 1e6])
 def test_sampling_is_safe_on_extreme_rows(temperature):
-    from kiln.serving.sampling import SamplingParams, make_generator, sample_next
+    from kiln.engine.sampler import SamplingParams, make_generator, sample_next
 
     logits = torch.tensor(
         [
@@ -156,10 +156,10 @@ def test_sampling_is_safe_on_extreme_rows(temperature):
 def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
     """Generation failing after the stream started: OpenAI's stream sends an error event and
     then [DONE]; Triton's generate_stream sends {"error": ...}. No dropped connection."""
+    from kiln.engine.sampler import SamplingParams
     from kiln.serving import rest_openai, rest_triton_generate
     from kiln.serving.backends import Job
     from kiln.serving.protocol_openai import CompletionRequest
-    from kiln.serving.sampling import SamplingParams
 
     bad = Job([10**6], SamplingParams(max_new_tokens=3), [10**6])  # outside the embeddings
 

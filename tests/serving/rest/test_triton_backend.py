@@ -27,10 +27,10 @@ def exported_model(tiny_model_dir, tmp_path) -> str:
 def test_serve_stage_triton_backend(endpoint, exported_model, generator, tmp_path):
     import openai
 
+    from kiln.engine.sampler import SamplingParams
     from kiln.platform.artifact import Artifact
     from kiln.platform.pipeline import Pipeline
     from kiln.serving import rest_launch
-    from kiln.serving.sampling import SamplingParams
     from kiln.serving.serve_stage import ServeStage
 
     stage = ServeStage(

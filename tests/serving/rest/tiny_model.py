@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 
-from tests.serving.generate.tiny import train_tokenizer
+from tests.engine.tiny import train_tokenizer
 
 
 def make_tiny_model(out_dir: str, *, seed: int = 0, max_seq_len: int = 512, **overrides) -> str:
     """Write an exported Hugging Face dir for a random tiny Llama; returns its path."""
     import torch
 
+    from kiln.engine.generator import Generator
+    from kiln.model.config import ModelConfig
+    from kiln.model.transformer import Transformer
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.generate import Generator
-    from kiln.training.model.config import ModelConfig
-    from kiln.training.model.transformer import Transformer
 
     tok = train_tokenizer()
     cfg = ModelConfig.preset(

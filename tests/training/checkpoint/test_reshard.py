@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from kiln.model.formats.checkpoint import load_state
 from kiln.training.checkpoint import load_model_state
-from kiln.training.checkpoint.offline import load_state
 from kiln.training.config import TrainConfig
 from tests.training.checkpoint.gather import gathered_state
 from tests.training.distributed import run_distributed

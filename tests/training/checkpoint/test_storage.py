@@ -6,13 +6,13 @@ import fsspec
 import numpy as np
 import pytest
 
+from kiln.model.formats import storage
 from kiln.platform.errors import InputError
 from kiln.training.checkpoint import (
     CheckpointConfig,
     latest_checkpoint,
     load_model_state,
     read_sidecar,
-    storage,
 )
 from tests.training.checkpoint.toy import ToyTrainer
 
@@ -63,7 +63,7 @@ def test_unfinished_folder_is_never_latest(tmp_path):
 def test_weights_only_checkpoint_starts_a_fresh_run(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from kiln.training.checkpoint.dcp_io import make_writer
+    from kiln.model.formats.dcp_io import make_writer
 
     source = ToyTrainer(CheckpointConfig(), steps=1, seed=3)
     ckpt = tmp_path / "step-00000000"

@@ -8,9 +8,9 @@ import signal
 import pytest
 import torch
 
+from kiln.model.formats.checkpoint import load_state, read_sidecar
+from kiln.model.formats.storage import is_complete
 from kiln.training.checkpoint import CheckpointConfig, latest_checkpoint, load_model_state
-from kiln.training.checkpoint.offline import load_state, read_sidecar
-from kiln.training.checkpoint.storage import is_complete
 from tests.training.checkpoint.gather import full_state
 from tests.training.checkpoint.toy import ToyTrainer, portable
 from tests.training.distributed import run_distributed

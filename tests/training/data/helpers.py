@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.training.data.indexed_dataset import IndexedDatasetWriter
+from kiln.text.indexed_dataset import IndexedDatasetWriter
 
 
 def write_unique_dataset(

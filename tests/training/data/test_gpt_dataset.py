@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kiln.text.indexed_dataset import IndexedDataset
 from kiln.training.data.blended_dataset import BlendedDataset, build_blending_indices
 from kiln.training.data.gpt_dataset import GPTDataset, build_indices
-from kiln.training.data.indexed_dataset import IndexedDataset
 from tests.training.data.helpers import write_unique_dataset
 from tests.training.data.megatron_peer import (
     _build_document_index,

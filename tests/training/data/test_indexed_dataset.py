@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.training.data.indexed_dataset import IndexedDataset, IndexedDatasetWriter, merge
+from kiln.text.indexed_dataset import IndexedDataset, IndexedDatasetWriter, merge
 from tests.training.data.megatron_peer import IndexedDataset as MegatronIndexedDataset
 from tests.training.data.megatron_peer import IndexedDatasetBuilder
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kiln.platform.errors import ConfigError, InputError
+from kiln.text.indexed_dataset import IndexedDataset
 from kiln.training.data import DataConfig, build_dataloader
-from kiln.training.data.indexed_dataset import IndexedDataset
 from tests.training.data.helpers import write_unique_dataset
 
 SEQ = 16

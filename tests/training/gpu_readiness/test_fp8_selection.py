@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model import Transformer
+from kiln.model.config import ModelConfig
 from kiln.platform.errors import ConfigError
 from kiln.training.config import ParallelConfig, TrainConfig
-from kiln.training.model import Transformer
-from kiln.training.model.config import ModelConfig
 from kiln.training.plan import cpu_stand_in
 from kiln.training.precision import check_fp8_layout, fp8_linear_names
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln.model.config import ModelConfig
 from kiln.training.config import TrainConfig
 from kiln.training.launch import enable_tf32, resolve_auto_precision
 from kiln.training.metrics import attended_keys, flops_per_token, peak_tflops_for
-from kiln.training.model.config import ModelConfig
 
 
 @pytest.mark.parametrize(("seq", "window"), [(16, None), (16, 4), (2048, 512), (7, 7), (5, 9)])

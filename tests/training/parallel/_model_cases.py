@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from kiln.training.model import ModelConfig, Transformer
-from kiln.training.model.moe import moe_aux_loss
+from kiln.model import ModelConfig, Transformer
+from kiln.model.moe import moe_aux_loss
 from kiln.training.parallel.activation_checkpoint import apply_recompute
 from kiln.training.parallel.context_parallel import (
     apply_context_parallel,

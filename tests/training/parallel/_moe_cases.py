@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 
-from kiln.training.model.moe import MoE
+from kiln.model.moe import MoE
 from kiln.training.parallel.expert_parallel import (
     apply_expert_parallel,
     expert_grad_norm_sq,

@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kiln.training.parallel.ring_attention import ring_attention, zigzag_shard
+from kiln.training.parallel.ring import zigzag_shard
+from kiln.training.parallel.ring_attention import ring_attention
 
 # (global length, query heads, key/value heads, sliding window, zigzag)
 CASES = [

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kiln.training.model.attention import AttentionCore
+from kiln.model.attention import AttentionCore
 
 
 def naive_attention(q, k, v, window):

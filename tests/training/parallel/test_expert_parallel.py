@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from kiln.training.model.moe import MoE
+from kiln.model.moe import MoE
 from tests.training.distributed import run_distributed
 from tests.training.parallel._moe_cases import CASES, ep_vs_single, ep_with_replicas
 

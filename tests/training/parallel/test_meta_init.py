@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from kiln.training.model import ModelConfig
-from kiln.training.model.meta import build_on_meta
+from kiln.model import ModelConfig
+from kiln.model.meta import build_on_meta
 from kiln.training.parallel.meta_init import init_full, materialize
 from tests.training.distributed import run_distributed
 

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from kiln.training.model.moe import MoE, moe_aux_loss
+from kiln.model.moe import MoE, moe_aux_loss
 
 
 def test_matches_hf_mixtral_block_and_aux_loss():

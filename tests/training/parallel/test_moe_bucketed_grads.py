@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from kiln.training.model.moe import MoE
+from kiln.model.moe import MoE
 from kiln.training.parallel.expert_parallel import (
     apply_expert_parallel,
     local_expert_ids,

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln.training.model.moe import MoE
+from kiln.model.moe import MoE
 from kiln.training.parallel.expert_parallel import apply_expert_parallel, local_expert_ids
 from tests.training.distributed import run_distributed
 

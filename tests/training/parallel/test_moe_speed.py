@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln.training.model.moe import MoE, grouped_mm_usable, grouped_swiglu
+from kiln.model.moe import MoE, grouped_mm_usable, grouped_swiglu
 
 GEMMS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._grouped_mm.default"}
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.training.parallel.ring_attention import local_positions, zigzag_shard, zigzag_unshard
+from kiln.training.parallel.ring import local_positions, zigzag_shard
 from tests.training.distributed import run_distributed
 from tests.training.parallel._ring_cases import ring_vs_sdpa
+
+
+def zigzag_unshard(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """Inverse of zigzag_shard: the full tensor from every rank's part (in rank order)."""
+    halves = [s.chunk(2, dim) for s in shards]
+    ordered = [h[0] for h in halves] + [h[1] for h in reversed(halves)]
+    return torch.cat(ordered, dim)
 
 
 def test_zigzag_roundtrip_and_positions():

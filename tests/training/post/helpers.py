@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 import os
 
+import torch
+
+from kiln.training.post.chat_dataset import IGNORE_INDEX
+from kiln.training.post.objectives import token_logps
+
 SPECIALS = ["<|endoftext|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 SENTENCES = [
@@ -81,3 +86,18 @@ def save_hf_tokenizer(tok, out_dir: str, chat_template: str | None) -> str:
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
     return out_dir
+
+
+def per_document_losses(
+    logits: torch.Tensor, labels: torch.Tensor, document_ids: torch.Tensor
+) -> dict[tuple[int, int], torch.Tensor]:
+    """Mean loss of each (row, document) of a packed batch: comparable with unpacked rows."""
+    nll = -token_logps(logits, labels)
+    trained = labels != IGNORE_INDEX
+    out = {}
+    for row in range(labels.shape[0]):
+        for doc in document_ids[row].unique().tolist():
+            sel = (document_ids[row] == doc) & trained[row]
+            if doc >= 0 and sel.any():
+                out[(row, doc)] = nll[row][sel].mean()
+    return out

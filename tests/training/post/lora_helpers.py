@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
-from kiln.training.model.lora import LoRAConfig, LoRALinear
-from kiln.training.post.lora_export import HF_MODULE
-from tests.serving.generate.tiny import tiny_model
+from kiln.model.formats.peft import HF_MODULE
+from kiln.model.lora import LoRAConfig, LoRALinear, lora_layers
+from tests.engine.tiny import tiny_model
 
 VOCAB = 400  # = the chat test tokenizer's vocabulary
 _PEFT_NAME = re.compile(r"layers\.(\d+)\.\w+\.(\w+_proj)\.lora_([AB])")
@@ -25,8 +26,8 @@ def kiln_name_of_peft(name: str) -> str:
 
 def export_base(root: str):
     """(tiny kiln model, its HF export directory) written under root."""
+    from kiln.model.formats.weights import write_model_checkpoint
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.import_hf import write_model_checkpoint
 
     model = tiny_model("llama", VOCAB)
     write_model_checkpoint(f"{root}/ckpt", model.cfg.model_dump(), model.state_dict())
@@ -67,3 +68,13 @@ def adapter_grads(model: torch.nn.Module, peft: bool) -> dict[str, torch.Tensor]
         if "lora_" in name and p.grad is not None:
             out[kiln_name_of_peft(name) if peft else name] = p.grad
     return out
+
+
+def merge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.merge()
+
+
+def unmerge_lora(model: nn.Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.unmerge()

@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
+from kiln.model.lora import merged_state_dict
 from kiln.platform.errors import InputError
-from kiln.training.model.lora import merged_state_dict
 from kiln.training.post.trainer import PostTrainer
 from tests.training.post.test_post_trainer import _cfg, data  # noqa: F401 (fixture)
 
@@ -27,9 +27,9 @@ def _losses(trainer: PostTrainer) -> list[float]:
 
 def _wide_base(root: str) -> str:
     """A base whose weights outweigh the fixed part of a checkpoint (optimizer groups, RNG)."""
+    from kiln.model.formats.weights import write_model_checkpoint
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.import_hf import write_model_checkpoint
-    from tests.serving.generate.tiny import tiny_model
+    from tests.engine.tiny import tiny_model
     from tests.training.post.lora_helpers import VOCAB
 
     model = tiny_model("llama", VOCAB, dim=256, ffn_hidden_dim=512, n_heads=4, n_kv_heads=2)
@@ -40,8 +40,8 @@ def _wide_base(root: str) -> str:
 
 @pytest.mark.slow
 def test_adapter_checkpoint_is_small_resumes_and_exports(data, tmp_path):  # noqa: F811
-    from kiln.training.checkpoint.offline import read_sidecar, resolve
-    from kiln.training.model.weights import read_weights
+    from kiln.model.formats.checkpoint import read_sidecar, resolve
+    from kiln.model.formats.weights import read_weights
 
     data = {**data, "hf": _wide_base(str(tmp_path))}
     ckpt = str(tmp_path / "ck")

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.text.chat_template import ChatTemplate
 from kiln.training.data.loader import TokenLoader
 from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatDataset, ChatSource
 from kiln.training.post.chat_encode import encode_chat
-from kiln.training.post.chat_template import ChatTemplate
 from kiln.training.post.packing import first_fit_decreasing, pack
 from kiln.training.post.prepare import prepare_chat, prepare_preference
 from tests.training.post.helpers import CONVERSATION, chat_tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kiln.text.chat_template import CHATML, ChatTemplate, add_chat_tokens
 from kiln.training.post.chat_encode import encode_chat
-from kiln.training.post.chat_template import CHATML, ChatTemplate, add_chat_tokens
 from tests.training.post.helpers import (
     CHATML_GENERATION,
     CONVERSATION,

@@ -32,7 +32,7 @@ def _pair_logps(model_dir: str, prefix: str) -> tuple[torch.Tensor, torch.Tensor
     """Summed reply log-probs (chosen, rejected) of every pair of a prepared preference set."""
     import numpy as np
 
-    from kiln.training.model.weights import build_model, read_weights
+    from kiln.model.formats.weights import build_model, read_weights
     from kiln.training.post.chat_dataset import ChatDataset
     from kiln.training.post.dpo import split_pairs
     from kiln.training.post.objectives import sequence_logps

@@ -24,9 +24,9 @@ FACTS = {  # invented: no base model can know them
 
 def _random_base(root: str) -> str:
     """A random kiln model (peaked logits) over the chat tokenizer's vocabulary, as a HF folder."""
+    from kiln.model.formats.weights import write_model_checkpoint
     from kiln.serving.export.hf import export_hf
-    from kiln.serving.import_hf import write_model_checkpoint
-    from tests.serving.generate.tiny import tiny_model
+    from tests.engine.tiny import tiny_model
 
     model = tiny_model("llama", 400, dim=64, ffn_hidden_dim=128, max_seq_len=SEQ)
     write_model_checkpoint(f"{root}/ckpt", model.cfg.model_dump(), model.state_dict())

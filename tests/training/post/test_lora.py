@@ -8,21 +8,22 @@ import copy
 import pytest
 import torch
 
-from kiln.training.model.lora import (
+from kiln.model.formats.peft import export_peft_adapter
+from kiln.model.lora import (
     LoRAConfig,
     adapter_state_dict,
     adapters_disabled,
     apply_lora,
-    merge_lora,
-    unmerge_lora,
 )
-from kiln.training.post.lora_export import export_merged_hf, export_peft_adapter
+from kiln.training.post.lora_export import export_merged_hf
 from tests.training.post.lora_helpers import (
     VOCAB,
     adapter_grads,
     export_base,
+    merge_lora,
     peft_model,
     random_adapters,
+    unmerge_lora,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
@@ -109,10 +110,10 @@ def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_pat
     the local backend (the base named in adapter_config.json): the merged export's logits."""
     import asyncio
 
+    from kiln.engine.generator import Generator
+    from kiln.model.formats.hf import find_hf_dir
     from kiln.serving.backend_local import LocalBackend
     from kiln.serving.backends import BatchingConfig
-    from kiln.serving.generate import Generator
-    from kiln.serving.rest_launch import find_hf_dir
     from tests.training.post.helpers import chat_tokenizer, save_hf_tokenizer
 
     base, hf_dir = base_export
@@ -126,7 +127,7 @@ def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_pat
     export_merged_hf(model.cfg.model_dump(), model.state_dict(), cfg, str(tmp_path / "merged"))
     assert find_hf_dir(adapter_dir) == adapter_dir
 
-    backend = LocalBackend(adapter_dir, "tiny", BatchingConfig(engine="batch"))
+    backend = LocalBackend(adapter_dir, "tiny", BatchingConfig())
     merged = Generator.load(str(tmp_path / "merged"), tokenizer=adapter_dir, device="cpu").model
     tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
     try:

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.training.model.lora import LoRAConfig, adapters_disabled, apply_lora
+from kiln.model.lora import LoRAConfig, adapters_disabled, apply_lora
 from kiln.training.post.chat_dataset import ChatDataset
 from kiln.training.post.dpo import dpo_loss, split_pairs
-from kiln.training.post.objectives import per_document_losses, sequence_logps, sft_loss
+from kiln.training.post.objectives import sequence_logps, sft_loss
 from kiln.training.post.packed_attention import document_masking
 from kiln.training.post.prepare import prepare_chat, prepare_preference
-from tests.training.post.helpers import CONVERSATION, chat_tokenizer
+from tests.training.post.helpers import CONVERSATION, chat_tokenizer, per_document_losses
 from tests.training.post.lora_helpers import (
     adapter_grads,
     export_base,

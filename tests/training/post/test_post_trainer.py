@@ -58,7 +58,7 @@ def _cfg(data, objective="sft", **over) -> PostTrainConfig:
 
 
 def test_lora_sft_trains_only_adapters_on_the_base(data, tmp_path):
-    from kiln.training.model.weights import read_weights
+    from kiln.model.formats.weights import read_weights
 
     trainer = PostTrainer(_cfg(data, checkpoint={"dir": str(tmp_path / "ck"), "interval_steps": 2}))
     history = trainer.train()

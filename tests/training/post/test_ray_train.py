@@ -15,7 +15,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is", "ignore::
 def test_lora_sft_on_ray_train_equals_one_process(ray_session, data, tmp_path):  # noqa: F811
     from safetensors.torch import load_file
 
-    from kiln.training.model.weights import read_weights
+    from kiln.model.formats.weights import read_weights
     from kiln.training.post.run import train_post, train_post_on_ray
     from kiln.training.ray_train import RayOptions
 

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from kiln.training.model import AttentionCore
+from kiln.model import AttentionCore
 from tests.training.trainer.layouts import train_losses
 
 pytestmark = pytest.mark.gpu

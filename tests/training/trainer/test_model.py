@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from kiln.model import AttentionCore, ModelConfig, Transformer
 from kiln.platform.errors import ConfigError
-from kiln.training.model import AttentionCore, ModelConfig, Transformer
 
 
 def naive_attention(q, k, v, window=None):
@@ -138,8 +138,8 @@ def test_loading_weights_builds_on_meta_without_torch_dynamo(tmp_path):
     torch.save(reference.state_dict(), tmp_path / "state.pt")
     code = f"""
 import sys, torch
-from kiln.training.model import ModelConfig
-from kiln.training.model.weights import build_model
+from kiln.model import ModelConfig
+from kiln.model.formats.weights import build_model
 state = torch.load({str(tmp_path / "state.pt")!r}, weights_only=True)
 model = build_model(ModelConfig.preset("tiny"), state, device="cpu")
 assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())

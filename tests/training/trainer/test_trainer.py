@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from kiln.model import ModelConfig, Transformer
 from kiln.platform.errors import ConfigError
 from kiln.training.config import ScheduleConfig, TrainConfig
 from kiln.training.metrics import flops_per_token
-from kiln.training.model import ModelConfig, Transformer
 from kiln.training.optimizer import clip_grads_, global_grad_norm, lr_factor
 from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.pipeline_parallel import split_layers, stage_ids

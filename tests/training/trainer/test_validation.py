@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kiln.platform.errors import ConfigError
+from kiln.text.indexed_dataset import IndexedDatasetWriter
 from kiln.training.data import build_dataloader
 from kiln.training.data.config import DataConfig
-from kiln.training.data.indexed_dataset import IndexedDatasetWriter
 from kiln.training.parallel.loss import cross_entropy_loss
 from kiln.training.trainer import Trainer
 from tests.training.distributed import run_distributed

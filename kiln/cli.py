@@ -1,0 +1,28 @@
+"""The `kiln` command line of the composition root: every area's commands (each area's `cli`
+module has a `register(subparsers)`), on the platform's parser. Imported with the `kiln`
+package, so `kiln.platform.cli:main` (the console script) sees them."""
+
+from __future__ import annotations
+
+import sys
+
+from kiln.platform.cli import main, register_command_modules
+
+AREA_COMMANDS = [
+    "kiln.curator.cli",
+    "kiln.curator.classify.cli",
+    "kiln.training.data.cli",
+    "kiln.training.cli",
+    "kiln.training.plan",
+    "kiln.training.post.cli",
+    "kiln.serving.export_cli",
+    "kiln.serving.cli",
+    "kiln.evaluate.cli",
+]
+
+register_command_modules(AREA_COMMANDS)
+
+__all__ = ["main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

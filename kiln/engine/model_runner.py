@@ -1,0 +1,47 @@
+"""The engine's model runner: one `Transformer.forward` over the KV cache per prefill chunk or
+decode step, with logits only where a token is sampled (`logits_positions`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kiln.model.kv_cache import KVCache
+
+WIDE_HEAD = 16384  # vocabularies from here on get the column-major head
+
+
+def column_major_head(model: nn.Module) -> None:
+    """Store a wide, untied LM head column-major (same values, same tensor size): F.linear then
+    multiplies by a contiguous [D, V] matrix, which MKL runs faster than the transposed one at
+    1-64 rows (bench/serving_engine.py --part steps). A tied head keeps its layout (the
+    embedding gathers rows of it)."""
+    head = getattr(model, "output", None)
+    embeddings = getattr(model, "tok_embeddings", None)
+    if not isinstance(head, nn.Linear) or embeddings is None:
+        return
+    if head.weight is embeddings.weight or head.weight.shape[0] < WIDE_HEAD:
+        return
+    if head.weight.stride(0) == 1:  # already stored so
+        return
+    head.weight.data = head.weight.detach().t().contiguous().t()
+
+
+class ModelRunner:
+    """Runs `model` (a kiln `Transformer`) for the engine's scheduled work."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        column_major_head(model)
+
+    def __call__(
+        self, tokens: torch.Tensor, cache: KVCache, rows: list[int], cols: list[int]
+    ) -> torch.Tensor:
+        """`model(tokens, kv_cache=cache)[rows, cols]`: logits [len(rows), V] of those
+        positions; every token's keys/values are cached and the rows advance."""
+        device = tokens.device
+        index = (
+            torch.tensor(rows, dtype=torch.long, device=device),
+            torch.tensor(cols, dtype=torch.long, device=device),
+        )
+        return self.model(tokens, kv_cache=cache, logits_positions=index)

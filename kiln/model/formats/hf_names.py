@@ -1,0 +1,251 @@
+"""Kiln <-> Hugging Face: config fields and parameter names (Llama, Mistral, Mixtral, Qwen2).
+
+Torch and safetensors only (no Ray, no transformers): the Triton model repository vendors this
+file. RoPE already uses HF's rotate_half convention, so no weight permutation.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from kiln.model.config import ModelConfig, RopeScaling
+from kiln.platform.errors import ConfigError, InputError
+
+# (kiln template, HF template); {i} layer, {j} expert
+_NAME_PAIRS = [
+    ("tok_embeddings.weight", "model.embed_tokens.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    *[
+        (f"layers.{{i}}.attention.w{a}.{kind}", f"model.layers.{{i}}.self_attn.{a}_proj.{kind}")
+        for a in "qkv"
+        for kind in ("weight", "bias")
+    ],
+    ("layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    ("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    ("layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"),
+    ("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    ("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
+    ("layers.{i}.moe.gate.weight", "model.layers.{i}.block_sparse_moe.gate.weight"),
+    *[
+        (
+            f"layers.{{i}}.moe.experts.{{j}}.{w}.weight",
+            f"model.layers.{{i}}.block_sparse_moe.experts.{{j}}.{w}.weight",
+        )
+        for w in ("w1", "w2", "w3")
+    ],
+    # transformers 5 calls the Mixtral block `mlp` once loaded; accept it on import
+    ("layers.{i}.moe.gate.weight", "model.layers.{i}.mlp.gate.weight"),
+]
+
+
+def _regex(template: str) -> re.Pattern:
+    pattern = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)")
+    return re.compile(f"^{pattern}$")
+
+
+_TO_HF = [(_regex(k), h) for k, h in _NAME_PAIRS[:-1]]
+_TO_KILN = [(_regex(h), k) for k, h in _NAME_PAIRS]
+
+
+def _rename(name: str, table) -> str | None:
+    for pattern, template in table:
+        m = pattern.match(name)
+        if m:
+            return template.format(**m.groupdict())
+    return None
+
+
+def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
+    out = {}
+    for name, tensor in state.items():
+        hf = _rename(name, _TO_HF)
+        if hf is None:
+            raise InputError(f"checkpoint parameter {name!r} has no Hugging Face name")
+        if cfg.tie_embeddings and hf == "lm_head.weight":
+            continue
+        out[hf] = tensor.detach().contiguous()
+    return out
+
+
+def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename an HF state dict to kiln names; splits transformers 5's fused Mixtral experts."""
+    out = {}
+    for name, tensor in state.items():
+        fused = re.match(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$", name)
+        if fused:
+            layer, kind = fused.groups()
+            for j, expert in enumerate(tensor):
+                prefix = f"layers.{layer}.moe.experts.{j}"
+                if kind == "down_proj":
+                    out[f"{prefix}.w2.weight"] = expert.contiguous()
+                else:
+                    gate, up = expert.chunk(2, dim=0)
+                    out[f"{prefix}.w1.weight"] = gate.contiguous()
+                    out[f"{prefix}.w3.weight"] = up.contiguous()
+            continue
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        kiln = _rename(name, _TO_KILN)
+        if kiln is None:
+            raise InputError(f"Hugging Face parameter {name!r} is not a weight kiln's model has")
+        out[kiln] = tensor
+    if cfg.tie_embeddings:
+        out["output.weight"] = out["tok_embeddings.weight"]
+    return out
+
+
+def _rope_fields(cfg: ModelConfig) -> dict:
+    if cfg.rope_scaling is None:
+        params = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        return {"rope_theta": cfg.rope_theta, "rope_parameters": params, "rope_scaling": None}
+    s = cfg.rope_scaling
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": cfg.rope_theta,
+        "factor": s.factor,
+        "low_freq_factor": s.low_freq_factor,
+        "high_freq_factor": s.high_freq_factor,
+        "original_max_position_embeddings": s.original_max_seq_len,
+    }
+    return {"rope_theta": cfg.rope_theta, "rope_parameters": params, "rope_scaling": params}
+
+
+def to_hf_config(
+    cfg: ModelConfig, *, bos_token_id: int | None = None, eos_token_id: int | None = None
+) -> dict:
+    """HF `config.json`: Mixtral if MoE, Qwen2 with q/k/v biases, Mistral with a sliding window,
+    else Llama."""
+    body = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_hidden_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        **_rope_fields(cfg),
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "float32",
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+    if cfg.n_experts:
+        if cfg.qkv_bias:
+            raise ConfigError("model.qkv_bias with model.n_experts has no Hugging Face export")
+        return {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            **body,
+            "sliding_window": cfg.sliding_window,
+            "num_local_experts": cfg.n_experts,
+            "num_experts_per_tok": cfg.top_k,
+            "router_aux_loss_coef": cfg.moe_aux_loss_coef,
+            "output_router_logits": False,
+            "router_jitter_noise": 0.0,
+        }
+    if cfg.qkv_bias:
+        if cfg.sliding_window:
+            raise ConfigError("model.qkv_bias with model.sliding_window has no Hugging Face export")
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            **body,
+            "use_sliding_window": False,
+            "sliding_window": None,
+        }
+    if cfg.sliding_window:
+        return {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            **body,
+            "sliding_window": cfg.sliding_window,
+        }
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **body,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+    }
+
+
+_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2")
+
+
+def _rope_scaling(hf: dict) -> RopeScaling | None:
+    """Llama-3 `rope_scaling` (or transformers 5's `rope_parameters`); others are a ConfigError."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise ConfigError(
+            f"config.json: rope_scaling type {kind!r} is not supported (default or llama3)"
+        )
+    return RopeScaling(
+        factor=rope["factor"],
+        low_freq_factor=rope.get("low_freq_factor", 1.0),
+        high_freq_factor=rope.get("high_freq_factor", 4.0),
+        original_max_seq_len=rope.get("original_max_position_embeddings", 8192),
+    )
+
+
+def from_hf_config(hf: dict) -> ModelConfig:
+    """Kiln `ModelConfig` from an HF Llama/Mistral/Mixtral/Qwen2 config.json."""
+    model_type = hf.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        raise ConfigError(f"config.json: model_type {model_type!r} is not one of {_MODEL_TYPES}")
+    if hf.get("mlp_bias"):
+        raise ConfigError("config.json: mlp_bias=true is not supported by kiln's model")
+    if model_type != "qwen2" and hf.get("attention_bias"):
+        raise ConfigError(
+            "config.json: attention_bias=true (a bias on o_proj too) is not supported; "
+            "kiln's model has q/k/v biases only (Qwen2)"
+        )
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    if head_dim * heads != hf["hidden_size"]:
+        raise ConfigError("config.json: head_dim * num_attention_heads must equal hidden_size")
+    if model_type == "qwen2" and hf.get("use_sliding_window"):
+        raise ConfigError(
+            "config.json: use_sliding_window=true (per-layer windows) is not supported"
+        )
+    window = hf.get("sliding_window") if model_type in ("mistral", "mixtral") else None
+    if hf.get("use_sliding_window") is False:
+        window = None
+    rope = hf.get("rope_parameters") or {}
+    cfg = {
+        "vocab_size": hf["vocab_size"],
+        "dim": hf["hidden_size"],
+        "n_layers": hf["num_hidden_layers"],
+        "n_heads": heads,
+        "n_kv_heads": hf.get("num_key_value_heads") or heads,
+        "ffn_hidden_dim": hf["intermediate_size"],
+        "norm_eps": hf.get("rms_norm_eps", 1e-5),
+        "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+        "rope_scaling": _rope_scaling(hf),
+        "max_seq_len": hf.get("max_position_embeddings", 2048),
+        "sliding_window": window,
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+        "qkv_bias": model_type == "qwen2",
+    }
+    if model_type == "mixtral":
+        cfg.update(
+            n_experts=hf["num_local_experts"],
+            top_k=hf.get("num_experts_per_tok", 2),
+            capacity_factor=None,
+            moe_aux_loss_coef=hf.get("router_aux_loss_coef", 0.01),
+        )
+    return ModelConfig(**cfg)

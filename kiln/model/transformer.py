@@ -1,0 +1,210 @@
+"""A Llama-style decoder, read top to bottom. No parallelism here (see kiln/training/parallel).
+
+One forward serves training and generation: `Transformer.forward(tokens, positions, kv_cache)`.
+Each module initialises its own weights (`init_weights(init_std)`, as in torchtitan): input
+projections and embeddings draw from N(0, 0.02), projections that write into the residual stream
+(attention `wo`, feed-forward `w2`) from N(0, init_std).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.model.attention import AttentionCore
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache, LayerKV
+from kiln.model.moe import MoE
+from kiln.model.norms import RMSNorm
+from kiln.model.rope import apply_rope, rope_rows, rope_tables
+
+BASE_STD = 0.02  # Llama / GPT-2 init for embeddings and input projections
+
+
+def _normal(linear: nn.Module, std: float) -> None:
+    nn.init.normal_(linear.weight, mean=0.0, std=std)
+    if getattr(linear, "bias", None) is not None:
+        nn.init.zeros_(linear.bias)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA/MQA (n_kv_heads <= n_heads), RoPE and an exchangeable core."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.core = AttentionCore(cfg.head_dim, cfg.sliding_window, cfg.attention_backend)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: LayerKV | None = None,
+    ) -> torch.Tensor:
+        """x [B, S, D]; RoPE rows of `positions` (default 0..S-1) from the full cos/sin tables.
+
+        The rows are gathered here, per layer, from x's own length: under sequence parallelism
+        the block's input is sharded along the sequence and x is the gathered whole."""
+        B, S, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        cos, sin = rope_rows(rope_cos, rope_sin, S, positions)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is None:
+            out = self.core(q, k, v)
+        else:
+            k, v, mask = kv_cache.update(k, v)
+            out = self.core(q, k, v, mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(B, S, -1))
+
+    def init_weights(self, init_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            _normal(linear, BASE_STD)
+        _normal(self.wo, init_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, init_std: float) -> None:
+        _normal(self.w1, BASE_STD)
+        _normal(self.w2, init_std)
+        _normal(self.w3, BASE_STD)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: attention then feed-forward (dense) or mixture of experts."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.moe_enabled = cfg.n_experts > 0
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        if self.moe_enabled:
+            self.moe = MoE(
+                cfg.dim, cfg.ffn_hidden_dim, cfg.n_experts, cfg.top_k, cfg.capacity_factor
+            )
+        else:
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        layer_kv = kv_cache.layer(self.layer_id) if kv_cache is not None else None
+        h = x + self.attention(
+            self.attention_norm(x), rope_cos, rope_sin, positions=positions, kv_cache=layer_kv
+        )
+        mlp = self.moe if self.moe_enabled else self.feed_forward
+        return h + mlp(self.ffn_norm(h))
+
+    def init_weights(self, init_std: float) -> None:
+        self.attention_norm.reset_parameters()
+        self.attention.init_weights(init_std)
+        self.ffn_norm.reset_parameters()
+        (self.moe if self.moe_enabled else self.feed_forward).init_weights(init_std)
+
+
+class Transformer(nn.Module):
+    """tokens [B, S] -> logits [B, S, V]. As a pipeline stage, parts set to None are skipped."""
+
+    def __init__(self, cfg: ModelConfig, *, init: bool = True):
+        """`init=False` draws no weights and builds no RoPE tables: for a build on the meta device
+        whose storage comes later (`to_empty`, then `init_weights()` or loaded weights)."""
+        super().__init__()
+        self.cfg = cfg
+        # nn.Embedding draws N(0, 1) unless handed its weight (a meta normal_ imports torch._dynamo)
+        empty = None if init else torch.empty(cfg.vocab_size, cfg.dim)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=empty)
+        # A ModuleDict keyed by global index keeps names like `layers.7` in every pipeline stage.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        if init:
+            self.init_weights()
+
+    def _rope_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        return rope_tables(c.head_dim, c.max_seq_len, c.rope_theta, device, c.rope_scaling)
+
+    def init_buffers(self, device: torch.device | None = None) -> None:
+        """(Re)build the RoPE tables (non-persistent buffers: never in a checkpoint)."""
+        self.rope_cos, self.rope_sin = self._rope_tables(device or self.rope_cos.device)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Llama/GPT-2 init (std 0.02, residual projections scaled by depth); rebuilds RoPE tables.
+
+        Call after `to_empty()` when the model was built on the meta device. Deterministic:
+        modules draw in the order they appear (embedding, blocks, norm, output).
+        """
+        self.init_buffers(buffer_device)
+        init_std = BASE_STD / math.sqrt(2 * self.cfg.n_layers)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=BASE_STD)
+        for layer in self.layers.values():
+            layer.init_weights(init_std)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:  # tied: redraws the shared embedding, as it always has
+            nn.init.normal_(self.output.weight, mean=0.0, std=BASE_STD)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        logits_positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """tokens [B, S] (or hidden states [B, S, D] in a later pipeline stage) -> logits.
+
+        positions: RoPE positions, [S] or [B, S] (default 0..S-1; context parallelism passes each
+        rank's global positions). kv_cache: append these tokens to the cache and attend over it
+        (see `KVCache`); positions then default to each row's next slots. logits_positions:
+        (rows, cols) index tensors: logits [N, V] of those positions only, as decoding needs (the
+        head of a 32k vocabulary is ~20% of a 125M model's FLOPs per token).
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if kv_cache is not None:
+            seq_len = h.shape[1]
+            positions = kv_cache.positions(seq_len) if positions is None else positions
+            kv_cache.begin(seq_len)
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin, positions=positions, kv_cache=kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(h.shape[1])
+        if logits_positions is not None:
+            h = h[logits_positions]
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
