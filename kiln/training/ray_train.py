@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
+from kiln.training.checkpoint.resume import announce_resume
 from kiln.training.elastic import (
     GROW_MARK,
     ElasticConfig,
@@ -106,7 +107,7 @@ def train_on_ray(
     if options.elastic:
         n = plan_workers(cfg, options.elastic, cpus, use_gpu)
     cfg = _with_checkpoint_dir(cfg, os.path.join(storage_path, options.name, "checkpoints"))
-    resumed_from = _announce_resume(cfg.checkpoint.dir)
+    resumed_from = announce_resume(cfg.checkpoint.dir)
     t0 = time.perf_counter()
     change = None
     for restart in range(options.elastic.max_restarts + 1 if options.elastic else 1):
@@ -153,23 +154,6 @@ def train_on_ray(
         "layout_changes": read_layout_changes(run_dir),
         "resumed_from_step": resumed_from,
     }
-
-
-def _announce_resume(ckpt_root: str) -> int | None:
-    """The step of the checkpoint an earlier, stopped attempt left (the workers resume from it,
-    see `_resume_point`), said on the console; None for a fresh start."""
-    from kiln.training.checkpoint import latest_checkpoint, read_sidecar
-
-    latest = latest_checkpoint(ckpt_root)
-    if latest is None:
-        return None
-    try:
-        step = int(read_sidecar(latest)["step"])
-    except Exception:  # noqa: BLE001 - unreadable: the workers decide (and warn) themselves
-        return None
-    log.info("resuming from checkpoint step %d", step)
-    log.debug("resuming from %s", latest)
-    return step
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -138,10 +138,12 @@ def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:
 def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None) -> dict:
     """Train (resuming from cfg.checkpoint.dir when it holds a checkpoint) and export."""
     from kiln.model.formats.hub import local_model
+    from kiln.training.checkpoint.resume import announce_resume
     from kiln.training.post.trainer import PostTrainer, chat_prefix
 
     if cfg.base:  # a Hub id: its snapshot folder (downloaded once, here)
         cfg = cfg.model_copy(update={"base": local_model(cfg.base)})
+    resumed_from = announce_resume(cfg.checkpoint.dir)
     trainer = PostTrainer(cfg, on_step=on_step)
     history = trainer.train()
     summary: dict[str, Any] = {
@@ -149,6 +151,7 @@ def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None
         "steps": trainer.step,
         "final": history[-1] if history else None,
         "first_loss": history[0]["loss"] if history else None,
+        "resumed_from_step": resumed_from,
     }
     if export_dir:
         chat_dir = os.path.dirname(chat_prefix(trainer.cfg))
@@ -181,6 +184,7 @@ def train_post_on_ray(
         "final": final,
         "checkpoint": result["checkpoint"],
         "world_size": result["world_size"],
+        "resumed_from_step": result["resumed_from_step"],
     }
     if export_dir:
         chat_dir = os.path.dirname(chat_prefix(cfg))

@@ -253,6 +253,8 @@ class _PostStage(Stage):
         out.meta = {"objective": self.objective, "lora": cfg.lora is not None, "final": final}
         metrics = {"steps": summary["steps"], "final_loss": final.get("loss")}
         metrics.update({k: v for k, v in final.items() if k.startswith("rewards/")})
+        if summary.get("resumed_from_step") is not None:  # the report says so
+            metrics["resumed_from_step"] = summary["resumed_from_step"]
         return metrics
 
 

@@ -4,6 +4,7 @@ adapters-disabled one, FSDP (dp_shard=2) equals one process, unsupported layouts
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from kiln.platform.errors import ConfigError
 from kiln.training.data.config import DataConfig
 from kiln.training.post.config import PostTrainConfig
 from kiln.training.post.prepare import prepare_chat, prepare_preference
+from kiln.training.post.run import train_post
 from kiln.training.post.trainer import PostTrainer
 from tests.training.distributed import run_distributed
 from tests.training.post.helpers import chat_tokenizer
@@ -78,6 +80,19 @@ def test_lora_sft_trains_only_adapters_on_the_base(data, tmp_path):
 
 
 @pytest.mark.slow  # 5-7 s here: `make test` runs it, test-fast does not
+def test_a_resumed_in_process_run_says_from_which_step(data, tmp_path, caplog):
+    """`sft`/`dpo` in the driver's process print the resume line too, as train on Ray does."""
+    ck = {"dir": str(tmp_path / "ck"), "interval_steps": 2}
+    with caplog.at_level(logging.INFO, logger="kiln.train"):
+        first = train_post(_cfg(data, steps=2, checkpoint=ck))
+        assert first["resumed_from_step"] is None
+        assert "resuming" not in caplog.text
+        resumed = train_post(_cfg(data, steps=3, checkpoint=ck))
+    assert resumed["resumed_from_step"] == 2
+    assert resumed["steps"] == 3
+    assert "resuming from checkpoint step 2" in caplog.text
+
+
 def test_dpo_precomputed_reference_equals_adapters_disabled(data, tmp_path):
     runs = {}
     for ref in ("precomputed", "adapters_disabled"):
