@@ -117,21 +117,11 @@ class Trainer:
 
     def _build_eval_loader(self):
         """The eval split, read without prefetch; synthetic data: samples of another seed."""
-        from kiln.training.data import build_dataloader
-
         cfg = self.cfg
         update: dict[str, Any] = {"split": cfg.eval_split, "prefetch": 0}
         if cfg.data.synthetic:
             update["seed"] = (cfg.seed if cfg.data.seed is None else cfg.data.seed) + 1
-        return build_dataloader(
-            cfg.data.model_copy(update=update),
-            seq_len=cfg.seq_len,
-            micro_batch_size=cfg.micro_batch_size,
-            dp_rank=self.dims.dp_rank,
-            dp_size=self.dims.dp_size,
-            seed=cfg.seed,
-            vocab_size=cfg.model.vocab_size,
-        )
+        return self._loader_of(cfg.data.model_copy(update=update))
 
     def _resolve_layout(self) -> None:
         """The layout (validated once), this rank's device and, when distributed, the mesh."""
@@ -227,11 +217,15 @@ class Trainer:
         return model
 
     def _build_dataloader(self):
+        return self._loader_of(self.cfg.data)
+
+    def _loader_of(self, data):
+        """The loader of `data` (a DataConfig) over this rank's DP share."""
         from kiln.training.data import build_dataloader
 
         cfg = self.cfg
         return build_dataloader(
-            cfg.data,
+            data,
             seq_len=cfg.seq_len,
             micro_batch_size=cfg.micro_batch_size,
             dp_rank=self.dims.dp_rank,

@@ -64,6 +64,9 @@ class PostTrainer(Trainer):
             cfg = cfg.model_copy(update={"model": base_cfg})
         super().__init__(cfg, on_step=on_step, dataloader=dataloader)
         self._post_metrics: dict[str, float] = {}
+        # DPO's precomputed reference log-probs (train and held-out rows), filled in setup()
+        self._reference: torch.Tensor | None = None
+        self._eval_reference: torch.Tensor | None = None
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -266,27 +269,33 @@ class PostTrainer(Trainer):
         return to_local_loss(loss).detach()
 
     def _dpo_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
-        cfg, model = self.cfg, self.model_parts[0]
+        model = self.model_parts[0]
         with self._contexts():
-            policy, n_tokens = sequence_logps(model(tokens), labels)
-            if cfg.dpo.reference == "precomputed":
-                reference = self._reference[rows].to(policy.dtype)
-                ref_chosen, ref_rejected = reference[:, 0], reference[:, 1]
-            else:
-                with torch.no_grad(), adapters_disabled(model):
-                    ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
-            loss, metrics = dpo_loss(
-                *split_pairs(policy),
-                ref_chosen,
-                ref_rejected,
-                *split_pairs(n_tokens),
-                beta=cfg.dpo.beta,
-                loss_type=cfg.dpo.loss_type,
-            )
+            loss, metrics = self._dpo_loss(model, tokens, labels, self._reference, rows)
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         for k, v in metrics.items():
             self._post_metrics[k] = self._post_metrics.get(k, 0.0) + float(v) / self.grad_accum
         return loss.detach()
+
+    def _dpo_loss(self, model, tokens, labels, reference, rows):
+        """DPO's loss and reward metrics of a batch of pairs; the reference log-probs are the
+        precomputed table's `rows`, or the base's (adapters off, no gradient)."""
+        cfg = self.cfg
+        policy, n_tokens = sequence_logps(model(tokens), labels)
+        if cfg.dpo.reference == "precomputed":
+            ref = reference[rows].to(policy.dtype)
+            ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
+        else:
+            with torch.no_grad(), adapters_disabled(model):
+                ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
+        return dpo_loss(
+            *split_pairs(policy),
+            ref_chosen,
+            ref_rejected,
+            *split_pairs(n_tokens),
+            beta=cfg.dpo.beta,
+            loss_type=cfg.dpo.loss_type,
+        )
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -303,23 +312,8 @@ class PostTrainer(Trainer):
         return {"val_loss": to_local_loss(loss)}
 
     def _dpo_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
         with self._contexts():
-            policy, n_tokens = sequence_logps(model(tokens), labels)
-            if cfg.dpo.reference == "precomputed":
-                reference = self._eval_reference[rows].to(policy.dtype)
-                ref_chosen, ref_rejected = reference[:, 0], reference[:, 1]
-            else:
-                with adapters_disabled(model):
-                    ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
-            loss, metrics = dpo_loss(
-                *split_pairs(policy),
-                ref_chosen,
-                ref_rejected,
-                *split_pairs(n_tokens),
-                beta=cfg.dpo.beta,
-                loss_type=cfg.dpo.loss_type,
-            )
+            loss, metrics = self._dpo_loss(model, tokens, labels, self._eval_reference, rows)
         return {
             "val_loss": loss,
             "val_rewards/accuracies": metrics["rewards/accuracies"],
