@@ -23,7 +23,7 @@ class StageFailed(KilnError):
 
 def _field_names_at(model, path) -> list[str]:
     """The field names (and aliases) of the pydantic model found at `path` under `model`."""
-    from kiln.platform.reference import submodel
+    from kiln.platform.fields import submodel  # pydantic: this module stays import-free
 
     for part in path:
         field = model.model_fields.get(part) or next(

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from kiln.platform.errors import KilnError
+from kiln.platform.fields import submodel
 from kiln.platform.registry import public_stages, stage_class
 
 HEADER = """# YAML reference
@@ -55,15 +56,6 @@ def _type_name(tp) -> str:
     if inspect.isclass(tp) and issubclass(tp, enum.Enum):
         return " \\| ".join(repr(m.value) for m in tp)
     return getattr(tp, "__name__", str(tp))
-
-
-def submodel(tp) -> type[BaseModel] | None:
-    """The pydantic model a field holds (itself, or inside `X | None`, `list[X]`), if any."""
-    candidates = [tp, *typing.get_args(tp)]
-    for c in candidates:
-        if inspect.isclass(c) and issubclass(c, BaseModel):
-            return c
-    return None
 
 
 def _default(field) -> str:

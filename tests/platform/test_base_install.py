@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -61,8 +62,11 @@ def extra_only_modules() -> dict[str, str]:
     base = _closure(project["dependencies"])
     extras = _closure([r for reqs in project["optional-dependencies"].values() for r in reqs])
     only_extra = extras - base
+    # pip installs the extras into this environment's site-packages; a copy a library vendors
+    # (Ray's colorama in ray/thirdparty_files, on sys.path once ray is imported) stays visible
+    site = os.path.realpath(sysconfig.get_paths()["purelib"])
     return {
-        module: os.path.realpath(metadata.distribution(dists[0]).locate_file(""))
+        module: site
         for module, dists in metadata.packages_distributions().items()
         if all(canonicalize_name(d) in only_extra for d in dists)
     }
