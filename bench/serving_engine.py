@@ -249,12 +249,12 @@ def step_costs(repeats: int) -> None:
     prompt = torch.randint(0, cfg.vocab_size, (1, 200))
 
     def decode():
-        forward(step, pool.view(0, rows), list(range(rows)), [0] * rows)
+        forward(step, pool.view(0, rows, 1), list(range(rows)), [0] * rows)
 
     fresh = SlotPool(cfg, 1, 1024)  # a new prompt: its slot starts empty, as in section 1
 
     def prefill():
-        forward(prompt, fresh.view(0, 1), [0], [199])
+        forward(prompt, fresh.view(0, 1, 200), [0], [199])
 
     print("\n3. step costs, 1 thread, thread CPU ms (serving model, dim 256 x 4 layers)")
     with torch.inference_mode():
