@@ -137,6 +137,8 @@ class LocalBackend:
         async for event in stream_events(self._engine, job.prompt_ids, job.params):
             if event.kind == "finish":
                 self._inferences += 1
+                job.finish_reason = "length" if event.finish_reason == "length" else "stop"
+                job.completion_tokens = len(event.token_ids)
                 end = event.text if event.text is not None else decode(event.token_ids)
                 if len(end) > len(sent):
                     yield end[len(sent) :]
@@ -171,6 +173,8 @@ class LocalBackend:
     async def stream(self, job: Job) -> AsyncIterator[str]:
         if not isinstance(job.prompt, str):  # token ids: one delta with the whole text
             (result,) = await self.complete([job])
+            job.finish_reason = result.finish_reason
+            job.completion_tokens = result.completion_tokens
             yield result.text
             return
         async for delta in self._stream_continuous(job):

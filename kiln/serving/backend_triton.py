@@ -250,6 +250,8 @@ class TritonBackend:
             await self._setup()
         if not self._decoupled:  # a plain model answers whole completions: one delta
             (result,) = await self.complete([job])
+            job.finish_reason = result.finish_reason
+            job.completion_tokens = result.completion_tokens
             yield result.text
             return
         async for res in self._responses(job.prompt, job.params, stream=True):

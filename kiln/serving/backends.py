@@ -34,6 +34,10 @@ class Job:
     prompt: Prompt
     params: SamplingParams
     prompt_ids: list[int] | None = None
+    # set by a backend's `stream` when it ends: text deltas are not tokens (bytes merge,
+    # stop strings are held back), so only the backend knows why and after how many tokens
+    finish_reason: Literal["stop", "length"] | None = None
+    completion_tokens: int | None = None
 
 
 @dataclass

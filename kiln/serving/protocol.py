@@ -134,13 +134,33 @@ class SamplingFields(BaseModel):
         return self.model_copy(update=other.model_dump(exclude_none=True))
 
 
+# OpenAI's `error.code` is a string (or null); the HTTP status carries the number. Inside a
+# stream, where the status is already 200, the code says which failure it was.
+ERROR_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
 def openai_error(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     kind = {401: "authentication_error", 404: "not_found_error"}.get(
         status, "invalid_request_error"
     )
     if status >= 500:
         kind = "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    code = ERROR_CODES.get(status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def kserve_error(message: str) -> dict[str, Any]:

@@ -145,11 +145,13 @@ class TokenLogprob(TopLogprob):
 
 class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None  # OpenAI's schema requires it: null, never refused
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: str | None = None  # required by OpenAI's schema (nullable)
 
 
 class ChatChoice(BaseModel):

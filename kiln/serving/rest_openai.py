@@ -194,7 +194,8 @@ async def _completion_stream(
 
     def chunk(text: str, reason=None) -> str:
         choice = CompletionChoice(text=text, index=0, finish_reason=reason)
-        return base.model_copy(update={"choices": [choice]}).model_dump_json()
+        # `usage` only on the usage chunk: the schema has an object there, or nothing
+        return base.model_copy(update={"choices": [choice]}).model_dump_json(exclude={"usage"})
 
     if req.echo:
         yield chunk(_echo_text(backend, job))
@@ -202,15 +203,23 @@ async def _completion_stream(
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
         yield chunk(delta)
-    # a stream reports text, not tokens: one delta per token unless bytes merged
-    yield chunk("", "length" if deltas >= job.params.max_new_tokens else "stop")
+    yield chunk("", _stream_finish(job, deltas))
     if req.stream_options and req.stream_options.include_usage:
         yield _stream_usage(base, job, deltas)
 
 
+def _stream_finish(job: Job, deltas: int) -> str:
+    """Why the stream ended, as the backend saw it; a backend that cannot say (Triton's
+    decoupled stream) is judged by its deltas, one per token unless bytes merged."""
+    if job.finish_reason is not None:
+        return job.finish_reason
+    return "length" if deltas >= job.params.max_new_tokens else "stop"
+
+
 def _stream_usage(base, job: Job, deltas: int) -> str:
     pt = len(job.prompt_ids or [])
-    usage = Usage(prompt_tokens=pt, completion_tokens=deltas, total_tokens=pt + deltas)
+    ct = job.completion_tokens if job.completion_tokens is not None else deltas
+    usage = Usage(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct)
     return base.model_copy(update={"choices": [], "usage": usage}).model_dump_json()
 
 
@@ -297,14 +306,18 @@ async def _chat_stream(
 
     def chunk(delta: ChatDelta, reason=None) -> str:
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=reason)
-        return base.model_copy(update={"choices": [choice]}).model_dump_json(exclude_none=True)
+        event = base.model_copy(update={"choices": [choice]}).model_dump(exclude={"usage"})
+        # the delta carries only what changed; `finish_reason` is null until the last chunk
+        event["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
+        del event["choices"][0]["logprobs"]
+        return json.dumps(event, ensure_ascii=False)
 
     yield chunk(ChatDelta(role="assistant", content=""))
     deltas = 0
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
         yield chunk(ChatDelta(content=delta))
-    yield chunk(ChatDelta(), "length" if deltas >= job.params.max_new_tokens else "stop")
+    yield chunk(ChatDelta(), _stream_finish(job, deltas))
     if req.stream_options and req.stream_options.include_usage:
         yield _stream_usage(base, job, deltas)
 

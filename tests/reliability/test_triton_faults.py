@@ -223,7 +223,8 @@ class Streamer:
             return
         # the server died mid-generation: one OpenAI error event, the last before [DONE]
         assert len(errors) == 1 and json.loads(events[-2]) == errors[0], events
-        assert errors[0]["error"]["code"] == 503 and "unavailable" in errors[0]["error"]["message"]
+        error = errors[0]["error"]
+        assert error["code"] == "service_unavailable" and "unavailable" in error["message"]
         self.cut.append(text)
 
 

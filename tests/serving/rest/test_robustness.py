@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from kiln.serving.protocol import ERROR_CODES
 from tests.serving.rest.conftest import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
@@ -67,7 +68,7 @@ def test_replayed_failures_are_4xx(endpoint, case):
     if body.get("stream"):  # refused before the stream starts, naming the context
         assert "context" in err["message"]
     if path.startswith("/v1/"):
-        assert err["code"] == r.status_code and err["message"] and err["param"]
+        assert err["code"] == ERROR_CODES[r.status_code] and err["message"] and err["param"]
     else:
         assert isinstance(err, str) and err
 
@@ -172,6 +173,6 @@ def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
     )
     assert events[-1] == "data: [DONE]\n\n"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
-    assert error["code"] == 500 and error["message"]
+    assert error["code"] == "server_error" and error["message"]
     events = asyncio.run(collect(rest_triton_generate._events(local_backend, bad)))
     assert set(json.loads(events[-1].removeprefix("data: "))) == {"error"}
