@@ -1,9 +1,9 @@
 """Final-answer extraction as common GSM8K graders do it, and the `math_exact` reward.
 
 The answer is taken from, in order: the last `\\boxed{...}`, the text after the last `####`
-(GSM8K's marker), the text after the last "answer:" / "answer is", or else the last number in the
-text (lm-evaluation-harness's "flexible-extract"). Thousands separators, `$` and a trailing period
-are dropped; numbers compare by value, so "1,000.0" matches "1000".
+(GSM8K's marker) or the last "answer:" / "answer is" (the first number on that line), or else the
+last number in the text (lm-evaluation-harness's "flexible-extract"). Thousands separators, `$`
+and a trailing period are dropped; numbers compare by value, so "1,000.0" matches "1000".
 """
 
 from __future__ import annotations
@@ -33,9 +33,19 @@ def _boxed(text: str) -> str | None:
     return None
 
 
+def _numbers(text: str) -> list[str]:
+    return NUMBER.findall(text.replace("\u2212", "-"))
+
+
 def _last_number(text: str) -> str | None:
-    found = NUMBER.findall(text.replace("\u2212", "-"))
+    found = _numbers(text)
     return found[-1] if found else None
+
+
+def _first_number_after(text: str, end: int) -> str | None:
+    """The first number on the line that starts at `end` (after an answer marker)."""
+    found = _numbers(text[end:].split("\n")[0])
+    return found[0] if found else None
 
 
 def extract_answer(text: str) -> str | None:
@@ -47,12 +57,12 @@ def extract_answer(text: str) -> str | None:
             return f"{frac[1]}{frac[2]}/{frac[3]}"
         return _last_number(boxed)
     if "####" in text:
-        after = _last_number(text.rsplit("####", 1)[1].split("\n")[0])
+        after = _first_number_after(text, text.rindex("####") + 4)
         if after is not None:
             return after
     markers = list(ANSWER_MARKER.finditer(text))
     if markers:
-        after = _last_number(text[markers[-1].end() :].split("\n")[0])
+        after = _first_number_after(text, markers[-1].end())
         if after is not None:
             return after
     return _last_number(text)
