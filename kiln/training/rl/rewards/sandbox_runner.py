@@ -160,7 +160,12 @@ def run(request: dict, out: CappedText, err: CappedText, violations: list) -> di
         if setup:
             exec(compile(setup, "<tests>", "exec"), namespace)
     except BaseException as e:  # noqa: BLE001 - SystemExit, violations and all: a failed run
-        result["reason"] = violations[0] if violations else f"the code raised {describe(e)}"
+        if violations:
+            result["reason"] = violations[0]
+        elif isinstance(e, MemoryError):
+            result["reason"] = describe(e)
+        else:
+            result["reason"] = f"the code raised {describe(e)}"
         return result
     failures = []
     for i, test in enumerate(tests):
