@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,6 +10,7 @@ import pytest
 
 from kiln.training.rl.rewards import RewardSet
 from kiln.training.rl.rewards.code_reward import extract_code
+from tests.training.rl import user_rewards
 
 pytestmark = pytest.mark.slow  # each case starts a Python subprocess
 
@@ -116,8 +117,15 @@ def test_many_in_parallel_finish_with_their_own_scores():
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(lambda c: rewards.score_one("p", c, ROW), completions))
     assert [r.total for r in results] == [1.0, 0.0, 0.0, 1.0] * 2
-    batched = rewards.score(["p"] * 4, completions[:4], [ROW] * 4)
-    assert [r.total for r in batched] == [1.0, 0.0, 0.0, 1.0]
-    assert not any(
-        n.startswith("kiln-sandbox-") for n in os.listdir(os.environ.get("TMPDIR", "/tmp"))
+    user_rewards.CALLER_THREADS.clear()
+    mixed = RewardSet.from_specs(
+        [
+            {"name": "code", "params": LIMITS},
+            {"function": "tests.training.rl.user_rewards:record_thread"},
+        ]
     )
+    batched = mixed.score(["p"] * 4, completions[:4], [ROW] * 4, max_workers=4)
+    assert [r.total for r in batched] == [1.0, 0.0, 0.0, 1.0]
+    # the sandboxes ran on the pool; the user function stayed in the caller's thread
+    assert len(user_rewards.CALLER_THREADS) == 4
+    assert set(user_rewards.CALLER_THREADS) == {threading.get_ident()}
