@@ -33,6 +33,19 @@ def test_a_correct_solution_scores_one():
     assert result.total == 1.0 and result.failures == {}
 
 
+def test_ordinary_code_runs_numpy_and_files_in_its_folder_included():
+    code = (
+        "import collections, functools, heapq, json, os, tempfile\n"
+        "import numpy as np\n"
+        "os.makedirs('data/out')\n"
+        "open('data/out/a.txt', 'w').write(json.dumps([1, 2]))\n"
+        "with tempfile.NamedTemporaryFile('w') as t:\n    t.write('scratch')\n"
+        "def add(a, b):\n    return int(np.add(a, b))\n"
+    )
+    result = score(code)
+    assert result.total == 1.0, result.failures
+
+
 def test_code_is_the_last_python_block_or_the_raw_completion():
     assert extract_code("```\nx = 1\n```\n```python\ny = 2\n```") == "y = 2\n"
     assert extract_code("```js\nno\n```") == "no\n"
@@ -51,7 +64,8 @@ def test_code_is_the_last_python_block_or_the_raw_completion():
         ("import os\nwhile True:\n    os.fork()", "process creation refused (os.fork)"),
         ("import os\nos.system('echo hi')", "process creation refused (os.system)"),
         ("import subprocess", "process creation refused (import _posixsubprocess)"),
-        ("import ctypes", "native code refused"),
+        ("import ctypes\nctypes.CDLL(None).getpid()", "native code refused (ctypes.dlsym)"),
+        ("import ctypes\nctypes.CDLL('libc.so.6')", "native code refused (ctypes.dlopen)"),
         (
             "def add(a, b):\n    return a - b",
             "test 0 failed: assert add(2, 3) == 5 (AssertionError)",
