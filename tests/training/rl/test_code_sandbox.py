@@ -126,8 +126,8 @@ def test_output_is_capped_and_the_result_still_arrives():
 def test_many_in_parallel_finish_with_their_own_scores():
     rewards = code_reward()
     bad = "```python\nimport os\nos.fork()\n```"
-    slow = "```python\nwhile True: pass\n```"
-    completions = [GOOD, bad, slow, GOOD] * 2
+    hog = "```python\nx = []\nwhile True:\n    x.append(bytearray(10**7))\n```"
+    completions = [GOOD, bad, hog, GOOD] * 2
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(lambda c: rewards.score_one("p", c, ROW), completions))
     assert [r.total for r in results] == [1.0, 0.0, 0.0, 1.0] * 2
