@@ -16,7 +16,7 @@ AREA_COMMANDS = [
     "kiln.training.plan",
     "kiln.training.post.cli",
     "kiln.training.rl.task_cli",
-    "kiln.serving.export_cli",
+    "kiln.serving.export.cli",
     "kiln.serving.cli",
     "kiln.evaluate.cli",
 ]

@@ -49,7 +49,7 @@ class Endpoint:
     model_name: str
     app_name: str
     settings: AppSettings
-    triton: Any = None  # a kiln.serving.triton_server.TritonServer we own
+    triton: Any = None  # a kiln.serving.triton.server.TritonServer we own
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -128,7 +128,7 @@ def launch(
             repo, name = find_triton_repo(model_dir, settings.get("triton_model"))
             settings["triton_model"] = name
             if not settings.get("triton_url"):
-                from kiln.serving.triton_server import TritonServer
+                from kiln.serving.triton.server import TritonServer
 
                 triton = TritonServer(repo, restart=True).start()  # restarted if it dies
                 settings["triton_url"] = triton.grpc_url

@@ -25,9 +25,9 @@ from pydantic import Field
 from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.serving.api.protocol import Limits
 from kiln.serving.app import DeploymentOptions
-from kiln.serving.backends import BatchingConfig
-from kiln.serving.protocol import Limits
+from kiln.serving.backends.backend import BatchingConfig
 
 
 class ServeConfig(StageConfig):
@@ -83,7 +83,7 @@ class ServeStage(Stage):
         return cfg.api_key
 
     def run(self, ctx: StageContext) -> dict:
-        from kiln.serving.rest_launch import launch
+        from kiln.serving.launch import launch
 
         cfg: ServeConfig = self.config  # type: ignore[assignment]
         ctx.ray()

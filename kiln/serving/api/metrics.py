@@ -24,7 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from kiln.serving.backends import Backend, Job, Result
+from kiln.serving.backends.backend import Backend, Job, Result
 
 router = APIRouter()
 

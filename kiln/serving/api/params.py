@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from kiln.engine.sampler import SamplingParams
-from kiln.serving.backends import Backend, Job, Prompt
-from kiln.serving.protocol import Limits, RequestError, SamplingFields
+from kiln.serving.api.protocol import Limits, RequestError, SamplingFields
+from kiln.serving.backends.backend import Backend, Job, Prompt
 
 # Server-sent events: no caching, no proxy buffering (each chunk reaches the client at once).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

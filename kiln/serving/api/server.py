@@ -1,5 +1,5 @@
-"""The REST app: one router per protocol (OpenAI in `rest_openai`, KServe v2 in
-`rest_kserve_routes`, Triton generate in `rest_triton_generate`) over the `Backend` held in
+"""The REST app: one router per protocol (OpenAI in `openai/routes.py`, KServe v2
+in `kserve/routes.py`, Triton generate in `triton_generate/routes.py`) over the `Backend` held in
 `app.state`, plus the error handlers and the API key.
 
 Independent of Ray: `app.py` mounts this in a Ray Serve deployment; tests and benchmarks can
@@ -20,10 +20,13 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kiln.serving import rest_kserve_routes, rest_metrics, rest_openai, rest_triton_generate
-from kiln.serving.backends import Backend
-from kiln.serving.protocol import Limits, RequestError, kserve_error, openai_error
-from kiln.serving.rest_metrics import MeteredBackend, ServerMetrics, engine_queues
+from kiln.serving.api import metrics
+from kiln.serving.api.kserve import routes as kserve_routes
+from kiln.serving.api.metrics import MeteredBackend, ServerMetrics, engine_queues
+from kiln.serving.api.openai import routes as openai_routes
+from kiln.serving.api.protocol import Limits, RequestError, kserve_error, openai_error
+from kiln.serving.api.triton_generate import routes as triton_generate_routes
+from kiln.serving.backends.backend import Backend
 
 log = logging.getLogger("kiln")
 
@@ -43,10 +46,10 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.add_exception_handler(RequestValidationError, _on_validation_error)
     api.add_exception_handler(StarletteHTTPException, _on_http_error)
     api.add_exception_handler(Exception, _on_server_error)
-    api.include_router(rest_openai.router)
-    api.include_router(rest_kserve_routes.router)
-    api.include_router(rest_triton_generate.router)
-    api.include_router(rest_metrics.router)
+    api.include_router(openai_routes.router)
+    api.include_router(kserve_routes.router)
+    api.include_router(triton_generate_routes.router)
+    api.include_router(metrics.router)
     if api_key is not None:
         api.add_middleware(ApiKeyMiddleware, api_key=api_key)
     api.add_middleware(BodySizeMiddleware, max_bytes=limits.max_body_bytes)  # outermost

@@ -1,5 +1,5 @@
 """Where the model runs behind the REST app: inside the Serve replica (`local`,
-`backend_local.py`) or in a Triton server reached over gRPC (`triton`, `backend_triton.py`).
+`local.py`) or in a Triton server reached over gRPC (`triton`, `triton.py`).
 Both speak one small async interface, `Backend`, over `Job`s: one prompt, one sequence to make.
 
 A backend checks a job against the model before it joins a batch (`prepare`: the prompt encodes,

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from kiln.engine import Engine, complete, stream_events
 from kiln.engine.detokenize import IncrementalText, hold_back
 from kiln.platform.errors import KilnError
-from kiln.serving.backends import BatchingConfig, Job, Prompt, Result
-from kiln.serving.protocol import RequestError
+from kiln.serving.api.protocol import RequestError
+from kiln.serving.backends.backend import BatchingConfig, Job, Prompt, Result
 from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Literal
 
-from kiln.serving.backends import Job, Prompt, Result
+from kiln.serving.api.protocol import RequestError
+from kiln.serving.backends.backend import Job, Prompt, Result
 from kiln.serving.chat_template import triton_chat_config
-from kiln.serving.protocol import RequestError
 
 if TYPE_CHECKING:
     from kiln.engine.logprobs import TokenScore

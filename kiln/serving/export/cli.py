@@ -76,8 +76,8 @@ def register(subparsers) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from kiln.platform.errors import ConfigError
+    from kiln.serving.export.stages import ExportConfig, export_model
     from kiln.serving.export.triton import TritonExportConfig
-    from kiln.serving.export_stage import ExportConfig, export_model
 
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = [f for f in formats if f not in ("hf", "triton")]
@@ -101,9 +101,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import_hf(args: argparse.Namespace) -> int:
-    from kiln.serving.import_hf import import_hf
+    from kiln.model.formats.weights import import_model
 
-    ckpt = import_hf(args.hf_dir, args.out, revision=args.revision)
+    ckpt = import_model(args.hf_dir, args.out, revision=args.revision)
     print(f"imported {args.hf_dir} as kiln checkpoint {ckpt}")
     return 0
 
@@ -112,7 +112,7 @@ def _triton_up(args: argparse.Namespace) -> int:
     import os
 
     from kiln.platform.signals import stop_on_signals
-    from kiln.serving.triton_server import TritonServer
+    from kiln.serving.triton.server import TritonServer
 
     repo = args.repo
     if os.path.isdir(os.path.join(repo, "triton")):

@@ -37,8 +37,8 @@ from typing import Self
 
 from kiln.platform.errors import InputError, KilnError
 from kiln.platform.signals import stop_on_signals
-from kiln.serving.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
-from kiln.serving.triton_stubs import DeadlockWatch, StubDeadlock, dump_stubs
+from kiln.serving.triton.stale import SHM_DIR, clean_stale, shm_prefix, workdir_prefix
+from kiln.serving.triton.stubs import DeadlockWatch, StubDeadlock, dump_stubs
 
 log = logging.getLogger("kiln.triton")
 START_ATTEMPTS = 5  # a start that crashes or deadlocks is tried again, this many times in all

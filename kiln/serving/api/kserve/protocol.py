@@ -15,7 +15,7 @@ from pydantic import (
     ValidationError,
 )
 
-from kiln.serving.protocol import RequestError, SamplingFields, Text
+from kiln.serving.api.protocol import RequestError, SamplingFields, Text
 
 
 class TensorMetadata(BaseModel):
@@ -52,7 +52,7 @@ class InferRequestedOutput(BaseModel):
 
 
 class InferRequest(BaseModel):
-    """`POST /v2/models/{m}/infer` (JSON part; binary tensor data is attached by `rest_kserve`)."""
+    """`POST /v2/models/{m}/infer` (JSON part; binary tensor data is attached by `tensors.py`)."""
 
     model_config = ConfigDict(extra="ignore")
 

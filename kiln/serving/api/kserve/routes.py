@@ -7,8 +7,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from kiln.serving.protocol_kserve import ModelMetadata
-from kiln.serving.rest_kserve import (
+from kiln.serving.api.kserve.protocol import ModelMetadata
+from kiln.serving.api.kserve.tensors import (
     INPUTS,
     OUTPUTS,
     TEXT_INPUT,
@@ -16,7 +16,7 @@ from kiln.serving.rest_kserve import (
     infer_to_generation,
     parse_infer_body,
 )
-from kiln.serving.rest_params import (
+from kiln.serving.api.params import (
     backend_of,
     limits_of,
     prepare_jobs,

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from kiln.serving.protocol import RequestError, SamplingFields, valid_unicode
-from kiln.serving.protocol_kserve import (
+from kiln.serving.api.kserve.protocol import (
     InferRequest,
     RequestParameters,
     TensorMetadata,
 )
+from kiln.serving.api.protocol import RequestError, SamplingFields, valid_unicode
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"

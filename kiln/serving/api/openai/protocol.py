@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from kiln.serving.protocol import TOP_LOGPROBS_MAX, SamplingFields, Text, TokenIds
+from kiln.serving.api.protocol import TOP_LOGPROBS_MAX, SamplingFields, Text, TokenIds
 
 Prompt = Text | list[Text] | TokenIds | list[TokenIds]
 

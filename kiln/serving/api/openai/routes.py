@@ -11,10 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from kiln.serving.backends import Backend, Job, Result
-from kiln.serving.chat_template import render_chat
-from kiln.serving.protocol import RequestError, openai_error
-from kiln.serving.protocol_openai import (
+from kiln.serving.api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -34,7 +31,7 @@ from kiln.serving.protocol_openai import (
     TopLogprob,
     Usage,
 )
-from kiln.serving.rest_params import (
+from kiln.serving.api.params import (
     SSE_HEADERS,
     backend_of,
     limits_of,
@@ -43,6 +40,9 @@ from kiln.serving.rest_params import (
     require_model,
     sampling_params,
 )
+from kiln.serving.api.protocol import RequestError, openai_error
+from kiln.serving.backends.backend import Backend, Job, Result
+from kiln.serving.chat_template import render_chat
 from kiln.text.chat_template import end_of_turn_markers
 
 router = APIRouter(prefix="/v1")

@@ -10,10 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from kiln.serving.backends import Backend, Job
-from kiln.serving.protocol import RequestError, kserve_error
-from kiln.serving.protocol_kserve import GenerateRequest
-from kiln.serving.rest_params import (
+from kiln.serving.api.kserve.protocol import GenerateRequest
+from kiln.serving.api.params import (
     SSE_HEADERS,
     backend_of,
     limits_of,
@@ -22,6 +20,8 @@ from kiln.serving.rest_params import (
     require_model,
     sampling_params,
 )
+from kiln.serving.api.protocol import RequestError, kserve_error
+from kiln.serving.backends.backend import Backend, Job
 
 router = APIRouter(prefix="/v2")
 
