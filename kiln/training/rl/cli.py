@@ -28,6 +28,8 @@ def _grpo(args) -> int:
             ("steps", summary["steps"]),
             ("first reward", summary["first_reward"]),
             ("final reward", final["reward"]),
+            ("held-out reward before", summary["eval_reward_before"]),
+            ("held-out reward after", summary["eval_reward_after"]),
             ("seconds", round(summary["seconds"], 1)),
             ("checkpoint", args.out),
         ]

@@ -61,3 +61,9 @@ class GRPORunConfig(GRPOConfig):
         description="A built-in template name or a tokenizer folder (default: the model's own, "
         "if it has one).",
     )
+    eval_prompts: str | None = Field(
+        None,
+        description="Held-out prompt rows scored before and after training (greedy decoding, "
+        "the same rewards): math_exact's mean is the accuracy.",
+    )
+    eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")

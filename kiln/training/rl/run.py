@@ -52,15 +52,21 @@ def run_grpo(
     path, model_cfg, state = read_weights(cfg.base)
     tok, tok_dir = find_tokenizer(None, search=[path, os.path.dirname(path.rstrip("/"))])
     policy = build_model(model_cfg, state, device="cpu")
+    template = _chat_template(cfg.chat_template, tok_dir)
     loop = GRPO(
         policy,
         tok,
         load_prompts(cfg.prompts),
         cfg,
-        chat_template=_chat_template(cfg.chat_template, tok_dir),
+        chat_template=template,
         eos_token_ids=end_of_text_ids(tok, tok_dir),
     )
+    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
+    before = loop.evaluate(held_out, template) if held_out else None
+    train_started = time.perf_counter()
     metrics = loop.run(on_step)
+    train_s = time.perf_counter() - train_started
+    after = loop.evaluate(held_out, template) if held_out else None
     os.makedirs(out_dir, exist_ok=True)
     write_model_checkpoint(out_dir, policy.cfg, merged_policy_state(policy), step=cfg.steps)
     for name in TOKENIZER_FILES:  # the tokenizer (and chat template) travel with the weights
@@ -70,6 +76,9 @@ def run_grpo(
         "steps": len(metrics),
         "first_reward": metrics[0]["reward"],
         "final": metrics[-1],
+        "eval_reward_before": before,
+        "eval_reward_after": after,
+        "train_seconds": train_s,
         "seconds": time.perf_counter() - started,
         "metrics": metrics,
     }

@@ -52,5 +52,7 @@ class GRPOStage(Stage):
             "steps": summary["steps"],
             "first_reward": summary["first_reward"],
             "final_reward": final["reward"],
+            "eval_reward_before": summary["eval_reward_before"],
+            "eval_reward_after": summary["eval_reward_after"],
             "run": os.path.join(out.path, "run.json"),
         }

@@ -20,7 +20,7 @@ def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the", "hello")))
     config = tmp_path / "grpo.yaml"
     config.write_text(
-        f"grpo:\n  base: {tmp_path / 'base'}\n  prompts: {prompts}\n"
+        f"grpo:\n  base: {tmp_path / 'base'}\n  prompts: {prompts}\n  eval_prompts: {prompts}\n"
         "  rewards: [{name: regex, params: {pattern: 'o'}}]\n"
         "  steps: 5\n  group_size: 4\n  prompts_per_step: 2\n  max_new_tokens: 4\n"
     )
@@ -35,6 +35,7 @@ def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert len(lines) == 2 and "lp-mismatch" in lines[0]  # --set overrode the file's steps
     run = json.loads((out / "run.json").read_text())
     assert len(run["metrics"]) == 2 and run["config"]["group_size"] == 4
+    assert 0 <= run["eval_reward_before"] <= 1 and 0 <= run["eval_reward_after"] <= 1
     assert os.path.exists(out / "tokenizer.json")
     loaded = Generator.load(str(out))
     trained = loaded.model.state_dict()
