@@ -11,9 +11,12 @@ import pytest
 
 from kiln.curator.config import CurateConfig
 from kiln.curator.filters import DocBatch
+from kiln.curator.filters import japanese as ja_module
 from kiln.curator.filters.gopher import MeanWordLength
 from kiln.curator.filters.japanese import JapaneseSegmenter
+from kiln.curator.pipeline import Curation
 from kiln.curator.process import ChunkProcessor
+from kiln.platform.extras import MissingExtraError
 from tests.curator.prose import japanese, prose, technical
 
 fugashi = pytest.importorskip("fugashi", reason="the `ja` extra")
@@ -95,3 +98,12 @@ def test_japanese_prose_keeps_and_junk_is_rejected():
         "repeated": "同じ文が何度も繰り返される。" * 40,
     }
     assert _kept(texts) == {"paragraph", "generated", "man page"}
+
+
+def test_a_missing_ja_extra_is_one_line_before_any_work(tmp_path, monkeypatch):
+    (tmp_path / "in.jsonl").write_text('{"text": "日本語"}\n')
+    monkeypatch.setattr(ja_module, "JA_MODULES", ("fugashi", "no_such_unidic_module"))
+    cfg = CurateConfig(input=[str(tmp_path / "in.jsonl")], filters={"japanese_words": "tokenizer"})
+    with pytest.raises(MissingExtraError, match=r"kiln\[ja\].*no_such_unidic_module"):
+        Curation.prepare(cfg, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

@@ -21,11 +21,16 @@ JAPANESE_RUN = re.compile(f"[{_PUNCT}]*[{_LETTERS}][{_LETTERS}{_PUNCT}]*")
 _WORDLIKE = re.compile(r"[^\W_]")  # a letter or digit, any script
 
 
+def require_segmenter() -> None:
+    """MissingExtraError naming the `ja` extra when fugashi or unidic-lite is missing."""
+    require_extra("ja", JA_MODULES, "filters.japanese_words: tokenizer")
+
+
 class JapaneseSegmenter:
     """`split(text)`: the text with every Japanese run replaced by its words, space-separated."""
 
     def __init__(self) -> None:
-        require_extra("ja", JA_MODULES, "filters.japanese_words: tokenizer")
+        require_segmenter()
         import fugashi
 
         self.tagger = fugashi.Tagger()
