@@ -1,0 +1,42 @@
+"""`kiln plan` on Qwen3, Qwen3-MoE and Gemma 3 shapes: its parameter count is the model's
+(qk-norm, wider heads, sandwich norms) and its FLOPs count the extra width."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.model.config import ModelConfig
+from kiln.training.config import TrainConfig
+from kiln.training.metrics import flops_per_token
+from kiln.training.plan import cpu_stand_in, plan_rank
+
+QWEN3 = {"qk_norm": True, "head_dim": 32}
+SHAPES = {
+    "qwen3": QWEN3,
+    "qwen3_moe": {**QWEN3, "n_experts": 4, "top_k": 2, "norm_topk_prob": False},
+    "gemma3": {
+        **QWEN3,
+        "norm_unit_offset": True,
+        "sandwich_norm": True,
+        "embed_scale": True,
+        "ffn_activation": "gelu_tanh",
+        "tie_embeddings": True,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "rope_local_theta": 100.0,
+    },
+}
+
+
+@pytest.mark.parametrize("arch", sorted(SHAPES))
+def test_plan_counts_the_model_parameters(arch):
+    model = {"preset": "tiny", "n_layers": 2, **SHAPES[arch]}
+    cfg = cpu_stand_in(
+        TrainConfig(model=model, seq_len=32, global_batch_size=2, micro_batch_size=2)
+    )
+    info = plan_rank(cfg, 0, 1)
+    shape = ModelConfig.preset("tiny", n_layers=2, **SHAPES[arch])
+    assert info["local_params"] == shape.num_params()
+    # heads of 32 (not dim / n_heads = 16) double the q/k/v/o matmuls and the attention
+    narrow = shape.model_copy(update={"head_dim": 16})
+    assert flops_per_token(shape, 32) > flops_per_token(narrow, 32)
