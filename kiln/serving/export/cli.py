@@ -63,6 +63,37 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=_import_hf)
 
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a model between a kiln checkpoint, a Hugging Face folder and a GGUF file",
+    )
+    p.add_argument("source", help="kiln checkpoint (any layout), HF folder or .gguf file")
+    p.add_argument("dest", help="what to write: a folder (hf, checkpoint) or a .gguf file")
+    p.add_argument("--to", required=True, choices=["hf", "gguf", "checkpoint"])
+    p.add_argument("--tokenizer", help="tokenizer.json or its folder (default: beside the source)")
+    p.add_argument("--gguf-type", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=_convert)
+
+    p = subparsers.add_parser(
+        "compare-models",
+        help="compare two models (kiln checkpoint, HF folder or GGUF file) on the same prompts",
+    )
+    p.add_argument("a", help="kiln checkpoint (any layout), HF folder or .gguf file")
+    p.add_argument("b", help="the model to compare it with (the same kinds)")
+    p.add_argument(
+        "--prompt", action="append", help="a prompt (repeatable; default: three built in)"
+    )
+    p.add_argument("--tokenizer", help="tokenizer.json or its folder (default: A's, else B's)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="largest logit / hidden-state difference that passes (default: 1e-3)",
+    )
+    p.add_argument("--greedy-tokens", type=int, default=8, help="greedy tokens compared")
+    p.set_defaults(func=_compare_models)
+
     triton = subparsers.add_parser("triton", help="run the tritonserver that nvidia-pytriton ships")
     tsub = triton.add_subparsers(dest="triton_command", metavar="COMMAND")
     up = tsub.add_parser("up", help="serve a Triton model repository until Ctrl-C")
@@ -113,6 +144,42 @@ def _export(args: argparse.Namespace) -> int:
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {args.out.rstrip('/')}/{summary[key]}")
     return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from kiln.serving.export.convert import convert
+
+    summary = convert(
+        args.source,
+        args.dest,
+        to=args.to,
+        tokenizer=args.tokenizer,
+        gguf_type=args.gguf_type,
+        dtype=args.dtype,
+    )
+    print(f"converted {args.source} to {args.to} at {args.dest} ({summary['parameters']:,} params)")
+    return 0
+
+
+def _compare_models(args: argparse.Namespace) -> int:
+    from kiln.platform.errors import InputError
+    from kiln.serving.export.compare import PROMPTS, compare, load_for_compare
+    from kiln.serving.export.convert import open_model
+
+    with open_model(args.a, args.tokenizer) as (cfg_a, state_a, tok_a, _):
+        model_a = load_for_compare(cfg_a, state_a)
+    with open_model(args.b, args.tokenizer) as (cfg_b, state_b, tok_b, _):
+        model_b = load_for_compare(cfg_b, state_b)
+    tok = tok_a or tok_b
+    if tok is None:
+        raise InputError("compare-models: no tokenizer beside A or B (pass --tokenizer)")
+    prompts = [tok.encode(p).ids for p in (args.prompt or PROMPTS)]
+    result = compare(
+        model_a, model_b, prompts, tolerance=args.tolerance, greedy_tokens=args.greedy_tokens
+    )
+    for line in result.lines():
+        print(line)
+    return 0 if result.passed else 1
 
 
 def _import_hf(args: argparse.Namespace) -> int:

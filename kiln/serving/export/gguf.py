@@ -10,7 +10,8 @@ from kiln.model.formats.gguf_writer import write_gguf
 from kiln.serving.export.hf import resolve_source
 
 
-def _tokenizer_config(tok_dir: str | None) -> dict:
+def read_tokenizer_config(tok_dir: str | None) -> dict:
+    """The tokenizer_config.json in `tok_dir` (special tokens, chat template), or nothing."""
     path = os.path.join(tok_dir, "tokenizer_config.json") if tok_dir else None
     if path is None or not os.path.exists(path):
         return {}
@@ -29,7 +30,7 @@ def export_gguf(
         state,
         path,
         tok=tok,
-        tok_config=_tokenizer_config(tok_dir),
+        tok_config=read_tokenizer_config(tok_dir),
         gguf_type=gguf_type,
         name=name,
     )
