@@ -172,6 +172,11 @@ class TrainConfig(_Strict):
                 "model.tie_embeddings is not supported with parallel.pp > 1 "
                 "(first and last stage differ)"
             )
+        if self.parallel.cp > 1:
+            # ring attention scales by 1/sqrt(head_dim) and caps nothing
+            for field in ("query_pre_attn_scalar", "attn_logit_softcap"):
+                if getattr(self.model, field) is not None:
+                    raise ConfigError(f"model.{field} is not supported with parallel.cp > 1")
         return self
 
     def grad_accum_steps(self, dp_size: int) -> int:

@@ -1,5 +1,6 @@
 """`kiln plan` on Qwen3, Qwen3-MoE and Gemma 3 shapes: its parameter count is the model's
-(qk-norm, wider heads, sandwich norms) and its FLOPs count the extra width."""
+(qk-norm, wider heads, sandwich norms) and its FLOPs count the extra width; a layout that
+cannot compute a Gemma switch is refused when the config is read."""
 
 from __future__ import annotations
 
@@ -40,3 +41,11 @@ def test_plan_counts_the_model_parameters(arch):
     # heads of 32 (not dim / n_heads = 16) double the q/k/v/o matmuls and the attention
     narrow = shape.model_copy(update={"head_dim": 16})
     assert flops_per_token(shape, 32) > flops_per_token(narrow, 32)
+
+
+@pytest.mark.parametrize("field", ["query_pre_attn_scalar", "attn_logit_softcap"])
+def test_ring_attention_refuses_what_it_does_not_compute(field):
+    from kiln.platform.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"model.{field}.*parallel.cp"):
+        TrainConfig(model={"preset": "tiny", field: 24.0}, parallel={"cp": 2})
