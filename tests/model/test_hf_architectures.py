@@ -202,6 +202,18 @@ def test_attention_softcap_caps_the_scores_before_the_softmax():
     assert not torch.allclose(uncapped, want, atol=1e-3)
 
 
+def test_gemma3_query_scalar_equal_to_head_dim_is_the_plain_scale():
+    """Gemma 3 1B/4B/12B set query_pre_attn_scalar = head_dim: no switch, so context
+    parallelism (ring attention, plain scale) still takes the model; export writes it back."""
+    from kiln.model.formats.hf_names import from_hf_config, to_hf_config
+
+    hf = _hf_config("gemma3").to_dict()
+    hf["query_pre_attn_scalar"] = hf["head_dim"]
+    cfg = from_hf_config(hf)
+    assert cfg.query_pre_attn_scalar is None
+    assert to_hf_config(cfg)["query_pre_attn_scalar"] == hf["head_dim"]
+
+
 def test_gemma3_attention_softcapping_is_refused_by_name():
     from kiln.model.formats.hf_names import from_hf_config
     from kiln.platform.errors import ConfigError

@@ -344,6 +344,7 @@ def _gemma3_fields(hf: dict, cfg: dict) -> dict:
             )
     if hf.get("rope_scaling"):
         raise ConfigError("config.json: Gemma 3 rope_scaling is not supported")
+    scalar = hf.get("query_pre_attn_scalar")
     if hf.get("attn_logit_softcapping") is not None:
         # transformers' Gemma 3 stores it but never applies it: neither reading is safe
         raise ConfigError(
@@ -360,7 +361,8 @@ def _gemma3_fields(hf: dict, cfg: dict) -> dict:
         "rope_scaling": None,
         "sliding_window": hf.get("sliding_window"),
         "sliding_window_pattern": pattern,
-        "query_pre_attn_scalar": hf.get("query_pre_attn_scalar"),
+        # None where it is head_dim (Gemma 3 1B/4B/12B): the plain scale, every layout has it
+        "query_pre_attn_scalar": None if scalar == cfg["head_dim"] else scalar,
         "final_logit_softcap": hf.get("final_logit_softcapping"),
     }
 
