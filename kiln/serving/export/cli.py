@@ -143,6 +143,9 @@ def _export(args: argparse.Namespace) -> int:
     for key in ("hf_dir", "triton_repo", "gguf_file"):
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {args.out.rstrip('/')}/{summary[key]}")
+    for key in ("check_hf_max_logit_diff", "check_gguf_max_logit_diff"):
+        if key in summary:
+            print(f"  {key.split('_')[1]} vs source, max logit diff: {summary[key]:.3g}")
     return 0
 
 

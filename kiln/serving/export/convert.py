@@ -16,9 +16,11 @@ from collections.abc import Iterator
 import torch
 
 from kiln.model.config import ModelConfig
+from kiln.model.formats.gguf import read_gguf
+from kiln.model.formats.gguf_tokenizer import write_tokenizer_files
 from kiln.model.formats.gguf_writer import write_gguf
 from kiln.model.formats.hf import write_hf_dir
-from kiln.model.formats.weights import read_model, write_model_checkpoint
+from kiln.model.formats.weights import write_model_checkpoint
 from kiln.platform.errors import InputError
 from kiln.serving.export.gguf import read_tokenizer_config
 from kiln.serving.export.hf import resolve_source
@@ -39,10 +41,15 @@ def open_model(source: str, tokenizer: str | None = None) -> Iterator[ModelParts
         return
     if not os.path.isfile(source):
         raise InputError(f"{source}: no such GGUF file")
+    cfg, state, meta = read_gguf(source)
     with tempfile.TemporaryDirectory(prefix="kiln-gguf-tok-") as tok_dir:
-        cfg, state = read_model(source, tok_dir)
-        tok, found = find_tokenizer(tokenizer or tok_dir, [])
-        yield cfg, state, tok, found
+        if tokenizer is not None:
+            yield (cfg, state, *find_tokenizer(tokenizer, []))
+        elif "tokenizer.ggml.model" in meta:  # a GGUF may carry weights alone
+            write_tokenizer_files(meta, tok_dir)
+            yield (cfg, state, *find_tokenizer(tok_dir, []))
+        else:
+            yield cfg, state, None, None
 
 
 def convert(

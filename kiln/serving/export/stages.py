@@ -18,6 +18,8 @@ from pydantic import Field
 from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.serving.export.compare import compare, load_for_compare
+from kiln.serving.export.convert import open_model
 from kiln.serving.export.gguf import export_gguf
 from kiln.serving.export.triton import TritonExportConfig
 
@@ -34,6 +36,12 @@ class ExportConfig(StageConfig):
     )
     gguf_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
         "f32", description="GGUF tensor type (q8_0: 2-D weights quantised, the rest f32)."
+    )
+    check_tokens: int = Field(
+        8,
+        ge=0,
+        description="Run this many tokens through each written hf/gguf model and the source and "
+        "record the largest logit difference in the metrics (0: no check).",
     )
     triton: TritonExportConfig = Field(
         default_factory=TritonExportConfig,
@@ -64,7 +72,8 @@ class ExportStage(Stage):
             summary["parameters"],
             out.path,
         )
-        return {"export_s": round(time.perf_counter() - t0, 3), **out.counts}
+        checks = {k: v for k, v in summary.items() if k.startswith("check_")}
+        return {"export_s": round(time.perf_counter() - t0, 3), **out.counts, **checks}
 
 
 def export_model(
@@ -88,7 +97,27 @@ def export_model(
 
         shutil.rmtree(os.path.join(out_dir, "hf"))
         result.pop("hf_dir")
+    if cfg.check_tokens:
+        written = {"hf": result.get("hf_dir"), "gguf": result.get("gguf_file")}
+        written = {k: os.path.join(out_dir, v) for k, v in written.items() if v}
+        result.update(check_export(checkpoint, written, cfg.check_tokens))
     return result
+
+
+def check_export(checkpoint: str, written: dict[str, str], tokens: int) -> dict[str, float]:
+    """`check_<format>_max_logit_diff` of each written model against the source on `tokens`
+    fixed token ids (exported vs the weights as read, float32 on the CPU)."""
+    with open_model(checkpoint) as (cfg, state, _, _):
+        source = load_for_compare(cfg, state)
+    n = min(tokens, cfg.max_seq_len)
+    ids = [(7919 * i + 1) % cfg.vocab_size for i in range(n)]  # spread over the vocabulary
+    figures = {}
+    for fmt, path in written.items():
+        with open_model(path) as (cfg_w, state_w, _, _):
+            exported = load_for_compare(cfg_w, state_w)
+        result = compare(source, exported, [ids], greedy_tokens=0)
+        figures[f"check_{fmt}_max_logit_diff"] = result.max_logit_diff
+    return figures
 
 
 def _export_gguf(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer) -> dict:

@@ -50,6 +50,7 @@ def test_export_stage_writes_hf_and_triton(checkpoint_and_tokenizer, tmp_path):
     )
     metrics = stage.run(ctx)
     assert metrics["parameters"] == out.counts["parameters"] > 0
+    assert 0 <= metrics["check_hf_max_logit_diff"] <= 1e-5  # exported hf/ vs the checkpoint
     assert out.meta["architecture"] == "MistralForCausalLM" and out.meta["model_name"] == "tiny"
     config = json.loads(Path(out.path, "hf", "config.json").read_text())
     assert config["sliding_window"] == 5
@@ -106,7 +107,9 @@ def test_kiln_export_cli_writes_gguf_from_a_kiln_checkpoint(tmp_path, capsys):
     out = str(tmp_path / "out")
     argv = ["export", ckpt, "--format", "gguf", "--gguf-type", "f32", "--out", out]
     assert main([*argv, "--tokenizer", str(tmp_path), "--model-name", "m1"]) == 0
-    assert "gguf file: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "gguf file: " in printed
+    assert "gguf vs source, max logit diff: 0\n" in printed  # f32: bit-equal weights
     assert os.listdir(out) == ["gguf"] and os.listdir(os.path.join(out, "gguf")) == ["m1.f32.gguf"]
     cfg, state, meta = read_gguf(os.path.join(out, "gguf", "m1.f32.gguf"))
     assert (cfg.n_layers, cfg.dim, cfg.n_kv_heads) == (
@@ -128,3 +131,18 @@ def test_gguf_export_of_a_sliding_window_model_names_the_field(
     argv = ["export", ckpt, "--format", "gguf", "--out", str(tmp_path / "o")]
     assert main([*argv, "--tokenizer", tokenizer]) == 2
     assert "sliding_window" in capsys.readouterr().err
+
+
+def test_export_check_records_q8_0_rounding(tmp_path):
+    """The check's figure is the real difference: Q8_0 moves the logits, f32 does not."""
+    from kiln.serving.export.stages import ExportConfig, export_model
+
+    model = tiny_model("llama", 320)
+    ckpt = str(tmp_path / "ckpt")
+    write_model_checkpoint(ckpt, model.cfg.model_dump(), model.state_dict(), step=1)
+    cfg = ExportConfig(formats=["hf", "gguf"], gguf_type="q8_0", check_tokens=6)
+    summary = export_model(ckpt, str(tmp_path / "out"), cfg)
+    assert summary["check_hf_max_logit_diff"] == 0.0
+    assert 1e-4 < summary["check_gguf_max_logit_diff"] < 1.0
+    off = export_model(ckpt, str(tmp_path / "off"), cfg.model_copy(update={"check_tokens": 0}))
+    assert not any(k.startswith("check_") for k in off)
