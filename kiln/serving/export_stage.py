@@ -47,7 +47,8 @@ class ExportConfig(StageConfig):
 
 
 class ExportStage(Stage):
-    """Write a checkpoint as a Hugging Face model (`hf/`) and a Triton repository (`triton/`)."""
+    """Write a checkpoint as a Hugging Face model (`hf/`) and a Triton repository (`triton/`);
+    a LoRA run's adapter-only checkpoint also as its PEFT adapter (`adapter/`)."""
 
     type_name = "export"
     Config = ExportConfig
