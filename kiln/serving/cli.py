@@ -6,11 +6,19 @@ import argparse
 import os
 import sys
 
+from kiln.serving.export import cli as export_cli
+
 LOCAL_PORT = 8000
 LOCAL_URL = f"http://127.0.0.1:{LOCAL_PORT}"  # where `kiln serve` listens by default
 
 
 def register(subparsers) -> None:
+    """Serving's commands: export's (`export`, `import-hf`, ...), then `serve` and the client."""
+    export_cli.register(subparsers)
+    _register_serve(subparsers)
+
+
+def _register_serve(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve an exported model over REST (OpenAI, KServe v2, Triton generate) on Ray Serve",
@@ -81,7 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kiln.platform.runtime import Runtime
     from kiln.platform.signals import stop_on_signals
     from kiln.serving.exposure import public_bind_warning
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
 
     deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
     if args.max_replicas:

@@ -100,7 +100,7 @@ def _corpus(folder, n: int) -> str:
 
 
 def test_tokenize_reports_documents_with_tokens(recorded, tmp_path):
-    from kiln.training.data.tokenize_stage import tokenize_inline
+    from kiln.training.data.stages import tokenize_inline
     from kiln.training.data.tokenizer import train_tokenizer
 
     corpus = _corpus(tmp_path / "corpus", 10)
@@ -149,7 +149,7 @@ def test_curate_reports_input_bytes_with_documents(recorded, tmp_path):
 
 
 def test_export_reports_each_format(recorded, tmp_path):
-    from kiln.serving.export_stage import ExportConfig, export_model
+    from kiln.serving.export.stages import ExportConfig, export_model
     from tests.serving.rest.tiny_model import make_tiny_model
 
     src = make_tiny_model(str(tmp_path / "src"))

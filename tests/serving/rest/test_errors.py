@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kiln.serving.protocol import ERROR_CODES
+from kiln.serving.api.protocol import ERROR_CODES
 from tests.serving.rest.conftest import API_KEY, MAX_NEW_TOKENS
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -20,7 +20,7 @@ from kiln.platform.errors import InputError
 from kiln.platform.pipeline import Pipeline
 from kiln.platform.registry import stage_class
 from kiln.training.config import TrainConfig
-from kiln.training.train_stage import continue_from_model
+from kiln.training.stages import continue_from_model
 from tests.engine.tiny import tiny_model
 from tests.training.post.helpers import CHATML_GENERATION, chat_tokenizer, save_hf_tokenizer
 from tests.training.post.lora_helpers import VOCAB

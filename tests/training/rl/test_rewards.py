@@ -26,6 +26,7 @@ def score(spec: dict, completion: str, row: dict | None = None):
         ("We get \\boxed{42} after 3 steps.", "42"),
         ("Thus \\boxed{\\frac{3}{4}} (step 2)", "3/4"),
         ("The answer is 17. Check: 17 - 2 = 15", "17"),
+        ("The answers are 3 and 4", "4"),
         ("Answer: -12\nbecause 3 * -4 = -12 and 9 > 2", "-12"),
         ("no digits here", None),
     ],

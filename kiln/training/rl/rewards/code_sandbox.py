@@ -94,6 +94,9 @@ def run_sandboxed(code: str, tests: str | list[str], limits: SandboxLimits) -> S
     folder = os.path.join(parent, "work")  # the child's; its output files stay outside it
     os.mkdir(folder)
     env = {"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder, "LANG": "C.UTF-8"}
+    # one thread per math library: RLIMIT_NPROC leaves none to start (for a non-root user),
+    # and many sandboxes run side by side
+    env |= {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     stdout_file, stderr_file = Path(parent, "stdout"), Path(parent, "stderr")
     total = len(tests) if isinstance(tests, list) else 0
     try:

@@ -17,7 +17,7 @@ from kiln.training.rl.rewards.params import parse_params
 from kiln.training.rl.rewards.types import Reward, RewardFailed
 
 NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-ANSWER_MARKER = re.compile(r"answer(?:\s+is)?\s*[:=]?", re.IGNORECASE)
+ANSWER_MARKER = re.compile(r"\banswer\b(?:\s+is)?\s*[:=]?", re.IGNORECASE)
 
 
 def _boxed(text: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -121,23 +122,26 @@ class RewardSet:
     def names(self) -> list[str]:
         return list(self.rewards)
 
-    def score_one(self, prompt: str, completion: str, row: dict) -> RewardResult:
-        parts: dict[str, float] = {}
-        failures: dict[str, str] = {}
-        for label, fn in self.rewards.items():
-            try:
-                value = float(fn(prompt, completion, row))
-                if not math.isfinite(value):
-                    raise ValueError(f"reward is {value}")
-            except RewardFailed as e:
-                value = float(e.score)
-                failures[label] = _one_line(e)
-            except Exception as e:  # any bug in a reward is that sample's failure, not the run's
-                value = 0.0
-                failures[label] = _one_line(e)
-            parts[label] = value
+    def _call(self, label: str, prompt: str, completion: str, row: dict):
+        """(value, reason or None): a reward's failure is that sample's 0, never the run's."""
+        try:
+            value = float(self.rewards[label](prompt, completion, row))
+            if not math.isfinite(value):
+                raise ValueError(f"reward is {value}")
+            return value, None
+        except RewardFailed as e:
+            return float(e.score), _one_line(e)
+        except Exception as e:  # any bug in a reward, any bad completion
+            return 0.0, _one_line(e)
+
+    def _result(self, outcomes: dict[str, tuple[float, str | None]]) -> RewardResult:
+        parts = {label: outcomes[label][0] for label in self.rewards}
+        failures = {k: reason for k, (_, reason) in outcomes.items() if reason is not None}
         total = sum(self.weights[k] * v for k, v in parts.items())
         return RewardResult(total=total, parts=parts, failures=failures)
+
+    def score_one(self, prompt: str, completion: str, row: dict) -> RewardResult:
+        return self._result({k: self._call(k, prompt, completion, row) for k in self.rewards})
 
     def score(
         self,
@@ -146,14 +150,25 @@ class RewardSet:
         rows: Sequence[dict],
         max_workers: int | None = None,
     ) -> list[RewardResult]:
-        """One result per completion, in order. Rewards that wait on a subprocess (`code`) run
-        on a thread pool of `max_workers` (default: the CPU count)."""
+        """One result per completion, in order.
+
+        Rewards that wait on a subprocess (`code`) run on a thread pool of `max_workers`
+        (default: the CPU count); the others run in this thread, so a user function need not
+        be thread-safe."""
         if not (len(prompts) == len(completions) == len(rows)):
             raise ValueError(
                 f"score: {len(prompts)} prompts, {len(completions)} completions, {len(rows)} rows"
             )
-        concurrent = any(getattr(fn, "runs_subprocess", False) for fn in self.rewards.values())
-        if not concurrent or len(prompts) < 2:
-            return [self.score_one(*args) for args in zip(prompts, completions, rows, strict=True)]
-        with ThreadPoolExecutor(max_workers=max_workers) as pool:
-            return list(pool.map(self.score_one, prompts, completions, rows))
+        samples = list(zip(prompts, completions, rows, strict=True))
+        pooled = [k for k, fn in self.rewards.items() if getattr(fn, "runs_subprocess", False)]
+        outcomes = [
+            {k: self._call(k, *sample) for k in self.rewards if k not in pooled}
+            for sample in samples
+        ]
+        if pooled:
+            jobs = [(i, k) for i in range(len(samples)) for k in pooled]
+            with ThreadPoolExecutor(max_workers=max_workers or os.cpu_count()) as pool:
+                done = pool.map(lambda job: self._call(job[1], *samples[job[0]]), jobs)
+                for (i, k), outcome in zip(jobs, done, strict=True):
+                    outcomes[i][k] = outcome
+        return [self._result(o) for o in outcomes]

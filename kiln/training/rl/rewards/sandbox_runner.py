@@ -1,6 +1,6 @@
 """The child side of the code sandbox: run with `python -I sandbox_runner.py` in a fresh folder.
 
-Reads {"code", "tests", "setup", "limits", "nonce"} as JSON on stdin; sets resource limits,
+Reads {"code", "tests", "limits", "nonce"} as JSON on stdin; sets resource limits,
 installs an audit hook that refuses the network, process creation, native code and writes outside
 the folder; runs the code, then each test; prints one line `<nonce> <result JSON>` on stdout.
 Standard library only: this file runs in an isolated interpreter without the project on its path.
@@ -44,7 +44,6 @@ PATH_EVENTS = {
 BLOCKED_IMPORTS = {
     "_posixsubprocess": "process creation",
     "_multiprocessing": "process creation",
-    "_ctypes": "native code",
     "_socket": "network access",
 }
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -84,7 +83,9 @@ def install_audit_hook(folder: str, violations: list) -> None:
             refuse(f"network access refused ({event})")
         elif event.startswith(PROCESS_EVENTS):
             refuse(f"process creation refused ({event})")
-        elif event.startswith("ctypes."):
+        elif event.startswith("ctypes.") and not (event == "ctypes.dlopen" and args[0] is None):
+            # `import ctypes` (numpy imports it) opens the process itself; any symbol looked
+            # up, library loaded or foreign call after that is refused
             refuse(f"native code refused ({event})")
         elif event == "import" and args[0] in BLOCKED_IMPORTS:
             refuse(f"{BLOCKED_IMPORTS[args[0]]} refused (import {args[0]})")
@@ -141,7 +142,7 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def run(request: dict, out: CappedText, err: CappedText, violations: list) -> dict:
+def run(request: dict, violations: list) -> dict:
     namespace = {"__name__": "__main__"}
     result = {"passed": 0, "total": 0, "reason": None}
     try:
@@ -160,7 +161,12 @@ def run(request: dict, out: CappedText, err: CappedText, violations: list) -> di
         if setup:
             exec(compile(setup, "<tests>", "exec"), namespace)
     except BaseException as e:  # noqa: BLE001 - SystemExit, violations and all: a failed run
-        result["reason"] = violations[0] if violations else f"the code raised {describe(e)}"
+        if violations:
+            result["reason"] = violations[0]
+        elif isinstance(e, MemoryError):
+            result["reason"] = describe(e)
+        else:
+            result["reason"] = f"the code raised {describe(e)}"
         return result
     failures = []
     for i, test in enumerate(tests):
@@ -190,7 +196,7 @@ def main() -> None:
     install_audit_hook(os.getcwd(), violations)
     sys.stdout, sys.stderr = out, err
     try:
-        result = run(request, out, err, violations)
+        result = run(request, violations)
     finally:
         sys.stdout, sys.stderr = real_stdout, sys.__stderr__
     if violations and not result["reason"]:
