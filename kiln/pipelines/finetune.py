@@ -46,6 +46,7 @@ def build(sft_steps: int = 60, dpo_steps: int = 20) -> Pipeline:
                 schedule={"kind": "constant"},
                 log_every=5,
             ),
+            stage("export")(formats=["hf"], model_name="smollm2-finetuned"),
             stage("serve")(),
             stage("complete")(prompts=PROMPTS, max_tokens=32),
         ],

@@ -41,7 +41,6 @@ def build(sft_steps: int = 12, pretrain_steps: int = 2) -> Pipeline:
                 log_every=1,
                 **fp32_constant,
             ),
-            stage("export")(formats=["hf"], model_name="smollm2-kiln"),
             stage("prepare-chat")(
                 name="chat",
                 inputs={"model": "base.model"},
@@ -50,7 +49,7 @@ def build(sft_steps: int = 12, pretrain_steps: int = 2) -> Pipeline:
                 seq_len=128,
             ),
             stage("sft")(
-                inputs={"model": "export.model", "data": "chat.data"},
+                inputs={"model": "pretrain.checkpoint", "data": "chat.data"},
                 lora={"rank": 16, "alpha": 32, "targets": "all-linear", "layers": LORA_BLOCKS},
                 seq_len=128,
                 global_batch_size=4,
@@ -61,6 +60,7 @@ def build(sft_steps: int = 12, pretrain_steps: int = 2) -> Pipeline:
                 log_every=4,
                 **fp32_constant,
             ),
+            stage("export")(formats=["hf"], model_name="smollm2-kiln"),
             stage("serve")(),
             stage("compare")(
                 inputs={"base": "base.model"},

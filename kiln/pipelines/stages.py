@@ -138,7 +138,7 @@ class CompareStage(Stage):
 
     type_name = "compare"
     Config = CompareConfig
-    input_kinds: ClassVar[dict[str, str]] = {"base": "ExportedModel", "endpoint": "Endpoint"}
+    input_kinds: ClassVar[dict[str, str]] = {"base": "Checkpoint", "endpoint": "Endpoint"}
     output_kinds: ClassVar[dict[str, str]] = {"answers": "Text"}
     cacheable: ClassVar[bool] = False
 

@@ -9,6 +9,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from kiln.model.config import ModelConfig
+from kiln.model.formats.checkpoint import read_sidecar, resolve
+from kiln.model.formats.checkpoint_tokenizer import copy_tokenizer
+from kiln.platform.errors import InputError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.config import TrainConfig
@@ -40,18 +44,20 @@ class TrainStageConfig(TrainConfig, StageConfig):
         return TrainConfig.model_validate(self.model_dump(exclude={"ray"}, by_alias=True))
 
 
-def continue_from_model(cfg: TrainConfig, model_dir: str, init_dir: Path) -> TrainConfig:
-    """Continued pretraining of an ExportedModel (import-model, export, sft): its `hf/` weights
-    as a kiln checkpoint to start from (`checkpoint.init_from`) and its shape as `model:`."""
-    from kiln.model.formats.hf import read_hf_dir
-    from kiln.model.formats.weights import write_model_checkpoint
-
-    _, model_cfg, state = read_hf_dir(os.path.join(model_dir, "hf"))
+def continue_from_model(cfg: TrainConfig, checkpoint: str) -> TrainConfig:
+    """Continued pretraining of a Checkpoint (import-model, train, sft): its weights to start
+    from (`checkpoint.init_from`, read in place) and its shape as `model:`."""
+    sidecar = read_sidecar(checkpoint)
+    if sidecar.get("adapter_only"):
+        raise InputError(
+            f"{checkpoint}: an adapter-only checkpoint (LoRA); continued pretraining starts from "
+            "full weights: train from its base, or export it and import the export"
+        )
+    model_cfg = ModelConfig(**sidecar["model"])
     if model_cfg.max_seq_len < cfg.seq_len:
         model_cfg = model_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
-    write_model_checkpoint(str(init_dir), model_cfg, state)
-    checkpoint = cfg.checkpoint.model_copy(update={"init_from": str(init_dir)})
-    return cfg.model_copy(update={"model": model_cfg, "checkpoint": checkpoint})
+    init = cfg.checkpoint.model_copy(update={"init_from": resolve(checkpoint)})
+    return cfg.model_copy(update={"model": model_cfg, "checkpoint": init})
 
 
 class TrainStage(Stage):
@@ -59,7 +65,7 @@ class TrainStage(Stage):
 
     type_name = "train"
     Config = TrainStageConfig
-    input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "model": "ExportedModel"}
+    input_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "model": "Checkpoint"}
     optional_inputs = frozenset({"tokens", "model"})  # model: continue pretraining it
     output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
 
@@ -103,7 +109,7 @@ class TrainStage(Stage):
         work = Path(ctx.work_dir)
         work.mkdir(parents=True, exist_ok=True)
         if "model" in ctx.inputs:
-            cfg = continue_from_model(cfg, ctx.inputs["model"].path, work / "init")
+            cfg = continue_from_model(cfg, ctx.inputs["model"].path)
         ckpt_root = str(work / "checkpoints")
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": ckpt_root})}
@@ -121,6 +127,8 @@ class TrainStage(Stage):
             )
         for entry in sorted(Path(ckpt_root).iterdir()):
             os.replace(entry, Path(out.path) / entry.name)
+        if "model" in ctx.inputs:  # the model's tokenizer and chat template travel on
+            copy_tokenizer(ctx.inputs["model"].path, out.path)
 
         final = summary["final"] or {}
         out.counts = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import sys
 
@@ -160,15 +161,16 @@ def test_export_reports_each_format(recorded, tmp_path):
 def test_sft_reports_its_steps_with_the_loss(recorded, monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    import kiln.training.post.run as post_run
+    import kiln.training.post.stages as post_stages
     from kiln.training.post.stages import SFTStage
 
     def train_post(cfg, export_dir=None, on_step=None):  # the trainer's per-step callback
+        os.makedirs(cfg.checkpoint.dir, exist_ok=True)
         for step in (1, 2, 3):
             on_step({"step": step, "loss": 2.0 / step})
         return {"steps": 3, "final": {"step": 3, "loss": 0.5}}
 
-    monkeypatch.setattr(post_run, "train_post", train_post)
+    monkeypatch.setattr(post_stages, "train_post", train_post)
     stage = SFTStage({"seq_len": 32, "global_batch_size": 2, "micro_batch_size": 2, "steps": 3})
     out = SimpleNamespace(path=str(tmp_path / "model"), counts={}, meta={})
     ctx = SimpleNamespace(inputs={}, outputs={"model": out}, work_dir=tmp_path, stage_dir=tmp_path)

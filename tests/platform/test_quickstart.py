@@ -43,6 +43,11 @@ def test_sdk_twin_equals_the_yaml(tmp_path):
         assert type(a) is type(b)
         assert a.config.model_dump() == b.config.model_dump(), a.name
     assert from_sdk.wiring == from_yaml.wiring
+    # the model converted once (import-model: a Checkpoint) and exported once, after sft
+    assert from_yaml.wiring["pretrain"]["model"] == "base.model"
+    assert from_yaml.wiring["sft"] == {"model": "pretrain.checkpoint", "data": "chat.data"}
+    assert from_yaml.wiring["export"]["checkpoint"] == "sft.model"
+    assert [s.type_name for s in from_yaml.stages].count("export") == 1
     compare = from_yaml.stages[-1].config
     assert compare.questions == QUESTIONS and compare.expect == TAUGHT
 
@@ -86,8 +91,11 @@ def test_quickstart_teaches_the_facts_quietly(tmp_path):
     assert record["status"] == "succeeded"
     tokens = json.loads((run_dir / "tokenize/tokens/tokens.json").read_text())
     assert tokens["vocab_size"] == 49152  # SmolLM2's tokenizer, not a trained one
-    for path in ("logs/kiln.log", "sft/model/hf/model.safetensors.index.json", "sft/model/adapter"):
+    export = ("export/model/hf/model.safetensors.index.json", "export/model/adapter")
+    for path in ("logs/kiln.log", *export):
         assert (run_dir / path).exists(), path
+    # one HF folder in the run (the export): every other stage hands on a Checkpoint
+    assert [p.parent.name for p in run_dir.rglob("config.json")] == ["hf"]
     # Ray Train ran on the embedded Ray without the helper actors a kiln run has no use for
     # (kiln.training.lean_trainer; a Ray worker's log starts with ":actor_name:<class>")
     actors = {

@@ -41,6 +41,12 @@ def resolve(path: str) -> str:
     return latest
 
 
+def is_checkpoint(path: str) -> bool:
+    """A complete checkpoint folder, or a root whose `latest` pointer names one."""
+    path = path.rstrip("/")
+    return storage.is_complete(path) or storage.latest_checkpoint(path) is not None
+
+
 def read_sidecar(path: str) -> dict[str, Any]:
     return storage.read_json(storage.join(resolve(path), storage.SIDECAR))
 

@@ -1,5 +1,7 @@
 """The `export` stage: a Checkpoint (+ Tokenizer) -> an ExportedModel with `hf/`, `triton/` and
-`gguf/<model_name>.<gguf_type>.gguf`.
+`gguf/<model_name>.<gguf_type>.gguf`, and for a LoRA run's adapter-only checkpoint `adapter/` (a
+PEFT adapter folder on its base). The only stage that writes HF / Triton / GGUF: every stage that
+produces a model writes a Checkpoint.
 
 - name: export
   type: export
@@ -10,18 +12,26 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from kiln.model.formats.adapter_checkpoint import adapter_reference
+from kiln.model.formats.checkpoint import is_checkpoint, read_checkpoint
+from kiln.model.formats.checkpoint_tokenizer import has_tokenizer
+from kiln.model.formats.peft import export_peft_adapter
+from kiln.model.lora import LoRAConfig
 from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.serving.export.compare import compare, load_for_compare
 from kiln.serving.export.convert import open_model
 from kiln.serving.export.gguf import export_gguf
-from kiln.serving.export.triton import TritonExportConfig
+from kiln.serving.export.hf import export_hf
+from kiln.serving.export.triton import TritonExportConfig, export_triton
+from kiln.text.tokenizer import TOKENIZER_FILES
 
 
 class ExportConfig(StageConfig):
@@ -50,7 +60,8 @@ class ExportConfig(StageConfig):
 
 
 class ExportStage(Stage):
-    """Write a checkpoint as a Hugging Face model (`hf/`) and a Triton repository (`triton/`)."""
+    """Write a checkpoint as a Hugging Face model (`hf/`), a Triton repository (`triton/`) and a
+    GGUF file; a LoRA run's adapter-only checkpoint also as its PEFT adapter (`adapter/`)."""
 
     type_name = "export"
     Config = ExportConfig
@@ -61,9 +72,14 @@ class ExportStage(Stage):
     def run(self, ctx: StageContext) -> dict[str, Any]:
         cfg: ExportConfig = self.config
         t0 = time.perf_counter()
-        tokenizer = ctx.inputs["tokenizer"].path if "tokenizer" in ctx.inputs else None
+        checkpoint = ctx.inputs["checkpoint"].path
+        # a checkpoint that carries its tokenizer (import-model, train from one, sft, dpo) keeps
+        # it and its chat template; the Tokenizer input is for one without (a `train` from
+        # scratch on the `tokenize` stage's tokenizer)
+        wired = ctx.inputs["tokenizer"].path if "tokenizer" in ctx.inputs else None
+        tokenizer = None if has_tokenizer(checkpoint) else wired
         out = ctx.outputs["model"]
-        summary = export_model(ctx.inputs["checkpoint"].path, out.path, cfg, tokenizer=tokenizer)
+        summary = export_model(checkpoint, out.path, cfg, tokenizer=tokenizer)
         out.counts = {"parameters": summary["parameters"]}
         out.meta = {k: v for k, v in summary.items() if k != "parameters"}
         ctx.log.debug(  # the terminal's line is the stage's own "done" line
@@ -79,8 +95,9 @@ class ExportStage(Stage):
 def export_model(
     checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer: str | None = None
 ) -> dict:
-    """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it, and
-    `<out>/gguf/<model_name>.<gguf_type>.gguf` from the checkpoint."""
+    """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it,
+    `<out>/gguf/<model_name>.<gguf_type>.gguf` from the checkpoint (and `<out>/adapter` for an
+    adapter-only checkpoint)."""
     needs_hf = "hf" in cfg.formats or "triton" in cfg.formats
     steps = needs_hf + ("triton" in cfg.formats) + ("gguf" in cfg.formats)
     with Progress(steps, "export", unit="formats") as progress:
@@ -92,9 +109,12 @@ def export_model(
             # hf's architecture name (LlamaForCausalLM) when both, else llama.cpp's (llama)
             result = {"architecture": gguf["gguf_architecture"], **gguf, **result}
             progress.advance(1, "gguf")
+    adapter = (
+        _export_adapter(checkpoint, out_dir) if needs_hf and is_checkpoint(checkpoint) else None
+    )
+    if adapter is not None:
+        result["adapter"] = adapter
     if needs_hf and "hf" not in cfg.formats:  # hf/ was only the way to triton
-        import shutil
-
         shutil.rmtree(os.path.join(out_dir, "hf"))
         result.pop("hf_dir")
     if cfg.check_tokens:
@@ -134,10 +154,24 @@ def _export_gguf(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer) ->
     return {"gguf_file": f"gguf/{name}", "gguf_type": cfg.gguf_type, **summary}
 
 
-def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progress) -> dict:
-    from kiln.serving.export.hf import export_hf
-    from kiln.serving.export.triton import export_triton
+def _export_adapter(checkpoint: str, out_dir: str) -> dict | None:
+    """`<out>/adapter`, the PEFT folder of an adapter-only checkpoint on the base it names, with
+    hf/'s tokenizer files so `kiln serve out/adapter` renders chats as hf/ does; None for a
+    checkpoint that carries its own weights."""
+    ref = adapter_reference(checkpoint)
+    if ref is None:
+        return None
+    _, adapters = read_checkpoint(checkpoint)
+    adapter_dir = os.path.join(out_dir, "adapter")
+    summary = export_peft_adapter(adapters, LoRAConfig(**ref["lora"]), adapter_dir, ref["base"])
+    hf_dir = os.path.join(out_dir, "hf")
+    for name in (*TOKENIZER_FILES, "generation_config.json"):
+        if os.path.isfile(os.path.join(hf_dir, name)):
+            shutil.copyfile(os.path.join(hf_dir, name), os.path.join(adapter_dir, name))
+    return summary
 
+
+def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progress) -> dict:
     hf_dir = os.path.join(out_dir, "hf")
     summary = export_hf(  # per-block files: a LoRA fine-tune of it links the blocks it keeps
         checkpoint,

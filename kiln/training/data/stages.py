@@ -37,8 +37,8 @@ class TokenizeConfig(StageConfig):
     tokenizer: str | None = Field(
         None,
         description="An existing tokenizer instead of training one: a tokenizer.json, a folder "
-        "holding one (HF model, `kiln import-hf` output, Tokenizer or ExportedModel artifact). "
-        "Wiring a `model` input (e.g. an import-model stage) does the same.",
+        "holding one (HF model, Checkpoint, Tokenizer or ExportedModel artifact). "
+        "Wiring a `model` input (a Checkpoint, e.g. an import-model stage) does the same.",
     )
     vocab_size: int = Field(
         32000, ge=260, description="Vocabulary size of the trained BPE (incl. special tokens)."
@@ -173,8 +173,8 @@ class TokenizeStage(Stage):
 
     type_name = "tokenize"
     Config = TokenizeConfig
-    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus", "model": "ExportedModel"}
-    optional_inputs = frozenset({"model"})  # a model's tokenizer (import-model, sft, ...)
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus", "model": "Checkpoint"}
+    optional_inputs = frozenset({"model"})  # a model's tokenizer (import-model, train, sft, ...)
     output_kinds: ClassVar[dict[str, str]] = {"tokens": "TokenDataset", "tokenizer": "Tokenizer"}
     resources: ClassVar[Resources] = Resources(ray=True)  # Ray Data tokenizer actors
 

@@ -1,24 +1,40 @@
-"""Pipeline stages: `prepare-chat` (rows -> ChatDataset), `sft` and `dpo` (-> ExportedModel).
+"""Pipeline stages: `import-model` (-> Checkpoint), `prepare-chat` (rows -> ChatDataset), `sft`
+and `dpo` (Checkpoint -> Checkpoint).
 
 `sft`/`dpo` run the trainer in the stage's process (one rank; multi-GPU layouts run the same
 config under torchrun with `python -m kiln.training.post.run`), checkpoint into the stage's work
-folder (a re-run after a failure resumes there) and export `hf/` (adapters merged, the chat
-template in its tokenizer config) plus, for LoRA, `adapter/` (a PEFT adapter folder): the
-`serve` stage takes the output as it takes `export`'s.
+folder (a re-run after a failure resumes there) and hand the final checkpoint on: adapter-only
+for LoRA (the base referenced, not copied), with the tokenizer and the chat template the data was
+rendered with in its root. `export` writes it as `hf/` (adapters merged) plus, for LoRA,
+`adapter/` (a PEFT adapter folder), which `serve` takes.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from kiln.platform.console import Progress
+from kiln.model.formats.checkpoint import latest_checkpoint, read_sidecar, write_checkpoint
+from kiln.model.formats.checkpoint_tokenizer import (
+    copy_tokenizer,
+    set_chat_template,
+    tokenizer_folder,
+)
+from kiln.model.formats.hf_names import to_hf_config
+from kiln.model.formats.hub import local_model
+from kiln.model.formats.weights import build_model, read_model
+from kiln.platform.console import Progress, follow_metrics
 from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.metrics_log import METRICS_FILE, MetricsWriter
 from kiln.training.post.config import PostTrainConfig
+from kiln.training.post.run import train_post, train_post_on_ray
+from kiln.training.post.trainer import chat_prefix
 from kiln.training.ray_train import RayOptions
 
 
@@ -31,55 +47,45 @@ class ImportModelConfig(StageConfig):
 
 
 class ImportModelStage(Stage):
-    """A model from outside kiln as an ExportedModel (`hf/`, chat template kept), the base that
-    `prepare-chat` (template: model) and `sft` take."""
+    """A model from outside kiln as a Checkpoint (weights-only, its tokenizer and chat template
+    in the root): the base that `train`, `prepare-chat` (template: model), `sft` and `dpo`
+    take, converted once; `export` writes it as HF when a HF folder is wanted."""
 
     type_name = "import-model"
     Config = ImportModelConfig
-    output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
+    output_kinds: ClassVar[dict[str, str]] = {"model": "Checkpoint"}
     resources: ClassVar[Resources] = Resources(ray=False)
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        import json
-        from pathlib import Path
-
-        from kiln.model.formats.hf import write_hf_dir
-        from kiln.model.formats.weights import build_model, read_model
-        from kiln.text.tokenizer import find_tokenizer
-
-        work = Path(ctx.work_dir or ctx.stage_dir)
-        tokenizer_dir = work / "tokenizer"
-        cfg, state = read_model(self.config.source, str(tokenizer_dir))
-        # straight to hf/: no checkpoint written and read back (540 MB each way for a 135M model)
-        model = build_model(cfg, state, device="cpu")
         out = ctx.outputs["model"]
-        hf = os.path.join(out.path, "hf")
-        # per-block files: a LoRA fine-tune of this base hard-links the blocks it leaves alone
-        tok, tok_dir = find_tokenizer(str(tokenizer_dir), [])
-        summary = write_hf_dir(
-            model.cfg, model.state_dict(), hf, tok=tok, tok_dir=tok_dir, blocks=True
-        )
-        source_config = tokenizer_dir / "tokenizer_config.json"
-        template = (
-            json.loads(source_config.read_text()).get("chat_template")
-            if source_config.is_file()
-            else None
-        )
-        if template:  # export_hf writes a fresh tokenizer_config.json: keep the model's template
-            config_file = Path(hf) / "tokenizer_config.json"
-            config = json.loads(config_file.read_text())
-            config["chat_template"] = template
-            config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
-        out.counts = {"parameters": summary["parameters"]}
-        out.meta = {"architecture": summary["architecture"], "source": self.config.source}
-        return {"parameters": summary["parameters"], "chat_template": bool(template)}
+        cfg, state = read_model(self.config.source, out.path)  # tokenizer files into the root
+        model = build_model(cfg, state, device="cpu")
+        write_checkpoint(out.path, model)
+        parameters = sum(p.numel() for p in model.parameters())
+        template = _chat_template(out.path)
+        out.counts = {"parameters": parameters}
+        out.meta = {
+            "architecture": to_hf_config(model.cfg)["architectures"][0],
+            "source": self.config.source,
+            "latest": latest_checkpoint(out.path),
+            "model": model.cfg.model_dump(mode="json"),
+        }
+        return {"parameters": parameters, "chat_template": bool(template)}
+
+
+def _chat_template(folder: str) -> str | None:
+    config = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config) as f:
+        return json.load(f).get("chat_template")
 
 
 class PrepareChatConfig(StageConfig):
     source: str = Field(..., description="A .jsonl/.parquet file or a directory of them.")
     format: Literal["chat", "preference"] = Field("chat", description="chat/instruction or pairs")
     tokenizer: str | None = Field(
-        None, description="tokenizer.json or a folder (default: the `model` input's hf/)."
+        None, description="tokenizer.json or a folder (default: the `model` input's)."
     )
     template: str = Field(
         "chatml", description="chatml, or `model` to use the `model` input's chat_template."
@@ -106,7 +112,7 @@ class PrepareChatStage(Stage):
 
     type_name = "prepare-chat"
     Config = PrepareChatConfig
-    input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel", "tokenizer": "Tokenizer"}
+    input_kinds: ClassVar[dict[str, str]] = {"model": "Checkpoint", "tokenizer": "Tokenizer"}
     optional_inputs = frozenset({"model", "tokenizer"})
     output_kinds: ClassVar[dict[str, str]] = {"data": "ChatDataset"}
     resources: ClassVar[Resources] = Resources(ray=False)
@@ -115,7 +121,7 @@ class PrepareChatStage(Stage):
         from kiln.training.post.prepare import prepare_chat, prepare_preference
 
         cfg: PrepareChatConfig = self.config
-        model_hf = os.path.join(ctx.inputs["model"].path, "hf") if "model" in ctx.inputs else None
+        model_hf = tokenizer_folder(ctx.inputs["model"].path) if "model" in ctx.inputs else None
         tokenizer = cfg.tokenizer or (
             ctx.inputs["tokenizer"].path if "tokenizer" in ctx.inputs else model_hf
         )
@@ -163,9 +169,9 @@ class PostStageConfig(PostTrainConfig, StageConfig):
 class _PostStage(Stage):
     Config = PostStageConfig
     objective: ClassVar[str] = "sft"
-    input_kinds: ClassVar[dict[str, str]] = {"data": "ChatDataset", "model": "ExportedModel"}
+    input_kinds: ClassVar[dict[str, str]] = {"data": "ChatDataset", "model": "Checkpoint"}
     optional_inputs = frozenset({"data", "model"})
-    output_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
+    output_kinds: ClassVar[dict[str, str]] = {"model": "Checkpoint"}
     resources: ClassVar[Resources] = Resources(ray=False)
 
     def needs(self) -> Resources:
@@ -201,8 +207,6 @@ class _PostStage(Stage):
             raise ConfigError(f"{self.name}.{exc}") from None
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.training.post.run import train_post, train_post_on_ray
-
         update: dict[str, Any] = {"objective": self.objective}
         dump = self.config.model_dump(by_alias=True, exclude={"ray"})
         cfg = PostTrainConfig.model_validate(dump)
@@ -212,18 +216,17 @@ class _PostStage(Stage):
             )
             update["data"] = data
         if "model" in ctx.inputs:
-            update["base"] = os.path.join(ctx.inputs["model"].path, "hf")
+            update["base"] = ctx.inputs["model"].path
         work = ctx.work_dir or ctx.stage_dir
         os.makedirs(work, exist_ok=True)
-        update["checkpoint"] = cfg.checkpoint.model_copy(
-            update={"dir": os.path.join(str(work), "checkpoints")}
-        )
+        # checkpoints go to the work folder (kept across failed attempts: a re-run resumes
+        # there) and move into the output artifact on success, as `train` does
+        ckpt_root = os.path.join(str(work), "checkpoints")
+        update["checkpoint"] = cfg.checkpoint.model_copy(update={"dir": ckpt_root})
         cfg = PostTrainConfig.model_validate({**cfg.model_dump(by_alias=True), **update})
         out = ctx.outputs["model"]
         options = self.config.ray
         if options is None:
-            from kiln.training.metrics_log import MetricsWriter
-
             # every step to metrics.jsonl and TensorBoard, as `train` on Ray writes them
             # (log_every only thins the console lines)
             writer = MetricsWriter(str(ctx.stage_dir))
@@ -234,28 +237,54 @@ class _PostStage(Stage):
                     progress.update(int(m["step"]), f"loss {m['loss']:.3f}")
 
                 try:
-                    summary = train_post(cfg, export_dir=out.path, on_step=on_step)
+                    summary = train_post(cfg, on_step=on_step)
                 finally:
                     writer.close()
         else:
-            from kiln.platform.console import follow_metrics
-            from kiln.training.metrics_log import METRICS_FILE
-
             if options.storage_path is None:
                 options = options.model_copy(update={"storage_path": os.path.join(work, "ray")})
             # the workers' step lines stay in their logs: progress from their metrics JSONL
             with follow_metrics(str(ctx.stage_dir / METRICS_FILE), cfg.steps, self.name):
-                summary = train_post_on_ray(
-                    cfg, str(ctx.stage_dir), options, export_dir=out.path, runtime=ctx.ray()
-                )
+                summary = train_post_on_ray(cfg, str(ctx.stage_dir), options, runtime=ctx.ray())
+        for entry in sorted(os.listdir(ckpt_root)):
+            os.replace(os.path.join(ckpt_root, entry), os.path.join(out.path, entry))
+        carry_tokenizer(cfg, out.path)
         final = summary["final"] or {}
+        latest = latest_checkpoint(out.path)
         out.counts = {"steps": summary["steps"]}
-        out.meta = {"objective": self.objective, "lora": cfg.lora is not None, "final": final}
+        out.meta = {
+            "objective": self.objective,
+            "lora": cfg.lora is not None,
+            "final": final,
+            "latest": latest,
+            "model": read_sidecar(latest).get("model") if latest else None,
+        }
         metrics = {"steps": summary["steps"], "final_loss": final.get("loss")}
         metrics.update({k: v for k, v in final.items() if k.startswith("rewards/")})
         if summary.get("resumed_from_step") is not None:  # the report says so
             metrics["resumed_from_step"] = summary["resumed_from_step"]
         return metrics
+
+
+def carry_tokenizer(cfg: PostTrainConfig, root: str) -> None:
+    """The trained checkpoint's tokenizer files: the base's (its special tokens), the tokenizer
+    the chat data was rendered with (tokens prepare-chat may have added) and its chat template."""
+    if cfg.base and os.path.isdir(local_model(cfg.base)):
+        copy_tokenizer(local_model(cfg.base), root)
+    if len(cfg.data.paths) != 1:  # synthetic data: no chat set, no template to record
+        return
+    chat_dir = os.path.dirname(chat_prefix(cfg))
+    if os.path.isfile(os.path.join(chat_dir, "tokenizer.json")):
+        shutil.copyfile(
+            os.path.join(chat_dir, "tokenizer.json"), os.path.join(root, "tokenizer.json")
+        )
+    meta_file = os.path.join(chat_dir, f"{cfg.data.split}.chat.json")
+    meta = {}
+    if os.path.isfile(meta_file):
+        with open(meta_file) as f:
+            meta = json.load(f)
+    if meta.get("chat_template"):
+        set_chat_template(root, meta["chat_template"], meta.get("end_of_turn"))
 
 
 class SFTStage(_PostStage):

@@ -1,4 +1,4 @@
-"""The `grpo` stage: an ExportedModel (import-model, sft, export) and a prompt file -> a
+"""The `grpo` stage: a Checkpoint (import-model, train, sft, dpo) and a prompt file -> a
 Checkpoint (LoRA merged, tokenizer beside it) that `export` then `serve` take."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class GRPOStage(Stage):
 
     type_name = "grpo"
     Config = GRPOStageConfig
-    input_kinds: ClassVar[dict[str, str]] = {"model": "ExportedModel"}
+    input_kinds: ClassVar[dict[str, str]] = {"model": "Checkpoint"}
     optional_inputs = frozenset({"model"})
     output_kinds: ClassVar[dict[str, str]] = {"checkpoint": "Checkpoint"}
     resources: ClassVar[Resources] = Resources(ray=False)

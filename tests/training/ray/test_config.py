@@ -13,7 +13,7 @@ from kiln.training.ray_train import RayOptions, world_size
 def test_stage_is_registered_with_optional_tokens_and_model():
     cls = stage_class("train")
     assert cls.__name__ == "TrainStage"
-    assert cls.input_kinds == {"tokens": "TokenDataset", "model": "ExportedModel"}
+    assert cls.input_kinds == {"tokens": "TokenDataset", "model": "Checkpoint"}
     assert {"tokens", "model"} <= set(cls.optional_inputs)
     assert cls.output_kinds == {"checkpoint": "Checkpoint"}
     stage = cls(
