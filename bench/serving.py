@@ -233,7 +233,7 @@ def main() -> int:
         import ray
         from ray import serve
 
-        from kiln.serving.rest_launch import launch
+        from kiln.serving.launch import launch
         from tests.conftest import free_port
 
         ray.init(
@@ -288,7 +288,7 @@ def main() -> int:
 
         # 3c. Triton directly
         from kiln.serving.export.triton import export_triton
-        from kiln.serving.triton_server import TritonServer
+        from kiln.serving.triton.server import TritonServer
 
         repo = os.path.join(tmp, "triton")
         export_triton(

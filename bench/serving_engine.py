@@ -95,8 +95,8 @@ async def drive(backend, requests, clients: int, rate: float, streamed: bool, se
 
 def serving_comparison(model_dir: str, counts: list[int], per_client: int, rate: float) -> None:
     from bench.batch_baseline import BatchBackend
-    from kiln.serving.backend_local import LocalBackend
-    from kiln.serving.backends import BatchingConfig
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
 
     print(f"\n1. REST local backend, Poisson arrivals at {rate:g} x C req/s, greedy")
     head = (

@@ -15,7 +15,8 @@ AREA_COMMANDS = [
     "kiln.training.cli",
     "kiln.training.plan",
     "kiln.training.post.cli",
-    "kiln.serving.export_cli",
+    "kiln.training.rl.task_cli",
+    "kiln.serving.export.cli",
     "kiln.serving.cli",
     "kiln.evaluate.cli",
 ]

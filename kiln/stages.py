@@ -17,14 +17,14 @@ AREA_STAGES = {
     "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
     "sft": "kiln.training.post.stages:SFTStage",
     "dpo": "kiln.training.post.stages:DPOStage",
-    "export": "kiln.serving.export_stage:ExportStage",
-    "serve": "kiln.serving.serve_stage:ServeStage",
+    "export": "kiln.serving.export.stages:ExportStage",
+    "serve": "kiln.serving.stages:ServeStage",
     "evaluate": "kiln.evaluate.stage:EvaluateStage",
 }
 # what one layer takes from another above it, by import path: evaluation starts serving's
 # endpoint, the platform's `kiln stages` lists the model's presets
 COMPONENTS = {
-    "endpoint.launch": "kiln.serving.rest_launch:launch",
+    "endpoint.launch": "kiln.serving.launch:launch",
     # `kiln stages` lists the model presets
     "model.config": "kiln.model.config:ModelConfig",
     "model.presets": "kiln.model.config:PRESETS",

@@ -1,6 +1,6 @@
-"""Cleaning: Unicode repair (ftfy), NFC/NFKC, control characters, whitespace, C4 boilerplate lines,
-optional PII redaction. Batch-wise: cheap per-document gates decide where ftfy must run, and the
-regex work runs on whole Arrow arrays (RE2)."""
+"""Cleaning: Unicode repair (ftfy), NFC/NFKC, control characters, whitespace, C4 boilerplate
+lines (PII is the next step: kiln.curator.pii). Batch-wise: cheap per-document gates decide where
+ftfy must run, and the regex work runs on whole Arrow arrays (RE2)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,6 @@ _FTFY_TRIGGER = re.compile(
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\x{200b}\x{feff}]"
 _ODD_SPACES = r"[\x{00a0}\x{2000}-\x{200a}\x{202f}\x{205f}]"
-
-PII_PATTERNS = {
-    "email": (r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}", "<EMAIL>"),
-    "ip": (
-        r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b",
-        "<IP_ADDRESS>",
-    ),
-    "phone": (
-        r"(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\b\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}\b",
-        "<PHONE_NUMBER>",
-    ),
-}
 
 
 def _ftfy_fix(text: str) -> str:
@@ -66,10 +54,6 @@ class Cleaner:
         arr = pa.array(out, pa.large_string())
         if cfg.remove_control_chars:
             arr = pc.replace_substring_regex(arr, _CONTROL, "")
-        if cfg.redact_pii:
-            for kind in cfg.pii_kinds:
-                pattern, token = PII_PATTERNS[kind]
-                arr = pc.replace_substring_regex(arr, pattern, token)
         if cfg.normalize_whitespace:
             arr = pc.replace_substring(arr, "\r\n", "\n")
             arr = pc.replace_substring_regex(arr, _ODD_SPACES, " ")

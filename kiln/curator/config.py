@@ -64,13 +64,27 @@ class CleanConfig(_Section):
         default_factory=lambda: list(C4_POLICY_PHRASES),
         description="Lower-case phrases marking boilerplate lines (cookie and policy notices).",
     )
-    redact_pii: bool = Field(
-        False,
-        description="Replace e-mail addresses, IP addresses and phone numbers with placeholders.",
+
+
+PiiKind = Literal["secret", "email", "iban", "credit_card", "my_number", "ip", "phone", "postcode"]
+
+
+class PiiConfig(_Section):
+    """PII detection after cleaning, before the filters (docs/curator.md lists each type)."""
+
+    enabled: bool = Field(False, description="Look for PII in every document.")
+    mode: Literal["redact", "drop", "flag"] = Field(
+        "redact",
+        description="redact: replace each item by its type's tag; drop: reject documents holding "
+        "any (reason pii); flag: keep them unchanged and only count",
     )
-    pii_kinds: list[Literal["email", "ip", "phone"]] = Field(
-        default_factory=lambda: ["email", "ip", "phone"],
-        description="Which PII redact_pii replaces.",
+    kinds: list[PiiKind] = Field(
+        default_factory=lambda: list(PiiKind.__args__), description="PII types looked for."
+    )
+    tags: dict[PiiKind, str] = Field(
+        default_factory=dict,
+        description="replacement per type (default <EMAIL>, <PHONE_NUMBER>, <IP_ADDRESS>, "
+        "<CREDIT_CARD>, <IBAN>, <MY_NUMBER>, <POSTCODE>, <SECRET>)",
     )
 
 
@@ -313,6 +327,9 @@ class CurateConfig(StageConfig):
     )
     clean: CleanConfig = Field(
         default_factory=CleanConfig, description="Text cleaning applied before filtering."
+    )
+    pii: PiiConfig = Field(
+        default_factory=PiiConfig, description="PII redaction, dropping or flagging."
     )
     filters: FilterConfig = Field(
         default_factory=FilterConfig,

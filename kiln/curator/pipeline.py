@@ -21,6 +21,7 @@ from kiln.curator.dedup.engine import dask_session, resolve_backend
 from kiln.curator.dedup.run import run_dedup
 from kiln.curator.filters import DocumentFilter, build_filters
 from kiln.curator.output import write_outputs
+from kiln.curator.pii import PiiCounts
 from kiln.curator.readers import expand_inputs, plan_tasks
 from kiln.curator.readers.base import ReadTask
 from kiln.curator.report import build_report, plot_funnel, write_report
@@ -147,12 +148,21 @@ class Curation:
         self.seconds["dedup"] = time.perf_counter() - t
         return dedup
 
+    def _pii(self) -> dict | None:
+        """The PII step's mode and counts summed over every task (None when it is off)."""
+        if not self.cfg.pii.enabled:
+            return None
+        total = PiiCounts()
+        for s in self.stats:
+            total.add(PiiCounts.from_dict(s.get("pii", {})))
+        return {"mode": self.cfg.pii.mode, **total.to_dict()}
+
     def _report(self, dedup_counts: dict, kept: int) -> dict:
         cfg, seconds = self.cfg, self.seconds
         reasons = sum((Counter(s["reasons"]) for s in self.stats), Counter())
         n_in = sum(s["in"] for s in self.stats)
         names = [f.name for f in build_filters(cfg.filters, list(self.extra_filters))]
-        report = build_report(n_in, reasons, names, dedup_counts, kept, seconds)
+        report = build_report(n_in, reasons, names, dedup_counts, kept, seconds, self._pii())
         report["backend"], report["cluster"], report["stream"] = (
             self.backend,
             cfg.cluster,

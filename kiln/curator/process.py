@@ -1,4 +1,5 @@
-"""Per-document work on one batch: validate -> clean -> filter -> exact hash + MinHash bands.
+"""Per-document work on one batch: validate -> clean -> PII -> filter -> exact hash + MinHash
+bands.
 
 `ChunkProcessor` is what a Ray Data actor (or the inline loop) holds; it turns a list of read
 records into a table of candidates for dedup and a table of rejected documents with reasons.
@@ -16,8 +17,10 @@ from kiln.curator.clean import Cleaner
 from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.minhash import MinHasher
 from kiln.curator.filters import DocBatch, DocumentFilter, Language, build_filters
+from kiln.curator.pii import PiiCounts, PiiScanner
 
 EMPTY_AFTER_CLEANING = "empty_after_cleaning"
+PII = "pii"
 REJECTED_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -44,6 +47,8 @@ class ChunkProcessor:
         self.cfg = cfg
         self.cleaner = Cleaner(cfg.clean)
         self.filters = build_filters(cfg.filters, list(extra_filters))
+        self.pii = PiiScanner(cfg.pii) if cfg.pii.enabled else None
+        self.pii_counts = PiiCounts()  # summed over every batch; the stream reads and resets it
         self.language = next((f for f in self.filters if isinstance(f, Language)), None)
         fz = cfg.dedup.fuzzy
         hasher = MinHasher
@@ -52,6 +57,23 @@ class ChunkProcessor:
         self.minhasher = (
             hasher(fz.ngram, fz.bands, fz.rows, fz.seed, fz.signature) if fz.enabled else None
         )
+
+    def take_pii_counts(self) -> PiiCounts:
+        counts, self.pii_counts = self.pii_counts, PiiCounts()
+        return counts
+
+    def _scan_pii(self, idx: np.ndarray, texts: list, reasons: list) -> np.ndarray:
+        """Redact (or count) PII in the documents at `idx`; in drop mode, reject those holding
+        any. Returns the indices still in the running."""
+        scanned, hit, counts = self.pii.scan([texts[i] for i in idx])
+        self.pii_counts.add(counts)
+        for i, t in zip(idx, scanned, strict=True):
+            texts[i] = t
+        if self.cfg.pii.mode != "drop":
+            return idx
+        for i in idx[hit]:
+            reasons[i] = PII
+        return idx[~hit]
 
     def process(
         self, records: list[dict], row_keys: np.ndarray
@@ -68,6 +90,8 @@ class ChunkProcessor:
             if not t:
                 reasons[i] = EMPTY_AFTER_CLEANING
         idx = np.array([i for i in idx if reasons[i] is None], dtype=np.int64)
+        if self.pii is not None and len(idx):
+            idx = self._scan_pii(idx, texts, reasons)
         language = [None] * len(records)
         if len(idx):
             batch = DocBatch(

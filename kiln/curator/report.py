@@ -26,13 +26,16 @@ def build_report(
     dedup_counts: dict,
     kept: int,
     seconds: dict,
+    pii: dict | None = None,
 ) -> dict:
-    """Per-step funnel: read -> clean -> each filter -> exact dedup -> fuzzy dedup."""
-    steps = funnel_steps(n_in, reasons, filter_names, dedup_counts)
+    """Per-step funnel: read -> clean -> [pii] -> each filter -> exact dedup -> fuzzy dedup.
+    `pii` (when the step ran): its mode and items/documents per type."""
+    steps = funnel_steps(n_in, reasons, filter_names, dedup_counts, pii)
     by_reason = removed_by_reason(reasons, dedup_counts)
     remaining = steps[-1]["kept"]
     return {
         "documents_in": n_in,
+        **({"pii": pii} if pii is not None else {}),
         "kept": kept,
         "rejected": n_in - kept,
         "invariant_holds": n_in == kept + sum(by_reason.values()) and remaining == kept,
@@ -44,7 +47,11 @@ def build_report(
 
 
 def funnel_steps(
-    n_in: int, reasons: Counter, filter_names: list[str], dedup_counts: dict
+    n_in: int,
+    reasons: Counter,
+    filter_names: list[str],
+    dedup_counts: dict,
+    pii: dict | None = None,
 ) -> list[dict]:
     """Each step's documents in, removed and kept, in the order the curator applies them."""
     steps: list[dict] = []
@@ -58,6 +65,8 @@ def funnel_steps(
     malformed = {r: reasons.get(r, 0) for r in MALFORMED if reasons.get(r, 0)}
     step("read", sum(malformed.values()), reasons=malformed)
     step("clean", reasons.get("empty_after_cleaning", 0))
+    if pii is not None:  # removes documents in drop mode only; redactions are counted by type
+        step("pii", reasons.get("pii", 0), **pii)
     for name in filter_names:
         step(f"filter:{name}", reasons.get(name, 0))
     step("exact_dedup", dedup_counts.get("exact_duplicates", 0))

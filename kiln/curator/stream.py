@@ -42,7 +42,8 @@ def run_task(task: ReadTask, proc: ChunkProcessor, work_dir: str, rejected_dir: 
         reasons += counts
         ordinal += len(batch)
         chunk += 1
-    return {"task": task.index, "in": n_in, "reasons": dict(reasons)}
+    pii = proc.take_pii_counts().to_dict()
+    return {"task": task.index, "in": n_in, "reasons": dict(reasons), "pii": pii}
 
 
 class TaskActor:

@@ -39,6 +39,9 @@ class ModelConfig(BaseModel):
     n_layers: int = Field(4, gt=0, description="Transformer blocks.")
     n_heads: int = Field(4, gt=0, description="Attention heads.")
     n_kv_heads: int | None = Field(None, description="GQA/MQA key-value heads (None: = n_heads).")
+    head_dim: int | None = Field(
+        None, gt=0, description="Width of one head (None: dim / n_heads; Qwen3 sets it wider)."
+    )
     ffn_hidden_dim: int = Field(128, gt=0, description="SwiGLU hidden size.")
     norm_eps: float = Field(1e-5, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, description="RoPE base frequency.")
@@ -59,6 +62,14 @@ class ModelConfig(BaseModel):
         False, description="Share the input embedding and output projection weights."
     )
     qkv_bias: bool = Field(False, description="Biases on the q/k/v projections (Qwen2).")
+    qk_norm: bool = Field(
+        False, description="RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)."
+    )
+    norm_topk_prob: bool = Field(
+        True,
+        description="MoE: renormalise the top-k router probabilities to sum to 1 (Mixtral, "
+        "Qwen3-MoE); false weighs experts by their softmax probability over all experts.",
+    )
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
@@ -68,7 +79,7 @@ class ModelConfig(BaseModel):
     def _check(self) -> ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        if self.dim % self.n_heads:
+        if self.head_dim is None and self.dim % self.n_heads:
             raise ConfigError(
                 f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})"
             )
@@ -77,17 +88,15 @@ class ModelConfig(BaseModel):
                 f"model.n_heads ({self.n_heads}) must be divisible by "
                 f"model.n_kv_heads ({self.n_kv_heads})"
             )
-        if (self.dim // self.n_heads) % 2:
-            raise ConfigError("model.dim / model.n_heads (head dim) must be even for RoPE")
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim ({self.head_dim}) must be even for RoPE")
         if self.n_experts and self.top_k > self.n_experts:
             raise ConfigError(
                 f"model.top_k ({self.top_k}) must be <= model.n_experts ({self.n_experts})"
             )
         return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
@@ -101,8 +110,9 @@ class ModelConfig(BaseModel):
     def num_params(self, exclude_embedding: bool = False) -> int:
         """Parameter count computed from the shape (no model needed: FLOP and memory planning)."""
         d, h = self.dim, self.ffn_hidden_dim
-        kv = self.n_kv_heads * self.head_dim
-        attn = d * d * 2 + d * kv * 2 + ((d + 2 * kv) if self.qkv_bias else 0)
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        attn = d * q * 2 + d * kv * 2 + ((q + 2 * kv) if self.qkv_bias else 0)
+        attn += 2 * self.head_dim if self.qk_norm else 0
         ffn = 3 * d * h * max(1, self.n_experts) + (d * self.n_experts if self.n_experts else 0)
         per_layer = attn + ffn + 2 * d
         emb = self.vocab_size * d

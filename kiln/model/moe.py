@@ -44,10 +44,11 @@ class MoE(nn.Module):
     """Top-k routed experts. forward(x [B, S, D]) -> [B, S, D]; sets `self.aux_loss`.
 
     Routing follows Mixtral: softmax over all router logits, keep the top k, renormalise them
-    (equivalently, softmax over the top-k logits). With `capacity_factor` set, each expert takes
-    at most ceil(capacity_factor * tokens * top_k / n_experts) assignments; top-1 choices get
-    priority over top-2 and so on, then token order (GShard); dropped assignments contribute
-    nothing (the residual connection carries the token).
+    (equivalently, softmax over the top-k logits); without `norm_topk_prob` the kept
+    probabilities weigh the experts as they are (Qwen3-MoE's switch). With `capacity_factor`
+    set, each expert takes at most ceil(capacity_factor * tokens * top_k / n_experts)
+    assignments; top-1 choices get priority over top-2 and so on, then token order (GShard);
+    dropped assignments contribute nothing (the residual connection carries the token).
     """
 
     def __init__(
@@ -57,6 +58,8 @@ class MoE(nn.Module):
         n_experts: int,
         top_k: int,
         capacity_factor: float | None = None,
+        *,
+        norm_topk_prob: bool = True,
     ):
         super().__init__()
         if not 1 <= top_k <= n_experts:
@@ -65,6 +68,7 @@ class MoE(nn.Module):
         self.n_experts = n_experts
         self.top_k = top_k
         self.capacity_factor = capacity_factor
+        self.norm_topk_prob = norm_topk_prob
         self.gate = nn.Linear(dim, n_experts, bias=False)
         self.experts = nn.ModuleList(Expert(dim, hidden_dim) for _ in range(n_experts))
         self.aux_loss: torch.Tensor = torch.zeros(())
@@ -77,7 +81,9 @@ class MoE(nn.Module):
         x = x.reshape(-1, self.dim)
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E], fp32 like Mixtral
         top_p, top_idx = probs.topk(self.top_k, dim=-1)
-        top_w = (top_p / top_p.sum(dim=-1, keepdim=True)).to(x.dtype)
+        if self.norm_topk_prob:
+            top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+        top_w = top_p.to(x.dtype)
         self.aux_loss = self.load_balancing_loss(probs, top_idx)
 
         token_idx, weight, counts = self.assign(top_idx, top_w)

@@ -41,6 +41,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        # qk-norm (Qwen3, Gemma 3): one RMSNorm shared by all heads, over each head's width
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.core = AttentionCore(cfg.head_dim, cfg.sliding_window, cfg.attention_backend)
 
     def forward(
@@ -57,8 +60,11 @@ class Attention(nn.Module):
         the block's input is sharded along the sequence and x is the gathered whole."""
         B, S, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q = self.wq(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(B, S, -1, self.head_dim)
+        k = self.wk(x).view(B, S, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(x).view(B, S, -1, self.head_dim).transpose(1, 2)
         cos, sin = rope_rows(rope_cos, rope_sin, S, positions)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -73,6 +79,9 @@ class Attention(nn.Module):
         for linear in (self.wq, self.wk, self.wv):
             _normal(linear, BASE_STD)
         _normal(self.wo, init_std)
+        if self.q_norm is not None:
+            self.q_norm.reset_parameters()
+            self.k_norm.reset_parameters()
 
 
 class FeedForward(nn.Module):
@@ -105,7 +114,12 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         if self.moe_enabled:
             self.moe = MoE(
-                cfg.dim, cfg.ffn_hidden_dim, cfg.n_experts, cfg.top_k, cfg.capacity_factor
+                cfg.dim,
+                cfg.ffn_hidden_dim,
+                cfg.n_experts,
+                cfg.top_k,
+                cfg.capacity_factor,
+                norm_topk_prob=cfg.norm_topk_prob,
             )
         else:
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)

@@ -71,6 +71,11 @@ def curation_section(report: dict, corpus_dir: Path, chart: bool, table) -> str:
     reasons = sorted(report.get("removed_by_reason", {}).items(), key=lambda kv: -kv[1])
     if reasons:
         parts.append(table([[r, n] for r, n in reasons], ["rejection reason", "documents"]))
+    pii = report.get("pii")
+    if isinstance(pii, dict) and isinstance(pii.get("items"), dict):
+        rows = [[k, n, pii.get("documents", {}).get(k, 0)] for k, n in sorted(pii["items"].items())]
+        head = [f"PII type ({pii.get('mode', '')})", "items", "documents"]
+        parts.append(table(rows or [["none found", 0, 0]], head))
     kept = sample_documents(corpus_dir, SAMPLES_KEPT, by_reason=False)
     parts.append(_samples_table(kept, "Sample of kept documents"))
     rejected = sample_documents(corpus_dir / "rejected", SAMPLES_PER_REASON, by_reason=True)

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 
-from kiln.serving.backends import BatchingConfig
-from kiln.serving.protocol import Limits
+from kiln.serving.api.protocol import Limits
+from kiln.serving.backends.backend import BatchingConfig
 
 log = logging.getLogger("kiln")
 
@@ -99,10 +99,10 @@ class AppSettings(BaseModel):
 
 def make_backend(settings: AppSettings):
     if settings.backend == "local":
-        from kiln.serving.backend_local import LocalBackend
+        from kiln.serving.backends.local import LocalBackend
 
         return LocalBackend(settings.model_dir, settings.model_name, settings.batching)  # type: ignore[arg-type]
-    from kiln.serving.backend_triton import TritonBackend
+    from kiln.serving.backends.triton import TritonBackend
 
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
 
@@ -117,7 +117,7 @@ class KilnServer:
         self.backend = make_backend(self.settings)
 
     def __serve_build_asgi_app__(self):
-        from kiln.serving.rest_api import create_api
+        from kiln.serving.api.server import create_api
 
         return create_api(self.backend, self.settings.limits, self.settings.api_key)
 

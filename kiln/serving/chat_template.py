@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from kiln.platform.errors import ConfigError
-from kiln.serving.protocol import RequestError
+from kiln.serving.api.protocol import RequestError
 from kiln.text.chat_template import CHATML, ChatTemplate
 
 

@@ -81,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kiln.platform.runtime import Runtime
     from kiln.platform.signals import stop_on_signals
     from kiln.serving.exposure import public_bind_warning
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
 
     deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
     if args.max_replicas:

@@ -1,5 +1,5 @@
 """Cleaning: ftfy repair (only where ftfy would change something), normalisation, control
-characters, whitespace, C4 boilerplate lines, PII redaction."""
+characters, whitespace, C4 boilerplate lines."""
 
 from __future__ import annotations
 
@@ -56,14 +56,6 @@ def test_boilerplate_lines_are_removed():
     )
     (out,) = Cleaner(CleanConfig())([text])
     assert out == "A real sentence.\nAnother line."
-
-
-def test_pii_redaction():
-    text = "Mail jane.doe@example.org or call +1 415-555-0199, server 192.168.10.4."
-    (out,) = Cleaner(CleanConfig(redact_pii=True))([text])
-    assert out == "Mail <EMAIL> or call <PHONE_NUMBER>, server <IP_ADDRESS>."
-    (untouched,) = Cleaner(CleanConfig())([text])
-    assert untouched == text
 
 
 def test_lone_surrogates_become_storable():

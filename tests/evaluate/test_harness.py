@@ -104,7 +104,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def endpoint(ray_session, model_dir):
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
 
     ep = launch(
         model_dir,

@@ -148,7 +148,7 @@ def test_curate_reports_input_bytes_with_documents(recorded, tmp_path):
 
 
 def test_export_reports_each_format(recorded, tmp_path):
-    from kiln.serving.export_stage import ExportConfig, export_model
+    from kiln.serving.export.stages import ExportConfig, export_model
     from tests.serving.rest.tiny_model import make_tiny_model
 
     src = make_tiny_model(str(tmp_path / "src"))

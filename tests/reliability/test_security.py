@@ -26,9 +26,10 @@ def test_every_server_binds_loopback_unless_told_otherwise():
     import argparse
 
     from kiln.platform.runtime import Runtime
-    from kiln.serving import app, cli, triton_server
-    from kiln.serving.rest_launch import launch
-    from kiln.serving.serve_stage import ServeStage
+    from kiln.serving import app, cli
+    from kiln.serving.launch import launch
+    from kiln.serving.stages import ServeStage
+    from kiln.serving.triton import server as triton_server
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
@@ -67,10 +68,10 @@ def test_exposed_without_key_warns_in_one_line():
 def rest(tmp_path_factory):
     from fastapi.testclient import TestClient
 
-    from kiln.serving.backend_local import LocalBackend
-    from kiln.serving.backends import BatchingConfig
-    from kiln.serving.protocol import Limits
-    from kiln.serving.rest_api import create_api
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path_factory.mktemp("sec") / "tiny"))
@@ -86,7 +87,7 @@ def _complete(client, body, key=KEY, **kw):
 
 
 def test_api_key_checked_in_constant_time_and_never_logged(rest, caplog):
-    from kiln.serving.rest_api import ApiKeyMiddleware
+    from kiln.serving.api.server import ApiKeyMiddleware
 
     assert "hmac.compare_digest" in inspect.getsource(ApiKeyMiddleware)
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}

@@ -44,7 +44,7 @@ def test_replica_killed_under_load_no_client_sees_5xx(ray_session, tmp_path):
 
     from kiln.engine.generator import Generator, SamplingParams
     from kiln.serving.client import KilnClient
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
     from tests.serving.rest.tiny_model import make_tiny_model
 
     model = make_tiny_model(str(tmp_path / "tiny"))

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from kiln.serving.stale import clean_stale, shm_prefix, workdir_prefix
+from kiln.serving.triton.stale import clean_stale, shm_prefix, workdir_prefix
 
 
 def test_leftovers_of_a_killed_process_are_removed_live_ones_kept(tmp_path):

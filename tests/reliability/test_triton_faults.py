@@ -35,9 +35,9 @@ def test_triton_down_is_503_with_retry_after():
     pytest.importorskip("tritonclient.grpc")
     from fastapi.testclient import TestClient
 
-    from kiln.serving.backend_triton import TritonBackend
-    from kiln.serving.protocol import Limits
-    from kiln.serving.rest_api import create_api
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
+    from kiln.serving.backends.triton import TritonBackend
 
     backend = TritonBackend(f"127.0.0.1:{free_port()}", "tiny")
     with TestClient(create_api(backend, Limits())) as client:
@@ -70,7 +70,7 @@ def test_a_dropped_grpc_connection_is_unavailable_a_verdict_is_not():
     from grpc.aio import AioRpcError, Metadata
     from tritonclient.utils import InferenceServerException
 
-    from kiln.serving.backend_triton import _is_unavailable
+    from kiln.serving.backends.triton import _is_unavailable
 
     def rpc(code, details):
         return AioRpcError(code, Metadata(), Metadata(), details)
@@ -86,7 +86,7 @@ def dying_server(workdirs, never_ready: tuple[int, ...] = ()):
     """A TritonServer whose process exits with code 3 0.3 s after start (not a tritonserver);
     the launches numbered in `never_ready` (0: the first) fail to become ready."""
     from kiln.platform.errors import KilnError
-    from kiln.serving.triton_server import TritonServer
+    from kiln.serving.triton.server import TritonServer
 
     class Dying(TritonServer):
         launches = 0
@@ -140,7 +140,7 @@ def test_kiln_triton_up_gives_up_with_one_error_line(tmp_path, triton_records, m
     """`kiln triton up` supervises its server as serve does: one console line per restart, and
     after `--max-restarts` quick failures one error line and exit code 1 (no `stopped` line)."""
     from kiln.platform.cli import build_parser
-    from kiln.serving import triton_server
+    from kiln.serving.triton import server as triton_server
 
     monkeypatch.setattr(triton_server, "TritonServer", dying_server(tmp_path))
     args = build_parser().parse_args(["triton", "up", str(tmp_path), "--max-restarts", "1"])
@@ -223,7 +223,8 @@ class Streamer:
             return
         # the server died mid-generation: one OpenAI error event, the last before [DONE]
         assert len(errors) == 1 and json.loads(events[-2]) == errors[0], events
-        assert errors[0]["error"]["code"] == 503 and "unavailable" in errors[0]["error"]["message"]
+        error = errors[0]["error"]
+        assert error["code"] == "service_unavailable" and "unavailable" in error["message"]
         self.cut.append(text)
 
 
@@ -251,7 +252,7 @@ def test_tritonserver_killed_under_load_is_restarted_no_client_sees_5xx(
 
     from kiln.engine.generator import Generator, SamplingParams
     from kiln.serving.client import KilnClient
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
 
     prompts = [f"the {i} quick brown fox" for i in range(REQUESTS)]
     generator = Generator.load(os.path.join(triton_repo, "tiny", "1", "hf"))

@@ -1,4 +1,5 @@
-"""Kiln <-> Hugging Face: config fields and parameter names (Llama, Mistral, Mixtral, Qwen2).
+"""Kiln <-> Hugging Face: config fields and parameter names (Llama, Mistral, Mixtral, Qwen2,
+Qwen3, Qwen3-MoE).
 
 Torch and safetensors only (no Ray, no transformers): the Triton model repository vendors this
 file. RoPE already uses HF's rotate_half convention, so no weight permutation.
@@ -13,8 +14,9 @@ import torch
 from kiln.model.config import ModelConfig, RopeScaling
 from kiln.platform.errors import ConfigError, InputError
 
-# (kiln template, HF template); {i} layer, {j} expert
-_NAME_PAIRS = [
+# Per architecture (as torchtitan's state_dict_adapter): (kiln template, HF template) pairs;
+# {i} layer, {j} expert. Export uses the architecture's own list; import accepts every list.
+_DECODER = [
     ("tok_embeddings.weight", "model.embed_tokens.weight"),
     ("norm.weight", "model.norm.weight"),
     ("output.weight", "lm_head.weight"),
@@ -29,6 +31,12 @@ _NAME_PAIRS = [
     ("layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"),
     ("layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"),
     ("layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"),
+]
+_QK_NORM = [
+    (f"layers.{{i}}.attention.{n}_norm.weight", f"model.layers.{{i}}.self_attn.{n}_norm.weight")
+    for n in "qk"
+]
+_MIXTRAL_MOE = [
     ("layers.{i}.moe.gate.weight", "model.layers.{i}.block_sparse_moe.gate.weight"),
     *[
         (
@@ -37,9 +45,25 @@ _NAME_PAIRS = [
         )
         for w in ("w1", "w2", "w3")
     ],
-    # transformers 5 calls the Mixtral block `mlp` once loaded; accept it on import
-    ("layers.{i}.moe.gate.weight", "model.layers.{i}.mlp.gate.weight"),
 ]
+_QWEN_MOE = [
+    ("layers.{i}.moe.gate.weight", "model.layers.{i}.mlp.gate.weight"),
+    *[
+        (
+            f"layers.{{i}}.moe.experts.{{j}}.{w}.weight",
+            f"model.layers.{{i}}.mlp.experts.{{j}}.{hf}_proj.weight",
+        )
+        for w, hf in (("w1", "gate"), ("w2", "down"), ("w3", "up"))
+    ],
+]
+NAME_MAPS: dict[str, list[tuple[str, str]]] = {
+    "llama": _DECODER,
+    "mistral": _DECODER,
+    "qwen2": _DECODER,
+    "mixtral": _DECODER + _MIXTRAL_MOE,
+    "qwen3": _DECODER + _QK_NORM,
+    "qwen3_moe": _DECODER + _QK_NORM + _QWEN_MOE,
+}
 
 
 def _regex(template: str) -> re.Pattern:
@@ -47,8 +71,20 @@ def _regex(template: str) -> re.Pattern:
     return re.compile(f"^{pattern}$")
 
 
-_TO_HF = [(_regex(k), h) for k, h in _NAME_PAIRS[:-1]]
-_TO_KILN = [(_regex(h), k) for k, h in _NAME_PAIRS]
+_TO_HF = {arch: [(_regex(k), h) for k, h in pairs] for arch, pairs in NAME_MAPS.items()}
+# transformers 5 also calls the Mixtral block `mlp` once loaded: Qwen-MoE's names cover it.
+_TO_KILN = [(_regex(h), k) for pairs in NAME_MAPS.values() for k, h in pairs]
+
+
+def hf_model_type(cfg: ModelConfig) -> str:
+    """The HF architecture a kiln config exports as (the key of its `NAME_MAPS` entry)."""
+    if cfg.qk_norm:
+        return "qwen3_moe" if cfg.n_experts else "qwen3"
+    if cfg.n_experts:
+        return "mixtral"
+    if cfg.qkv_bias:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window else "llama"
 
 
 def _rename(name: str, table) -> str | None:
@@ -62,8 +98,9 @@ def _rename(name: str, table) -> str | None:
 def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
     out = {}
+    table = _TO_HF[hf_model_type(cfg)]
     for name, tensor in state.items():
-        hf = _rename(name, _TO_HF)
+        hf = _rename(name, table)
         if hf is None:
             raise InputError(f"checkpoint parameter {name!r} has no Hugging Face name")
         if cfg.tie_embeddings and hf == "lm_head.weight":
@@ -118,8 +155,8 @@ def _rope_fields(cfg: ModelConfig) -> dict:
 def to_hf_config(
     cfg: ModelConfig, *, bos_token_id: int | None = None, eos_token_id: int | None = None
 ) -> dict:
-    """HF `config.json`: Mixtral if MoE, Qwen2 with q/k/v biases, Mistral with a sliding window,
-    else Llama."""
+    """HF `config.json` of the architecture `hf_model_type` names: Qwen3(-MoE) with qk-norm,
+    Mixtral if MoE, Qwen2 with q/k/v biases, Mistral with a sliding window, else Llama."""
     body = {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.dim,
@@ -140,9 +177,16 @@ def to_hf_config(
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }
+    if cfg.qk_norm:
+        return _qwen3_config(cfg, body)
     if cfg.n_experts:
         if cfg.qkv_bias:
             raise ConfigError("model.qkv_bias with model.n_experts has no Hugging Face export")
+        if not cfg.norm_topk_prob:
+            raise ConfigError(
+                "model.norm_topk_prob=false without model.qk_norm has no Hugging Face export "
+                "(Mixtral always renormalises; Qwen3-MoE has qk-norm)"
+            )
         return {
             "architectures": ["MixtralForCausalLM"],
             "model_type": "mixtral",
@@ -181,7 +225,30 @@ def to_hf_config(
     }
 
 
-_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2")
+def _qwen3_config(cfg: ModelConfig, body: dict) -> dict:
+    """Qwen3 (dense) or Qwen3-MoE: qk-norm, no q/k/v bias, every layer sparse when MoE."""
+    for field in ("qkv_bias", "sliding_window"):
+        if getattr(cfg, field):
+            raise ConfigError(f"model.{field} with model.qk_norm has no Hugging Face export")
+    qwen = {**body, "attention_bias": False, "use_sliding_window": False, "sliding_window": None}
+    if not cfg.n_experts:
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **qwen}
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        **qwen,
+        "moe_intermediate_size": cfg.ffn_hidden_dim,
+        "num_experts": cfg.n_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "norm_topk_prob": cfg.norm_topk_prob,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "router_aux_loss_coef": cfg.moe_aux_loss_coef,
+        "output_router_logits": False,
+    }
+
+
+_MODEL_TYPES = tuple(NAME_MAPS)
 
 
 def _rope_scaling(hf: dict) -> RopeScaling | None:
@@ -203,12 +270,19 @@ def _rope_scaling(hf: dict) -> RopeScaling | None:
 
 
 def from_hf_config(hf: dict) -> ModelConfig:
-    """Kiln `ModelConfig` from an HF Llama/Mistral/Mixtral/Qwen2 config.json."""
+    """Kiln `ModelConfig` from an HF config.json of one of the `NAME_MAPS` architectures."""
     model_type = hf.get("model_type")
     if model_type not in _MODEL_TYPES:
         raise ConfigError(f"config.json: model_type {model_type!r} is not one of {_MODEL_TYPES}")
     if hf.get("mlp_bias"):
         raise ConfigError("config.json: mlp_bias=true is not supported by kiln's model")
+    if model_type == "qwen3_moe" and (
+        hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1
+    ):
+        raise ConfigError(
+            "config.json: mlp_only_layers / decoder_sparse_step != 1 (dense layers between sparse "
+            "ones) is not supported; kiln's MoE models are sparse in every layer"
+        )
     if model_type != "qwen2" and hf.get("attention_bias"):
         raise ConfigError(
             "config.json: attention_bias=true (a bias on o_proj too) is not supported; "
@@ -216,9 +290,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
         )
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    if head_dim * heads != hf["hidden_size"]:
-        raise ConfigError("config.json: head_dim * num_attention_heads must equal hidden_size")
-    if model_type == "qwen2" and hf.get("use_sliding_window"):
+    if model_type.startswith("qwen") and hf.get("use_sliding_window"):
         raise ConfigError(
             "config.json: use_sliding_window=true (per-layer windows) is not supported"
         )
@@ -232,6 +304,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
         "n_layers": hf["num_hidden_layers"],
         "n_heads": heads,
         "n_kv_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": head_dim,
         "ffn_hidden_dim": hf["intermediate_size"],
         "norm_eps": hf.get("rms_norm_eps", 1e-5),
         "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
@@ -240,6 +313,7 @@ def from_hf_config(hf: dict) -> ModelConfig:
         "sliding_window": window,
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "qkv_bias": model_type == "qwen2",
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
     }
     if model_type == "mixtral":
         cfg.update(
@@ -247,5 +321,15 @@ def from_hf_config(hf: dict) -> ModelConfig:
             top_k=hf.get("num_experts_per_tok", 2),
             capacity_factor=None,
             moe_aux_loss_coef=hf.get("router_aux_loss_coef", 0.01),
+        )
+    if model_type == "qwen3_moe":
+        # every layer is sparse, so the experts' width is the one feed-forward width
+        cfg.update(
+            ffn_hidden_dim=hf["moe_intermediate_size"],
+            n_experts=hf.get("num_experts") or hf["num_local_experts"],
+            top_k=hf.get("num_experts_per_tok", 8),
+            capacity_factor=None,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            moe_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001),
         )
     return ModelConfig(**cfg)

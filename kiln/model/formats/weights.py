@@ -122,3 +122,12 @@ def write_model_checkpoint(out_dir: str, model_cfg, state: StateDict, *, step: i
     """A weights-only kiln checkpoint of (config, kiln-named state); returns the step folder."""
     model = build_model(_model_config(model_cfg), state, device="cpu")
     return write_checkpoint(out_dir, model, step=step)
+
+
+def import_model(source: str, out_dir: str, *, step: int = 0, revision: str | None = None) -> str:
+    """`source` (an HF folder or Hub id, a .gguf file or a package shipping one) as a kiln
+    checkpoint under `out_dir` (the checkpointer's own layout: `train` continues from it,
+    `export` and `Generator.load` read it), its tokenizer files beside it; returns the step
+    folder."""
+    cfg, state = read_model(source, out_dir, revision)
+    return write_model_checkpoint(out_dir, cfg, state, step=step)

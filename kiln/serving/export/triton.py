@@ -1,7 +1,7 @@
 """Export a kiln model as a Triton model repository served by the python backend.
 
 <repo>/<model>/config.pbtxt     max_batch_size, dynamic batching, instance_group, I/O
-<repo>/<model>/1/model.py        the TritonPythonModel (kiln/serving/export/triton_model.py)
+<repo>/<model>/1/model.py        the TritonPythonModel (kiln/serving/triton/model.py)
 <repo>/<model>/1/hf/             weights + tokenizer in Hugging Face format
 <repo>/<model>/1/runtime/kiln/   the kiln modules generation needs (no Ray)
 """
@@ -16,6 +16,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import InputError
+
+# the TritonPythonModel: read as a file (it imports triton_python_backend_utils, which only
+# Triton's Python backend provides)
+TRITON_MODEL_PY = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "triton", "model.py"
+)
 
 _INPUTS = [
     # name, type, dims, optional
@@ -150,10 +156,10 @@ def export_triton(
         export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)
     if not os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
         raise InputError("Triton export needs a tokenizer (text in, text out): pass tokenizer=")
-    model_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_model.py")
+    model_py = TRITON_MODEL_PY
     shutil.copyfile(model_py, os.path.join(version_dir, "model.py"))
     # the runtime is what model.py imports, and what that imports
-    roots = kiln_imports(model_py, "kiln.serving.export.triton_model")
+    roots = kiln_imports(model_py, "kiln.serving.triton.model")
     copy_runtime(os.path.join(version_dir, "runtime"), roots=sorted(roots))
     template, special = load_chat_config(hf_dir)
     with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:

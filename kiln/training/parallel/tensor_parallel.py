@@ -69,6 +69,11 @@ def _block_plan(block: nn.Module) -> dict:
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
     }
+    if block.attention.q_norm is not None:
+        # qk-norm's weight is shared by every head: replicated, over this rank's heads (dim 2 of
+        # [B, S, H, Dh]), so its gradient sums over the TP ranks' heads.
+        for norm in ("attention.q_norm", "attention.k_norm"):
+            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if block.moe_enabled:
         # Experts stay whole on every TP rank (expert parallelism splits them instead).
         plan["moe"] = PrepareModuleInputOutput(

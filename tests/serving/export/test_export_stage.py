@@ -12,7 +12,7 @@ import pytest
 from kiln.model.formats.weights import write_model_checkpoint
 from kiln.platform.artifact import Artifact
 from kiln.platform.stage import StageContext
-from kiln.serving.export_stage import ExportStage
+from kiln.serving.export.stages import ExportStage
 from tests.engine.tiny import tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")

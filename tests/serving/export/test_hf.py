@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from kiln.engine.generator import Generator, SamplingParams
-from kiln.model.formats.weights import write_model_checkpoint
+from kiln.model.formats.weights import import_model, write_model_checkpoint
 from kiln.serving.export.hf import export_hf
-from kiln.serving.import_hf import import_hf
 from tests.engine.tiny import SHAPES, tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
@@ -117,7 +116,7 @@ def test_imported_hf_model_has_the_original_logits(shape, tmp_path):
     if shape == "llama":  # the CLI once; the function for the others
         assert main(["import-hf", hf_dir, "--out", ckpt_root]) == 0
     else:
-        import_hf(hf_dir, ckpt_root)
+        import_model(hf_dir, ckpt_root)
     cfg, state = read_checkpoint(ckpt_root)
     assert cfg.sliding_window == (5 if shape == "mistral" else None)
     assert cfg.n_experts == (4 if shape == "mixtral" else 0)

@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from kiln.serving.export import runtime
+from kiln.serving.export import runtime, triton
 
-MODEL_PY = os.path.join(os.path.dirname(runtime.__file__), "triton_model.py")
+MODEL_PY = triton.TRITON_MODEL_PY
 
 
 def test_vendored_runtime_imports_alone(tmp_path):
-    roots = sorted(runtime.kiln_imports(MODEL_PY, "kiln.serving.export.triton_model"))
+    roots = sorted(runtime.kiln_imports(MODEL_PY, "kiln.serving.triton.model"))
     assert "kiln.engine" in roots and "kiln.text.chat_template" in roots
     written = runtime.copy_runtime(str(tmp_path), roots=roots)
     assert os.path.join("kiln", "model", "formats", "weights.py") in written

@@ -19,8 +19,8 @@ import pytest
 
 from kiln.engine.generator import Generator, SamplingParams
 from kiln.serving.export.triton import export_triton
-from kiln.serving.triton_server import TritonServer
-from kiln.serving.triton_stubs import stub_pids
+from kiln.serving.triton.server import TritonServer
+from kiln.serving.triton.stubs import stub_pids
 from tests.conftest import free_port
 from tests.engine.tiny import tiny_generator, train_tokenizer
 
@@ -432,7 +432,7 @@ def test_a_start_deadlocked_on_a_starved_stub_is_started_again(repo, tmp_path, c
     for 3 s inside `initialize` (its health thread misses the 1 s the server allows), so the
     server judges it unhealthy and waits for it to exit, for good. kiln sees the server blocked
     in waitpid, kills it and starts it again, with one warning."""
-    from kiln.serving.triton_stubs import STUB_WAIT_DEADLOCK_S
+    from kiln.serving.triton.stubs import STUB_WAIT_DEADLOCK_S
 
     stopped = tmp_path / "stopped-once"
     stop_once = (

@@ -44,7 +44,7 @@ def export(tmp_path, template: str | None) -> str:
 def test_export_carries_the_models_template_and_the_backend_renders_with_it(tmp_path, monkeypatch):
     import tritonclient.grpc as grpcclient
 
-    from kiln.serving.backend_triton import TritonBackend
+    from kiln.serving.backends.triton import TritonBackend
 
     served = as_served(export(tmp_path, TEMPLATE))
     template, special = triton_chat_config(served)

@@ -36,7 +36,7 @@ def generator(tiny_model_dir):
 def endpoint(ray_session, tiny_model_dir):
     from ray import serve
 
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
 
     settings = {
         "api_key": API_KEY,
@@ -61,8 +61,8 @@ def auth() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def local_backend(tiny_model_dir):
     """The local backend in this process (no Ray): for in-process app tests."""
-    from kiln.serving.backend_local import LocalBackend
-    from kiln.serving.backends import BatchingConfig
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
 
     return LocalBackend(tiny_model_dir, "tiny", BatchingConfig(max_batch_size=16))
 
@@ -70,8 +70,8 @@ def local_backend(tiny_model_dir):
 @pytest.fixture(scope="session")
 def app(local_backend):
     """The REST app over the local backend, in-process, with small limits (fast to fuzz)."""
-    from kiln.serving.protocol import Limits
-    from kiln.serving.rest_api import create_api
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
 
     return create_api(local_backend, Limits(max_new_tokens=16, max_prompt_chars=2000))
 

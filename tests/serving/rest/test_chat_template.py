@@ -42,7 +42,7 @@ def test_render_equals_transformers(tiny_model_dir, template, add_generation_pro
 
 
 def test_template_errors_are_client_errors():
-    from kiln.serving.protocol import RequestError
+    from kiln.serving.api.protocol import RequestError
 
     with pytest.raises(RequestError, match="no system role"):
         render_chat(MESSAGES, STRICT, {})

@@ -39,10 +39,10 @@ def http_server(app):
 @pytest.fixture(scope="module")
 def chat_endpoint(tiny_model_dir, tmp_path_factory):
     """The tiny model with a chat template (an instruct model's shape), served over HTTP."""
-    from kiln.serving.backend_local import LocalBackend
-    from kiln.serving.backends import BatchingConfig
-    from kiln.serving.protocol import Limits
-    from kiln.serving.rest_api import create_api
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
 
     model = tmp_path_factory.mktemp("chat") / "tiny-chat"
     shutil.copytree(tiny_model_dir, model)

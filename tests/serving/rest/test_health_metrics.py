@@ -50,8 +50,8 @@ def test_metrics_move_after_requests(api_client):
 def test_health_and_metrics_need_no_api_key(local_backend):
     from starlette.testclient import TestClient
 
-    from kiln.serving.protocol import Limits
-    from kiln.serving.rest_api import create_api
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
 
     with TestClient(create_api(local_backend, Limits(), api_key="k")) as client:
         assert client.get("/health").status_code == 200

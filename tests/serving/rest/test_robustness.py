@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from kiln.serving.api.protocol import ERROR_CODES
 from tests.serving.rest.conftest import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
@@ -67,7 +68,7 @@ def test_replayed_failures_are_4xx(endpoint, case):
     if body.get("stream"):  # refused before the stream starts, naming the context
         assert "context" in err["message"]
     if path.startswith("/v1/"):
-        assert err["code"] == r.status_code and err["message"] and err["param"]
+        assert err["code"] == ERROR_CODES[r.status_code] and err["message"] and err["param"]
     else:
         assert isinstance(err, str) and err
 
@@ -115,7 +116,7 @@ def test_a_job_that_fails_in_a_batch_fails_alone(local_backend):
     """Per-job error capture: a job the model cannot run (its token ids skip `prepare`'s check)
     shares a batch with valid ones; only it gets an error."""
     from kiln.engine.sampler import SamplingParams
-    from kiln.serving.backends import Job
+    from kiln.serving.backends.backend import Job
 
     params = SamplingParams(max_new_tokens=3)
     good = [
@@ -157,9 +158,10 @@ def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
     """Generation failing after the stream started: OpenAI's stream sends an error event and
     then [DONE]; Triton's generate_stream sends {"error": ...}. No dropped connection."""
     from kiln.engine.sampler import SamplingParams
-    from kiln.serving import rest_openai, rest_triton_generate
-    from kiln.serving.backends import Job
-    from kiln.serving.protocol_openai import CompletionRequest
+    from kiln.serving.api.openai import routes as rest_openai
+    from kiln.serving.api.openai.protocol import CompletionRequest
+    from kiln.serving.api.triton_generate import routes as rest_triton_generate
+    from kiln.serving.backends.backend import Job
 
     bad = Job([10**6], SamplingParams(max_new_tokens=3), [10**6])  # outside the embeddings
 
@@ -172,6 +174,6 @@ def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
     )
     assert events[-1] == "data: [DONE]\n\n"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
-    assert error["code"] == 500 and error["message"]
+    assert error["code"] == "server_error" and error["message"]
     events = asyncio.run(collect(rest_triton_generate._events(local_backend, bad)))
     assert set(json.loads(events[-1].removeprefix("data: "))) == {"error"}

@@ -30,8 +30,8 @@ def test_serve_stage_triton_backend(endpoint, exported_model, generator, tmp_pat
     from kiln.engine.sampler import SamplingParams
     from kiln.platform.artifact import Artifact
     from kiln.platform.pipeline import Pipeline
-    from kiln.serving import rest_launch
-    from kiln.serving.serve_stage import ServeStage
+    from kiln.serving import launch as rest_launch
+    from kiln.serving.stages import ServeStage
 
     stage = ServeStage(
         name="serve",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.serving.import_hf import import_hf
+from kiln.model.formats.weights import import_model
 from kiln.training.checkpoint import load_model_state
 from kiln.training.config import TrainConfig
 from kiln.training.trainer import Trainer
@@ -46,7 +46,7 @@ def _config(model_cfg: dict, ckpt_dir: str, init_from: str, steps: int) -> Train
 
 def test_init_from_imported_hf_weights_then_resume_wins(tmp_path):
     root = str(tmp_path / "imported")
-    import_hf(_hf_llama(tmp_path), root)
+    import_model(_hf_llama(tmp_path), root)
     model_cfg, imported = load_model_state(root)
 
     trainer = Trainer(_config(model_cfg, str(tmp_path / "run"), root, steps=2)).setup()

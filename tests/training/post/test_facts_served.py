@@ -38,7 +38,7 @@ def test_sft_facts_are_answered_by_the_served_model(ray_session, tmp_path):
     import openai
     from ray import serve
 
-    from kiln.serving.rest_launch import launch
+    from kiln.serving.launch import launch
     from kiln.training.data.config import DataConfig
     from kiln.training.post.config import PostTrainConfig
     from kiln.training.post.prepare import prepare_chat

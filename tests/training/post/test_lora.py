@@ -112,8 +112,8 @@ def test_serving_base_plus_adapter_equals_the_merged_export(base_export, tmp_pat
 
     from kiln.engine.generator import Generator
     from kiln.model.formats.hf import find_hf_dir
-    from kiln.serving.backend_local import LocalBackend
-    from kiln.serving.backends import BatchingConfig
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
     from tests.training.post.helpers import chat_tokenizer, save_hf_tokenizer
 
     base, hf_dir = base_export

@@ -1,0 +1,1 @@
+"""The OpenAI API: completions and chat completions."""

@@ -1,0 +1,206 @@
+"""OpenAI's completions, chat completions and models APIs as pydantic models.
+
+Requests forbid fields this server does not implement, so a client that asks for something
+(`suffix`, `tools`, ...) gets a 400 that names the field instead of a silently different answer.
+`top_k`, `repetition_penalty`, `truncate_prompt_tokens` and `add_generation_prompt` are accepted
+extensions, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from kiln.serving.api.protocol import TOP_LOGPROBS_MAX, SamplingFields, Text, TokenIds
+
+Prompt = Text | list[Text] | TokenIds | list[TokenIds]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
+
+
+class OpenAIRequest(SamplingFields):
+    """Fields both OpenAI endpoints take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    n: StrictInt = Field(1, ge=1, le=16)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    logit_bias: dict[str, Any] | None = None
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=1)
+
+
+class CompletionRequest(OpenAIRequest):
+    """`POST /v1/completions`."""
+
+    prompt: Prompt
+    max_tokens: StrictInt | None = Field(None, ge=0)  # 0 with echo: score the prompt only
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    best_of: StrictInt | None = Field(None, ge=1, le=16)
+    suffix: None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """`POST /v1/chat/completions`."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
+    add_generation_prompt: StrictBool = True
+    response_format: dict[str, Any] | None = None
+
+    def resolved_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions logprobs object (what lm-evaluation-harness reads)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class CompletionResponse(BaseModel):
+    id: str = Field(default_factory=lambda: _id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None  # OpenAI's schema requires it: null, never refused
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None  # required by OpenAI's schema (nullable)
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str = Field(default_factory=lambda: _id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str = Field(default_factory=lambda: _id("chatcmpl"))
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "kiln"
+    max_model_len: int | None = None
+    # kiln's: whether /v1/chat/completions renders the model's own chat template (else ChatML)
+    has_chat_template: bool = False
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,341 @@
+"""The OpenAI router: `/v1/models`, `/v1/completions`, `/v1/chat/completions` over the backend
+in `request.app.state`. Streams are server-sent events that always end in `data: [DONE]`; a
+failure mid-stream is sent as an OpenAI error event first, never a dropped connection. A failure
+before the first token is a plain error answer (a down Triton server: 503 + Retry-After)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from kiln.serving.api.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    OpenAIRequest,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from kiln.serving.api.params import (
+    SSE_HEADERS,
+    backend_of,
+    limits_of,
+    prepare_jobs,
+    primed,
+    require_model,
+    sampling_params,
+)
+from kiln.serving.api.protocol import RequestError, openai_error
+from kiln.serving.backends.backend import Backend, Job, Result
+from kiln.serving.chat_template import render_chat
+from kiln.text.chat_template import end_of_turn_markers
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/models")
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[_card(backend_of(request))])
+
+
+@router.get("/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> ModelCard:
+    require_model(request, model_id)
+    return _card(backend_of(request))
+
+
+def _card(backend: Backend) -> ModelCard:
+    return ModelCard(
+        id=backend.model_name,
+        max_model_len=backend.context_length,
+        has_chat_template=bool(backend.chat_template),
+    )
+
+
+def _check_common(request: Request, req: OpenAIRequest) -> None:
+    require_model(request, req.model)
+    if req.logit_bias:
+        raise RequestError("logit_bias is not supported", param="logit_bias")
+    if req.stream and req.n != 1:
+        raise RequestError("stream=true takes n=1", param="n")
+
+
+def _usage(results: list[Result], prompts: int) -> Usage | None:
+    if any(r.prompt_tokens is None or r.completion_tokens is None for r in results):
+        return None
+    per_prompt = len(results) // max(prompts, 1)
+    pt = sum(r.prompt_tokens for r in results[::per_prompt])  # type: ignore[misc]
+    ct = sum(r.completion_tokens for r in results)  # type: ignore[misc]
+    return Usage(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct)
+
+
+# ------------------------------------------------------------------------- completions
+
+
+@router.post("/completions")
+async def completions(req: CompletionRequest, request: Request):
+    backend, limits = backend_of(request), limits_of(request)
+    _check_common(request, req)
+    best_of = req.best_of or req.n
+    if best_of < req.n:
+        raise RequestError(f"best_of ({best_of}) must be >= n ({req.n})", param="best_of")
+    prompts = req.prompts()
+    if len(prompts) * best_of > limits.max_prompts_per_request:
+        raise RequestError(
+            f"{len(prompts)} prompts x {best_of} completions; at most "
+            f"{limits.max_prompts_per_request} in one request",
+            param="n",
+        )
+    # max_tokens 0 scores the prompt (echo + logprobs) without generating, as OpenAI allowed
+    minimum = 0 if req.echo and not req.stream else 1
+    params = sampling_params(limits, prompts, req, default_temperature=1.0, minimum=minimum)
+    if req.stream and (len(prompts) != 1 or best_of != 1 or req.logprobs is not None):
+        raise RequestError("stream=true takes one prompt, n=1 and no logprobs", param="stream")
+    jobs = await prepare_jobs(
+        backend, prompts, params, copies=best_of, truncate=req.truncate_prompt_tokens
+    )
+    if req.stream:
+        deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
+        return _sse(_completion_stream(backend, jobs[0], req, deltas))
+    results = await backend.complete(jobs)
+    want_scores = req.logprobs is not None or best_of > req.n
+    top = req.logprobs or 0
+    scores = [await _score(backend, r, top) if want_scores else None for r in results]
+    choices: list[CompletionChoice] = []
+    for p in range(len(prompts)):
+        group = list(range(p * best_of, (p + 1) * best_of))
+        if best_of > req.n:  # keep the n completions the model finds most likely
+            group = sorted(group, key=lambda i: -_completion_logprob(results[i], scores[i]))
+        for i in group[: req.n]:
+            r, echo = results[i], _echo_text(backend, jobs[i]) if req.echo else ""
+            lp = None
+            if req.logprobs is not None:
+                lp = _completion_logprobs(backend, r, scores[i], top, req.echo)
+            choices.append(
+                CompletionChoice(
+                    text=echo + r.text,
+                    index=len(choices),
+                    logprobs=lp,
+                    finish_reason=r.finish_reason,
+                )
+            )
+    return CompletionResponse(
+        model=backend.model_name, choices=choices, usage=_usage(results, len(prompts))
+    )
+
+
+async def _score(backend: Backend, r: Result, top: int):
+    """Scores of prompt + completion, and of the end-of-text token that ended it (vLLM lists
+    it too: lm-evaluation-harness reads token_logprobs[ctxlen:-1], one past the prompt)."""
+    if r.prompt_ids is None or r.token_ids is None:
+        raise RequestError("logprobs need token ids, which this backend does not return")
+    ids = r.prompt_ids + r.token_ids
+    if not (r.ended_by_eos and backend.eos_token_ids):
+        return await backend.score(ids, top)
+    candidates = [await backend.score(ids + [e], top) for e in sorted(backend.eos_token_ids)]
+    return max(candidates, key=lambda s: s[-1].logprob)  # the one the model would have picked
+
+
+def _completion_logprob(r: Result, scores) -> float:
+    n = len(r.prompt_ids or [])
+    return sum(s.logprob for s in scores[n:] if s.logprob is not None)
+
+
+def _echo_text(backend: Backend, job: Job) -> str:
+    if isinstance(job.prompt, str):
+        return job.prompt
+    return "".join(backend.token_texts(job.prompt))
+
+
+def _completion_logprobs(backend: Backend, r: Result, scores, top: int, echo: bool):
+    """The legacy logprobs object over the completion (and, with echo, the prompt first)."""
+    start = 0 if echo else len(r.prompt_ids or [])
+    picked = scores[start:]
+    texts = backend.token_texts([s.token_id for s in picked])
+    out = CompletionLogprobs()
+    offset = 0
+    for s, text in zip(picked, texts, strict=True):
+        out.tokens.append(text)
+        out.token_logprobs.append(s.logprob)
+        if s.logprob is None:
+            out.top_logprobs.append(None)
+        else:
+            alternatives = dict(
+                zip(
+                    backend.token_texts([t for t, _ in s.top]), [lp for _, lp in s.top], strict=True
+                )
+            )
+            alternatives.setdefault(text, s.logprob)  # the chosen token is always listed
+            out.top_logprobs.append(alternatives)
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+async def _completion_stream(
+    backend: Backend, job: Job, req: CompletionRequest, stream: AsyncIterator[str] | None = None
+) -> AsyncIterator[str]:
+    base = CompletionResponse(model=backend.model_name, choices=[])
+
+    def chunk(text: str, reason=None) -> str:
+        choice = CompletionChoice(text=text, index=0, finish_reason=reason)
+        # `usage` only on the usage chunk: the schema has an object there, or nothing
+        return base.model_copy(update={"choices": [choice]}).model_dump_json(exclude={"usage"})
+
+    if req.echo:
+        yield chunk(_echo_text(backend, job))
+    deltas = 0
+    async for delta in backend.stream(job) if stream is None else stream:
+        deltas += 1
+        yield chunk(delta)
+    yield chunk("", _stream_finish(job, deltas))
+    if req.stream_options and req.stream_options.include_usage:
+        yield _stream_usage(base, job, deltas)
+
+
+def _stream_finish(job: Job, deltas: int) -> str:
+    """Why the stream ended, as the backend saw it; a backend that cannot say (Triton's
+    decoupled stream) is judged by its deltas, one per token unless bytes merged."""
+    if job.finish_reason is not None:
+        return job.finish_reason
+    return "length" if deltas >= job.params.max_new_tokens else "stop"
+
+
+def _stream_usage(base, job: Job, deltas: int) -> str:
+    pt = len(job.prompt_ids or [])
+    ct = job.completion_tokens if job.completion_tokens is not None else deltas
+    usage = Usage(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct)
+    return base.model_copy(update={"choices": [], "usage": usage}).model_dump_json()
+
+
+# ---------------------------------------------------------------------- chat completions
+
+
+@router.post("/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    backend, limits = backend_of(request), limits_of(request)
+    _check_common(request, req)
+    if req.response_format not in (None, {"type": "text"}):
+        raise RequestError(
+            "only response_format {'type': 'text'} is supported", param="response_format"
+        )
+    if req.top_logprobs and not req.logprobs:
+        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    if req.stream and req.logprobs:
+        raise RequestError("stream=true with logprobs is not supported", param="logprobs")
+    if req.n > limits.max_prompts_per_request:
+        raise RequestError(f"n must be at most {limits.max_prompts_per_request}", param="n")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    prompt = render_chat(
+        messages, backend.chat_template, backend.special_tokens, req.add_generation_prompt
+    )
+    ends = end_of_turn_markers(backend.chat_template, backend.special_tokens)
+    max_tokens = req.resolved_max_tokens()
+    fields = req.model_copy(update={"max_tokens": max_tokens, "stop": req.stops() + ends})
+    params = sampling_params(
+        limits, [prompt], fields, default_max_tokens=limits.max_new_tokens, default_temperature=1.0
+    )
+    jobs = await prepare_jobs(
+        backend,
+        [prompt],
+        params,
+        copies=req.n,
+        truncate=req.truncate_prompt_tokens,
+        fit_context=max_tokens is None,  # no limit asked: up to the end of the context
+    )
+    if req.stream:
+        deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
+        return _sse(_chat_stream(backend, jobs[0], req, deltas))
+    results = await backend.complete(jobs)
+    choices = []
+    for i, r in enumerate(results):
+        lp = None
+        if req.logprobs:
+            scores = await _score(backend, r, req.top_logprobs or 0)
+            lp = _chat_logprobs(backend, scores[len(r.prompt_ids or []) :])
+        choices.append(
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=r.text),
+                logprobs=lp,
+                finish_reason=r.finish_reason,
+            )
+        )
+    return ChatCompletionResponse(
+        model=backend.model_name, choices=choices, usage=_usage(results, 1)
+    )
+
+
+def _chat_logprobs(backend: Backend, scores) -> ChoiceLogprobs:
+    def entry(logprob: float, text: str, raw: bytes) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    content = []
+    for s in scores:
+        ids = [s.token_id] + [t for t, _ in s.top]
+        texts, raw = backend.token_texts(ids), backend.token_bytes(ids)
+        tops = [
+            TopLogprob(**entry(lp, texts[k + 1], raw[k + 1])) for k, (_, lp) in enumerate(s.top)
+        ]
+        content.append(TokenLogprob(**entry(s.logprob or 0.0, texts[0], raw[0]), top_logprobs=tops))
+    return ChoiceLogprobs(content=content)
+
+
+async def _chat_stream(
+    backend: Backend,
+    job: Job,
+    req: ChatCompletionRequest,
+    stream: AsyncIterator[str] | None = None,
+) -> AsyncIterator[str]:
+    base = ChatCompletionChunk(model=backend.model_name, choices=[])
+
+    def chunk(delta: ChatDelta, reason=None) -> str:
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=reason)
+        event = base.model_copy(update={"choices": [choice]}).model_dump(exclude={"usage"})
+        # the delta carries only what changed; `finish_reason` is null until the last chunk
+        event["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
+        del event["choices"][0]["logprobs"]
+        return json.dumps(event, ensure_ascii=False)
+
+    yield chunk(ChatDelta(role="assistant", content=""))
+    deltas = 0
+    async for delta in backend.stream(job) if stream is None else stream:
+        deltas += 1
+        yield chunk(ChatDelta(content=delta))
+    yield chunk(ChatDelta(), _stream_finish(job, deltas))
+    if req.stream_options and req.stream_options.include_usage:
+        yield _stream_usage(base, job, deltas)
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+def _sse(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(_guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """`data: <event>` lines, an OpenAI error event if generation fails, then `[DONE]`."""
+    try:
+        async for event in events:
+            yield f"data: {event}\n\n"
+    except Exception as e:  # noqa: BLE001 - the stream has started: report, don't drop it
+        status = e.status if isinstance(e, RequestError) else 500
+        message = e.message if isinstance(e, RequestError) else f"generation failed: {e}"
+        yield f"data: {json.dumps(openai_error(message, status))}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,1 @@
+"""Triton's generate extension (`/v2/models/{m}/generate[_stream]`)."""

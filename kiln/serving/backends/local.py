@@ -1,0 +1,217 @@
+"""The local backend: kiln's `Generator` in the Serve replica, its jobs on the continuous-batching
+`Engine` (kiln.engine): each joins the running batch at the next decoding step, in its own
+KV-cache slot, with its own parameters, and fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from kiln.engine import Engine, complete, stream_events
+from kiln.engine.detokenize import IncrementalText, hold_back
+from kiln.platform.errors import KilnError
+from kiln.serving.api.protocol import RequestError
+from kiln.serving.backends.backend import BatchingConfig, Job, Prompt, Result
+from kiln.text.chat_template import end_of_turn_markers, load_chat_config
+
+if TYPE_CHECKING:
+    from kiln.engine.logprobs import TokenScore
+    from kiln.engine.sampler import SamplingParams
+
+log = logging.getLogger("kiln")
+
+
+class LocalBackend:
+    def __init__(
+        self, model_dir: str, model_name: str | None = None, batching: BatchingConfig | None = None
+    ):
+        from kiln.engine.generator import Generator
+
+        self.generator = Generator.load(model_dir)
+        self.model_name = model_name or self.generator.model_name
+        self.context_length: int | None = self.generator.max_seq_len
+        self.vocab_size = int(self.generator.model.tok_embeddings.weight.shape[0])
+        self.chat_template, self.special_tokens = load_chat_config(self.generator.tokenizer_dir)
+        self._stop_at_end_of_turn()
+        self.eos_token_ids: set[int] = self.generator.eos_token_ids
+        batching = batching or BatchingConfig()
+        # one model, one forward at a time: the engine's steps and scoring never interleave
+        self._lock = threading.Lock()
+        self._engine = Engine(
+            self.generator,
+            max_slots=batching.max_batch_size,
+            prefill_chunk=batching.prefill_chunk,
+            lock=self._lock,
+        ).start()
+        self._inferences = 0  # jobs completed
+
+    def _stop_at_end_of_turn(self) -> None:
+        """A chat model's end-of-turn token ends a completion, as its end-of-text does."""
+        tok = self.generator.tokenizer
+        for marker in end_of_turn_markers(self.chat_template, self.special_tokens):
+            token_id = tok.token_to_id(marker)
+            if token_id is not None:
+                self.generator.eos_token_ids.add(token_id)
+
+    # ---- checks before a job joins a batch ------------------------------------------------
+
+    async def prepare(
+        self, prompt: Prompt, params: SamplingParams, *, truncate: int | None, fit_context: bool
+    ) -> Job:
+        ids = self._prompt_ids(prompt)
+        if truncate is not None and len(ids) > truncate:
+            ids = ids[-truncate:]  # keep the end of the prompt, as vLLM does
+            prompt = ids
+        ctx = self.generator.max_seq_len
+        room = ctx - len(ids)
+        if room < 1:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens; the model's context is {ctx}", param="prompt"
+            )
+        if params.max_new_tokens > room:
+            if not (fit_context or truncate is not None):
+                raise RequestError(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({params.max_new_tokens}) exceed "
+                    f"the model's context of {ctx} tokens; lower max_tokens or set "
+                    "truncate_prompt_tokens",
+                    param="max_tokens",
+                )
+            params = params.model_copy(update={"max_new_tokens": room})
+        return Job(prompt, params, ids)
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            try:
+                return self.generator.encode(prompt)
+            except KilnError as e:
+                raise RequestError(str(e), param="prompt") from None
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})",
+                param="prompt",
+            )
+        return list(prompt)
+
+    # ---- generation ---------------------------------------------------------------------
+
+    async def complete(self, jobs: list[Job]) -> list[Result]:
+        """Each job's result; the first failing job's error is raised (only this request's)."""
+        try:
+            return list(await asyncio.gather(*(self._run_continuous(j) for j in jobs)))
+        except KilnError as e:
+            raise RequestError(str(e)) from e
+
+    async def _run_continuous(self, job: Job) -> Result:
+        """One job through the engine; a token-id prompt's stop strings cut it afterwards
+        (`_result_from_ids`)."""
+        assert job.prompt_ids is not None
+        by_ids = not isinstance(job.prompt, str)
+        params = job.params.model_copy(update={"stop": []}) if by_ids else job.params
+        end = await complete(self._engine, job.prompt_ids, params)
+        self._inferences += 1
+        if by_ids:
+            return self._result_from_ids(job, end.token_ids)
+        text = end.text if end.text is not None else self.generator.decode(end.token_ids)
+        reason = end.finish_reason or "length"
+        cut = reason == "stop" and self._has_stop(end.token_ids, job.params.stop)
+        return Result(
+            text,
+            reason,  # type: ignore[arg-type]
+            len(job.prompt_ids),
+            len(end.token_ids),
+            job.prompt_ids,
+            end.token_ids,
+            ended_by_eos=reason == "stop" and not cut,
+        )
+
+    async def _stream_continuous(self, job: Job) -> AsyncIterator[str]:
+        """Text deltas as tokens arrive, held back as `Generator.stream` does (a tail that may
+        become a stop string, half a UTF-8 character)."""
+        assert job.prompt_ids is not None
+        decode, sent = self.generator.decode, ""
+        text_so_far = IncrementalText(decode)
+        async for event in stream_events(self._engine, job.prompt_ids, job.params):
+            if event.kind == "finish":
+                self._inferences += 1
+                job.finish_reason = "length" if event.finish_reason == "length" else "stop"
+                job.completion_tokens = len(event.token_ids)
+                end = event.text if event.text is not None else decode(event.token_ids)
+                if len(end) > len(sent):
+                    yield end[len(sent) :]
+                return
+            text = hold_back(text_so_far.update(event.token_ids), job.params.stop)
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :]
+                sent = text
+
+    def _result_from_ids(self, job: Job, new: list[int]) -> Result:
+        """A text prompt's result for token ids: cut at the first stop string, finish reason."""
+        prompt_ids = job.prompt_ids or []
+        decode = self.generator.decode
+        if job.params.stop:
+            for k in range(1, len(new) + 1):
+                text = decode(new[:k])
+                cuts = [c for c in (text.find(s) for s in job.params.stop) if c >= 0]
+                if cuts:
+                    return Result(
+                        text[: min(cuts)], "stop", len(prompt_ids), k, prompt_ids, new[:k]
+                    )
+        full = len(new) >= job.params.max_new_tokens or (
+            len(prompt_ids) + len(new) >= self.generator.max_seq_len
+        )
+        reason = "length" if full else "stop"
+        return Result(decode(new), reason, len(prompt_ids), len(new), prompt_ids, new, not full)
+
+    def _has_stop(self, token_ids: list[int], stops: list[str]) -> bool:
+        text = self.generator.decode(token_ids) if stops else ""
+        return any(s in text for s in stops)
+
+    async def stream(self, job: Job) -> AsyncIterator[str]:
+        if not isinstance(job.prompt, str):  # token ids: one delta with the whole text
+            (result,) = await self.complete([job])
+            job.finish_reason = result.finish_reason
+            job.completion_tokens = result.completion_tokens
+            yield result.text
+            return
+        async for delta in self._stream_continuous(job):
+            yield delta
+
+    # ---- log-probabilities --------------------------------------------------------------
+
+    async def score(self, ids: list[int], top: int) -> list[TokenScore]:
+        from kiln.engine.logprobs import score_tokens
+
+        def work():
+            with self._lock:
+                return score_tokens(self.generator.model, ids, top)
+
+        return await asyncio.to_thread(work)
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        tok = self.generator.tokenizer
+        return [tok.decode([i], skip_special_tokens=False) for i in ids]
+
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        from kiln.engine.logprobs import token_bytes
+
+        return [token_bytes(self.generator.tokenizer, i) for i in ids]
+
+    async def ready(self) -> bool:
+        return True
+
+    def engine_queues(self) -> tuple[int, int] | None:
+        """(running, waiting) requests of the continuous engine; None on the batch path."""
+        if self._engine is None:
+            return None
+        scheduler = self._engine.scheduler  # read from another thread: a moment's counts
+        return len(scheduler.running), len(scheduler.waiting)
+
+    def stats(self) -> dict[str, int]:
+        return {"inference_count": self._inferences, "execution_count": self._engine.steps}
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._engine.stop)

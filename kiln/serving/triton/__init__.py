@@ -1,0 +1,1 @@
+"""Triton Inference Server: the model.py its Python backend runs, and a local server."""

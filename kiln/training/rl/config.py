@@ -1,0 +1,49 @@
+"""GRPOConfig: the options of the GRPO loop (rollouts, objective, optimizer), TRL's names where
+they exist (num_generations is `group_size`, epsilon is `epsilon_low`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kiln.model.lora import LoRAConfig
+from kiln.training.config import OptimizerConfig
+from kiln.training.rl.rewards import RewardSpec
+
+
+class GRPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rewards: list[RewardSpec] = Field(..., min_length=1, description="Weighted rewards, summed.")
+    steps: int = Field(20, ge=1, description="Policy updates (each on a fresh batch).")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts sampled per step.")
+    group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
+    max_new_tokens: int = Field(64, ge=1, description="Completion length limit.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus of the rollouts' sampling.")
+    prompt_format: Literal["chat", "raw"] = Field(
+        "chat", description="A plain `prompt` as one user message (chat) or verbatim (raw)."
+    )
+    seed: int = Field(0, ge=0, description="Prompt order and every completion's sampling seed.")
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(lr=1e-5, weight_decay=0.0)
+    )
+    lora: LoRAConfig | None = Field(None, description="Train LoRA adapters (None: full model).")
+    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL to the reference model.")
+    epsilon_low: float = Field(0.2, ge=0, description="Clip: ratio >= 1 - epsilon_low.")
+    epsilon_high: float = Field(0.2, ge=0, description="Clip: ratio <= 1 + epsilon_high (DAPO).")
+    loss_aggregation: Literal["token", "sequence", "dr_grpo"] = "token"
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="sequence: GSPO's length-normalised sequence ratio."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    num_iterations: int = Field(1, ge=1, description="Updates per batch (mu), with ratios.")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop groups whose rewards are all equal."
+    )
+    overlong_filter: bool = Field(False, description="DAPO: truncated completions get no loss.")
+    tis_cap: float | None = Field(
+        2.0, gt=0, description="Truncated importance sampling cap (None: off)."
+    )
+    max_batch_size: int = Field(64, ge=1, description="Engine KV-cache slots for rollouts.")

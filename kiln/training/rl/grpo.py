@@ -1,0 +1,230 @@
+"""The GRPO loop, one process: rollouts on Kiln's engine -> rewards -> group advantages ->
+`num_iterations` clipped-ratio updates of the policy -> refit of the engine's weights.
+
+The policy is a kiln `Transformer` (full fine-tuning, or LoRA adapters via kiln/model/lora.py).
+Reference log-probs come from the frozen base: the same model with its adapters disabled under
+LoRA, a frozen copy only for full fine-tuning with beta > 0. The engine decodes from its own
+plain copy of the weights (the engine lays out the LM head for decoding, and LoRA is merged
+into it at each refit), so a step's rollouts always use the latest policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
+from kiln.model.lora import adapters_disabled, apply_lora
+from kiln.training.optimizer import build_optimizer
+from kiln.training.rl.config import GRPOConfig
+from kiln.training.rl.logprobs import completion_logprobs, mismatch
+from kiln.training.rl.objectives import (
+    group_advantages,
+    grpo_loss,
+    informative_groups,
+    overlong_filter,
+    tis_weights,
+)
+from kiln.training.rl.prompts import render_prompt
+from kiln.training.rl.rewards import RewardSet
+from kiln.training.rl.rollout import Rollout, generate_rollouts, refit
+
+SEEDS_PER_STEP = 1 << 20  # completion seeds of step k: seed + k * SEEDS_PER_STEP + index
+
+
+class GRPO:
+    """`run()` trains `policy` in place; `metrics` holds one dict per step."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer,
+        rows: Sequence[dict],
+        cfg: GRPOConfig,
+        *,
+        chat_template=None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rows = list(rows)
+        self.rewards = RewardSet.from_specs(cfg.rewards)
+        self.tokenizer = tokenizer
+        self.prompts = [render_prompt(r, chat_template, cfg.prompt_format) for r in self.rows]
+        self.generator = Generator(
+            copy.deepcopy(policy).eval().requires_grad_(False),
+            tokenizer,
+            eos_token_ids=eos_token_ids,
+        )
+        self.prompt_ids = [self.generator.encode(p) for p in self.prompts]
+        self.reference = None
+        if cfg.lora is not None:
+            apply_lora(policy, cfg.lora)
+        elif cfg.beta > 0:
+            self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.policy = policy.train()
+        self.optimizer = build_optimizer(policy, cfg.optimizer)
+        self.params = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        )
+        self.metrics: list[dict] = []
+        self._order: list[int] = []
+        self._rng = random.Random(cfg.seed)
+
+    def run(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        for step in range(len(self.metrics), self.cfg.steps):
+            m = self.step(step)
+            if on_step is not None:
+                on_step(m)
+        return self.metrics
+
+    def _next_prompts(self) -> list[int]:
+        picked = []
+        while len(picked) < self.cfg.prompts_per_step:
+            if not self._order:
+                self._order = list(range(len(self.rows)))
+                self._rng.shuffle(self._order)
+            picked.append(self._order.pop())
+        return picked
+
+    def step(self, step: int) -> dict:
+        cfg, started = self.cfg, time.perf_counter()
+        picked = self._next_prompts()
+        rollouts = generate_rollouts(
+            self.generator,
+            [self.prompt_ids[i] for i in picked],
+            cfg.group_size,
+            self.params,
+            seed=cfg.seed + step * SEEDS_PER_STEP,
+            max_batch_size=cfg.max_batch_size,
+        )
+        rollout_s = time.perf_counter() - started
+        rows = [self.rows[picked[r.prompt_index]] for r in rollouts]
+        texts = [self.generator.decode(r.completion_ids) for r in rollouts]
+        results = self.rewards.score(
+            [self.prompts[picked[r.prompt_index]] for r in rollouts], texts, rows
+        )
+        rewards = torch.tensor([r.total for r in results], dtype=torch.float64)
+        advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
+        keep = torch.ones(len(rollouts), dtype=torch.bool)
+        if cfg.dynamic_sampling:
+            keep = informative_groups(rewards, cfg.group_size)
+        m = self._reward_metrics(step, rewards, results, rollouts, keep)
+        train_started = time.perf_counter()
+        if keep.any():
+            m.update(self._update([r for r, k in zip(rollouts, keep, strict=True) if k],
+                                  advantages[keep]))  # fmt: skip
+        train_s = time.perf_counter() - train_started
+        m["refit_s"] = refit(self.policy, self.generator.model)
+        generated = sum(len(r.completion_ids) for r in rollouts)
+        m["rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+        m["train_tokens_per_s"] = (
+            cfg.num_iterations * sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+        ) / max(train_s, 1e-9)
+        m["rollout_share"] = rollout_s / max(time.perf_counter() - started, 1e-9)
+        m["step_s"] = time.perf_counter() - started
+        self.metrics.append(m)
+        return m
+
+    def _reward_metrics(self, step, rewards, results, rollouts, keep) -> dict:
+        m = {
+            "step": step + 1,
+            "reward": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "completion_len": statistics.fmean(len(r.completion_ids) for r in rollouts),
+            "kept_fraction": float(keep.double().mean()),
+            "reward_failures": sum(len(r.failures) for r in results),
+        }
+        for name in self.rewards.names:
+            m[f"reward/{name}"] = statistics.fmean(r.parts[name] for r in results)
+        return m
+
+    def _scores(self, model, rollouts: list[Rollout]):
+        return completion_logprobs(
+            model,
+            [r.prompt_ids for r in rollouts],
+            [r.completion_ids for r in rollouts],
+            self.cfg.temperature,
+        )
+
+    def _reference_logp(self, rollouts: list[Rollout]) -> torch.Tensor | None:
+        if self.cfg.beta == 0:
+            return None
+        with torch.no_grad():
+            if self.reference is not None:
+                return self._scores(self.reference, rollouts).logp
+            with adapters_disabled(self.policy):
+                return self._scores(self.policy, rollouts).logp
+
+    def _update(self, rollouts: list[Rollout], advantages: torch.Tensor) -> dict:
+        cfg = self.cfg
+        # the first forward is both iteration 1's graph and the batch's old log-probs
+        scores = self._scores(self.policy, rollouts)
+        old_logp, mask = scores.logp.detach(), scores.mask
+        if cfg.overlong_filter:
+            mask = overlong_filter(mask, torch.tensor([r.truncated for r in rollouts]))
+        engine = torch.zeros_like(old_logp)
+        for i, r in enumerate(rollouts):
+            engine[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float64)
+        lp_mean, lp_max = mismatch(engine, old_logp, scores.mask)
+        tis = None if cfg.tis_cap is None else tis_weights(old_logp, engine, mask, cfg.tis_cap)
+        ref = self._reference_logp(rollouts)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        entropy = float((scores.entropy * scores.mask).sum() / scores.mask.sum().clamp(min=1.0))
+        for iteration in range(cfg.num_iterations):
+            if iteration > 0:
+                scores = self._scores(self.policy, rollouts)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, stats = grpo_loss(
+                scores.logp,
+                old_logp,
+                advantages,
+                mask,
+                ref_logp=ref,
+                beta=cfg.beta,
+                epsilon_low=cfg.epsilon_low,
+                epsilon_high=cfg.epsilon_high,
+                aggregation=cfg.loss_aggregation,
+                importance_level=cfg.importance_sampling_level,
+                max_completion_length=cfg.max_new_tokens,
+                tis=tis,
+            )
+            loss.backward()
+            grad_norm = (
+                torch.nn.utils.clip_grad_norm_(params, cfg.optimizer.grad_clip)
+                if cfg.optimizer.grad_clip
+                else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            )
+            self.optimizer.step()
+        return {
+            "loss": float(loss.detach()),
+            "kl": stats.kl,
+            "clip_fraction": stats.clip_fraction,
+            "entropy": entropy,
+            "grad_norm": float(grad_norm),
+            "logprob_mismatch_mean": lp_mean,
+            "logprob_mismatch_max": lp_max,
+        }
+
+
+def format_step(m: dict) -> str:
+    """The console's one line per step."""
+    parts = [
+        f"step {m['step']}",
+        f"reward {m['reward']:.3f}±{m['reward_std']:.3f}",
+        f"kl {m.get('kl', 0.0):.4f}",
+        f"clip {m.get('clip_fraction', 0.0):.2f}",
+        f"entropy {m.get('entropy', 0.0):.2f}",
+        f"len {m['completion_len']:.1f}",
+        f"lp-mismatch {m.get('logprob_mismatch_max', 0.0):.1e}",
+        f"rollout {m['rollout_tokens_per_s']:.0f} tok/s",
+        f"train {m['train_tokens_per_s']:.0f} tok/s",
+        f"refit {m['refit_s']:.3f}s",
+    ]
+    return " | ".join(parts)

@@ -1,0 +1,73 @@
+"""The trainer's per-token log-probs of sampled completions, and how far the engine's are.
+
+"Log-prob" here is what the sampler drew from before filtering: log_softmax(logits / T) over
+the whole vocabulary, at the rollout's temperature T (T = 1 when greedy). top-k/top-p are left
+out, as TRL and vLLM's `processed_logprobs` do: the policy gradient is taken through the
+temperature-scaled model, and the nucleus only decides which tokens get sampled. The engine and
+the trainer both call `token_logprobs` on fp32 logits (computed in float64), so on CPU fp32 the
+two differ only by the KV-cache decode's arithmetic against one full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64."""
+    scaled = logits.double() / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None])[..., 0]
+
+
+@dataclass
+class SequenceScores:
+    logp: torch.Tensor  # [B, T] float64, carries the gradient when the model does
+    mask: torch.Tensor  # [B, T] float64: 1 on completion tokens
+    entropy: torch.Tensor  # [B, T] float64, detached
+
+
+def completion_logprobs(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+) -> SequenceScores:
+    """One `Transformer.forward` over each prompt + completion (right-padded: causal attention
+    never looks at the padding), the completion tokens' log-probs and the sampler's entropy."""
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    steps = max(1, max(len(c) for c in completions))
+    device = next(model.parameters()).device
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    rows, cols, targets = [], [], []
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        tokens[i, : len(p) + len(c)] = torch.tensor([*p, *c])
+        for j, token in enumerate(c):
+            rows.append(i)
+            cols.append(len(p) + j - 1)  # the position whose logits predict token j
+            targets.append(token)
+    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    logits = model(tokens.to(device), logits_positions=index)
+    flat = token_logprobs(logits, torch.tensor(targets, device=device), temperature)
+    with torch.no_grad():
+        scaled = torch.log_softmax(logits.detach().double() / (temperature or 1.0), dim=-1)
+        flat_entropy = -(scaled.exp() * scaled).sum(-1)
+    place = (index[0], torch.tensor([j for c in completions for j in range(len(c))]))
+    logp = torch.zeros(len(prompts), steps, dtype=torch.float64, device=device)
+    logp = logp.index_put(place, flat)
+    entropy = torch.zeros_like(logp).index_put(place, flat_entropy)
+    mask = torch.zeros_like(logp).index_put(place, torch.ones_like(flat_entropy))
+    return SequenceScores(logp, mask, entropy)
+
+
+def mismatch(
+    engine: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, float]:
+    """Mean and max |engine - trainer| log-prob over the completion tokens."""
+    diff = (engine - trainer.detach()).abs()[mask > 0]
+    if diff.numel() == 0:
+        return 0.0, 0.0
+    return float(diff.mean()), float(diff.max())

@@ -1,0 +1,110 @@
+"""Rollouts on Kiln's engine: G completions per prompt, each with its token ids and the log-prob
+the sampler drew every token with (kiln/training/rl/logprobs.py says which distribution that is).
+
+The engine is the one that serves (continuous batching over KV-cache slots, per-request
+temperature/top-p/seed); `RolloutEngine` only records, at each sampling step, the chosen token's
+log-prob from the logits the engine sampled from. Refit copies the policy's weights into the
+engine's model in place (same process: no serialisation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kiln.engine.engine import Engine
+from kiln.engine.sampler import SamplingParams
+from kiln.engine.sequence import Sequence as EngineSequence
+from kiln.model.lora import lora_layers, merged_state_dict
+from kiln.training.rl.logprobs import token_logprobs
+
+
+@dataclass
+class Rollout:
+    prompt_index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]  # ends with the end-of-text token when the model stopped
+    logprobs: list[float]  # the engine's, one per completion token
+    truncated: bool  # cut at max_new_tokens (DAPO's overlong filter drops these)
+
+
+class RolloutEngine(Engine):
+    """The serving engine, plus each sampled token's log-prob under its row's temperature."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # id(sequence) -> every sampled token (the end-of-text one included) and its log-prob
+        self.sampled: dict[int, tuple[list[int], list[float]]] = {}
+
+    def _sample_rows(self, seqs: list[EngineSequence], logits: torch.Tensor) -> list[int]:
+        tokens = Engine._sample_rows(seqs, logits)
+        chosen = torch.tensor(tokens, device=logits.device)
+        for seq, row, token in zip(seqs, logits, chosen, strict=True):
+            logp = token_logprobs(row.float(), token, seq.params.temperature)
+            ids, logps = self.sampled.setdefault(id(seq), ([], []))
+            ids.append(int(token))
+            logps.append(float(logp))
+        return tokens
+
+
+def generate_rollouts(
+    generator,
+    prompt_ids: Sequence[list[int]],
+    group_size: int,
+    params: SamplingParams,
+    seed: int,
+    max_batch_size: int = 64,
+) -> list[Rollout]:
+    """`group_size` completions of every prompt (a group's adjacent), seeded per completion
+    (seed + index) so a run repeats; `generator` is a kiln.engine Generator."""
+    if params.penalized:
+        raise ValueError("rollouts take no penalties: the trainer could not recompute them")
+    jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(group_size)]
+    engine = RolloutEngine(
+        generator, max_slots=min(max_batch_size, len(jobs)), prefill_chunk=1 << 30
+    )
+    requests = [
+        engine.submit(
+            list(ids),
+            params.model_copy(update={"seed": seed + k, "stop": []}),
+            _unheard,
+        )
+        for k, (_, ids) in enumerate(jobs)
+    ]
+    for _ in engine.run(requests):
+        pass
+    out = []
+    for (i, ids), request in zip(jobs, requests, strict=True):
+        if request.error is not None:
+            raise request.error
+        seq = request.seq
+        # the engine keeps the end-of-text token out of `seq.token_ids`; the policy must learn
+        # to emit it, so a rollout keeps every sampled token
+        completion, logprobs = engine.sampled.get(id(seq), ([], []))
+        out.append(
+            Rollout(i, list(ids), completion, logprobs, truncated=seq.finish_reason == "length")
+        )
+    return out
+
+
+def _unheard(event) -> None:
+    """Rollouts read each request's sequence themselves."""
+
+
+@torch.no_grad()
+def refit(policy: nn.Module, engine_model: nn.Module) -> float:
+    """Copy the policy's weights (LoRA adapters merged) into the engine's model in place;
+    returns the seconds it took."""
+    start = time.perf_counter()
+    state = policy.state_dict()
+    scaling = {name: layer.scaling for name, layer in lora_layers(policy)}
+    if scaling:
+        state = merged_state_dict(state, scaling)
+    target = engine_model.state_dict()
+    for name, tensor in target.items():
+        tensor.copy_(state[name])
+    return time.perf_counter() - start

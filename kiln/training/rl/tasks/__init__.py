@@ -1,0 +1,1 @@
+"""Small verifiable tasks written for the repository (generated, seeded)."""
