@@ -2,7 +2,8 @@
 man pages): each rule's rejections (a document may fail several) and the first failed rule (the
 reason curate records), with the default `CurateConfig`.
 
-  .venv/bin/python bench/curator_filter_rates.py [--corpus ../shared/corpora/corpus.jsonl]
+  .venv/bin/python bench/curator_filter_rates.py [--corpus ../shared/corpora/corpus.jsonl] \
+      [--japanese-words tokenizer]   # Japanese split by MeCab (the `ja` extra), not characters
 
 Prints, per source, documents in / rejected / kept share, and the Japanese:English kept ratio.
 """
@@ -19,13 +20,18 @@ import numpy as np
 from kiln.curator.clean import Cleaner
 from kiln.curator.config import CurateConfig
 from kiln.curator.filters import DocBatch, build_filters
+from kiln.curator.filters.japanese import JapaneseSegmenter
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpora", "corpus.jsonl")
 
 
 def rates(texts: list[str], cfg: CurateConfig) -> tuple[int, Counter, Counter]:
     """(rejected, rejections per rule, first failed rule) over cleaned texts."""
-    batch = DocBatch(Cleaner(cfg.clean)(texts), cfg.filters.no_space_script_ratio)
+    tokenizer = cfg.filters.japanese_words == "tokenizer"
+    segmenter = JapaneseSegmenter() if tokenizer else None
+    batch = DocBatch(
+        Cleaner(cfg.clean)(texts), cfg.filters.no_space_script_ratio, segmenter=segmenter
+    )
     each, first = Counter(), Counter()
     failed = np.zeros(len(texts), dtype=bool)
     for f in build_filters(cfg.filters):
@@ -39,7 +45,9 @@ def rates(texts: list[str], cfg: CurateConfig) -> tuple[int, Counter, Counter]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--japanese-words", choices=["characters", "tokenizer"], default="characters")
     args = ap.parse_args()
+    cfg = CurateConfig(filters={"japanese_words": args.japanese_words})
     by_source: dict[str, list[str]] = {}
     with open(args.corpus, encoding="utf-8") as f:
         for line in f:
@@ -47,7 +55,7 @@ def main() -> None:
             by_source.setdefault(doc["source"], []).append(doc["text"])
     kept_share = {}
     for source, texts in sorted(by_source.items()):
-        rejected, each, first = rates(texts, CurateConfig())
+        rejected, each, first = rates(texts, cfg)
         kept_share[source] = 1 - rejected / len(texts)
         print(f"{source}: {len(texts)} docs, {rejected} rejected, kept {kept_share[source]:.1%}")
         print("  per rule:   ", {k: v for k, v in each.most_common() if v})

@@ -1,6 +1,7 @@
 """The `kiln` command line of the composition root: every area's commands (each area's `cli`
-module has a `register(subparsers)`), on the platform's parser. Imported with the `kiln`
-package, so `kiln.platform.cli:main` (the console script) sees them."""
+module has a `register(subparsers)`, which adds its sub-packages' commands too), on the
+platform's parser. Imported with the `kiln` package, so `kiln.platform.cli:main` (the console
+script) sees them."""
 
 from __future__ import annotations
 
@@ -8,18 +9,7 @@ import sys
 
 from kiln.platform.cli import main, register_command_modules
 
-AREA_COMMANDS = [
-    "kiln.curator.cli",
-    "kiln.curator.classify.cli",
-    "kiln.training.data.cli",
-    "kiln.training.cli",
-    "kiln.training.plan",
-    "kiln.training.post.cli",
-    "kiln.training.rl.task_cli",
-    "kiln.serving.export.cli",
-    "kiln.serving.cli",
-    "kiln.evaluate.cli",
-]
+AREA_COMMANDS = ["kiln.curator.cli", "kiln.training.cli", "kiln.serving.cli", "kiln.evaluate.cli"]
 
 register_command_modules(AREA_COMMANDS)
 

@@ -1,25 +1,26 @@
-"""The composition root's stage list: every built-in stage of every area, by import path (naming
-a stage in a spec imports only its module). Imported with the `kiln` package."""
+"""The composition root's stage list: every built-in stage of every area, by import path into
+the area's `stages` module (naming a stage in a spec imports only that area's stages).
+Imported with the `kiln` package."""
 
 from __future__ import annotations
 
 from kiln.platform.registry import register_builtin_stages, register_component
 
 AREA_STAGES = {
-    "sample.python_docs": "kiln.pipelines.samples:PythonDocsSample",
-    "complete": "kiln.pipelines.complete_stage:CompleteStage",
-    "compare": "kiln.pipelines.compare_stage:CompareStage",
-    "curate": "kiln.curator.stage:CurateStage",
-    "classify": "kiln.curator.classify.stage:ClassifyStage",
-    "tokenize": "kiln.training.data.tokenize_stage:TokenizeStage",
-    "train": "kiln.training.train_stage:TrainStage",
-    "import-model": "kiln.training.post.stages:ImportModelStage",
-    "prepare-chat": "kiln.training.post.stages:PrepareChatStage",
-    "sft": "kiln.training.post.stages:SFTStage",
-    "dpo": "kiln.training.post.stages:DPOStage",
-    "export": "kiln.serving.export.stages:ExportStage",
+    "sample.python_docs": "kiln.pipelines.stages:PythonDocsSample",
+    "complete": "kiln.pipelines.stages:CompleteStage",
+    "compare": "kiln.pipelines.stages:CompareStage",
+    "curate": "kiln.curator.stages:CurateStage",
+    "classify": "kiln.curator.stages:ClassifyStage",
+    "tokenize": "kiln.training.stages:TokenizeStage",
+    "train": "kiln.training.stages:TrainStage",
+    "import-model": "kiln.training.stages:ImportModelStage",
+    "prepare-chat": "kiln.training.stages:PrepareChatStage",
+    "sft": "kiln.training.stages:SFTStage",
+    "dpo": "kiln.training.stages:DPOStage",
+    "export": "kiln.serving.stages:ExportStage",
     "serve": "kiln.serving.stages:ServeStage",
-    "evaluate": "kiln.evaluate.stage:EvaluateStage",
+    "evaluate": "kiln.evaluate.stages:EvaluateStage",
 }
 # what one layer takes from another above it, by import path: evaluation starts serving's
 # endpoint, the platform's `kiln stages` lists the model's presets

@@ -84,7 +84,7 @@ def test_the_allow_list_holds_no_fixed_violation():
 
 def test_the_checker_sees_a_breach(tmp_path):
     assert not allowed("kiln.model.transformer", "kiln.training.trainer")
-    assert not allowed("kiln.training.train_stage", "kiln.serving.export.hf")
+    assert not allowed("kiln.training.stages", "kiln.serving.export.hf")
     assert not allowed("kiln.platform.registry", "kiln.text.tokenizer")
     assert allowed("kiln.engine.generator", "kiln.model.formats.weights")
-    assert allowed("kiln.stages", "kiln.curator.stage")
+    assert allowed("kiln.stages", "kiln.curator.stages")

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from kiln.curator.classify import cli as classify_cli
 from kiln.platform import console
 
 
 def register(subparsers) -> None:
+    """The curator's commands: `curate`, then classify's."""
+    _register_curate(subparsers)
+    classify_cli.register(subparsers)
+
+
+def _register_curate(subparsers) -> None:
     p = subparsers.add_parser(
         "curate", help="read, clean, filter and deduplicate text into a Parquet corpus"
     )

@@ -111,6 +111,8 @@ PROSE_RULES = {
     "max_words": None,
     "min_mean_word_length": None,
     "max_mean_word_length": None,
+    "ja_min_mean_word_length": None,
+    "ja_max_mean_word_length": None,
     "max_symbol_word_ratio": None,
     "max_bullet_line_ratio": None,
     "max_ellipsis_line_ratio": None,
@@ -213,6 +215,17 @@ class FilterConfig(_Section):
     )
     language_bytes: int = Field(
         1024, gt=0, description="langid reads this many UTF-8 bytes of each doc"
+    )
+    japanese_words: Literal["characters", "tokenizer"] = Field(
+        "characters",
+        description="Japanese documents' words: one per character, or MeCab (fugashi + "
+        "unidic-lite, the `ja` extra) words",
+    )
+    ja_min_mean_word_length: float | None = Field(
+        1.5, description="japanese_words: tokenizer: min mean word length of Japanese documents"
+    )
+    ja_max_mean_word_length: float | None = Field(
+        6.0, description="japanese_words: tokenizer: max mean word length of Japanese documents"
     )
     no_space_script_ratio: float = Field(
         0.3,

@@ -20,6 +20,7 @@ from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.engine import dask_session, resolve_backend
 from kiln.curator.dedup.run import run_dedup
 from kiln.curator.filters import DocumentFilter, build_filters
+from kiln.curator.filters.japanese import require_segmenter
 from kiln.curator.output import write_outputs
 from kiln.curator.pii import PiiCounts
 from kiln.curator.readers import expand_inputs, plan_tasks
@@ -72,6 +73,8 @@ class Curation:
         cls, cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = ()
     ) -> Curation:
         """Expand the inputs, resolve the backend and lay out an empty output folder."""
+        if cfg.filters.japanese_words == "tokenizer":  # before any work: one line naming `ja`
+            require_segmenter()
         files = expand_inputs(cfg.input)
         tasks = plan_tasks(files, cfg.read.split_bytes, cfg.read.text_files_per_task)
         backend = resolve_backend(cfg.backend, cfg.cluster)

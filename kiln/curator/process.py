@@ -17,6 +17,7 @@ from kiln.curator.clean import Cleaner
 from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.minhash import MinHasher
 from kiln.curator.filters import DocBatch, DocumentFilter, Language, build_filters
+from kiln.curator.filters.japanese import JapaneseSegmenter
 from kiln.curator.pii import PiiCounts, PiiScanner
 
 EMPTY_AFTER_CLEANING = "empty_after_cleaning"
@@ -47,6 +48,8 @@ class ChunkProcessor:
         self.cfg = cfg
         self.cleaner = Cleaner(cfg.clean)
         self.filters = build_filters(cfg.filters, list(extra_filters))
+        words = cfg.filters.japanese_words
+        self.segmenter = JapaneseSegmenter() if words == "tokenizer" else None
         self.pii = PiiScanner(cfg.pii) if cfg.pii.enabled else None
         self.pii_counts = PiiCounts()  # summed over every batch; the stream reads and resets it
         self.language = next((f for f in self.filters if isinstance(f, Language)), None)
@@ -98,6 +101,7 @@ class ChunkProcessor:
                 [texts[i] for i in idx],
                 self.cfg.filters.no_space_script_ratio,
                 urls=[records[i].get("url") for i in idx],
+                segmenter=self.segmenter,
             )
             failed = np.zeros(len(idx), dtype=bool)
             for f in self.filters:

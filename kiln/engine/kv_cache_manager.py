@@ -94,7 +94,15 @@ class SlotPool:
         room for `seq_len` more tokens in each."""
         self.reserve(max(self.lengths[start:stop]) + seq_len)
         full = self.cache
-        view = KVCache(0, 0, 1, 1, full.max_len, sliding_window=full.sliding_window)
+        view = KVCache(
+            0,
+            0,
+            1,
+            1,
+            full.max_len,
+            sliding_window=full.sliding_window,
+            local_layers=full.local_layers,
+        )
         view.k = [t[start:stop] for t in full.k]
         view.v = [t[start:stop] for t in full.v]
         view.lengths = torch.tensor(self.lengths[start:stop], device=full.lengths.device)
@@ -108,7 +116,9 @@ class SlotPool:
         self.reserve(end)
         full = self.cache
         rows = torch.tensor(slots, device=full.lengths.device)
-        view = KVCache(0, 0, 1, 1, end, sliding_window=full.sliding_window)
+        view = KVCache(
+            0, 0, 1, 1, end, sliding_window=full.sliding_window, local_layers=full.local_layers
+        )
         view.k = [t[rows, :, :end] for t in full.k]  # advanced indexing: copies
         view.v = [t[rows, :, :end] for t in full.v]
         view.lengths = torch.tensor([self.lengths[s] for s in slots], device=rows.device)

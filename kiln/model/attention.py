@@ -1,4 +1,5 @@
-"""The attention core: softmax(q k^T) v with causal + sliding-window masking and GQA.
+"""The attention core: softmax(q k^T) v with causal + sliding-window masking, GQA and optional
+score scale and soft-capping.
 
 It is its own module so parallelisms can swap it (context parallelism puts ring attention here)
 and recompute can target it (selective activation checkpointing).
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.softcap import soft_cap
 from kiln.platform.errors import ConfigError
 
 BACKENDS = ("auto", "sdpa", "flash_attn", "te")
@@ -38,7 +40,17 @@ def sliding_window_mask(seq_len: int, window: int | None, device=None) -> torch.
 class AttentionCore(nn.Module):
     """Causal attention over q [B, Hq, Sq, Dh] and k/v [B, Hkv, Sk, Dh] -> [B, Hq, Sq, Dh]."""
 
-    def __init__(self, head_dim: int, sliding_window: int | None = None, backend: str = "auto"):
+    def __init__(
+        self,
+        head_dim: int,
+        sliding_window: int | None = None,
+        backend: str = "auto",
+        *,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ):
+        """`scale` multiplies q k^T (None: head_dim**-0.5); `softcap` caps the scaled scores
+        with cap * tanh(s / cap) before the softmax (no fused kernel does: plain matmuls)."""
         super().__init__()
         if backend not in BACKENDS:
             raise ConfigError(
@@ -53,6 +65,8 @@ class AttentionCore(nn.Module):
         self.head_dim = head_dim
         self.sliding_window = sliding_window
         self.backend = backend
+        self.scale = scale
+        self.softcap = softcap
         self._te_attention = None  # built on first use: TE wants the (TP-local) head counts
 
     def forward(
@@ -64,6 +78,8 @@ class AttentionCore(nn.Module):
     ) -> torch.Tensor:
         """`mask` (bool, True = attend, broadcast to [B, Hq, Sq, Sk]) replaces the causal and
         window masks: decoding from a KV cache, where queries and keys are not the same slots."""
+        if self.softcap is not None:
+            return self._softcapped(q, k, v, mask)
         if mask is not None:
             return self._sdpa(q, k, v, mask)
         backend = self.backend
@@ -89,15 +105,30 @@ class AttentionCore(nn.Module):
         if mask is None and not plain_causal:
             mask = sliding_window_mask(q.shape[2], self.sliding_window, q.device)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa, scale=self.scale
         )
+
+    def _softcapped(self, q, k, v, mask=None):
+        if mask is None:
+            mask = sliding_window_mask(q.shape[2], self.sliding_window, q.device)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scale = self.scale if self.scale is not None else self.head_dim**-0.5
+        scores = soft_cap(q @ k.transpose(-2, -1) * scale, self.softcap)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
     def _flash(self, q, k, v):
         from flash_attn import flash_attn_func
 
         window = (-1, -1) if self.sliding_window is None else (self.sliding_window - 1, 0)
         out = flash_attn_func(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window_size=window
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            causal=True,
+            window_size=window,
+            softmax_scale=self.scale,
         )
         return out.transpose(1, 2)
 
@@ -114,6 +145,7 @@ class AttentionCore(nn.Module):
                 attn_mask_type="causal",
                 window_size=window,
                 qkv_format="bshd",
+                softmax_scale=self.scale,
             )
         out = self._te_attention(
             q.transpose(1, 2).contiguous(),

@@ -65,6 +65,36 @@ class ModelConfig(BaseModel):
     qk_norm: bool = Field(
         False, description="RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)."
     )
+    norm_unit_offset: bool = Field(
+        False, description="RMSNorm scales by (1 + w), w starting at 0, in fp32 (Gemma)."
+    )
+    sandwich_norm: bool = Field(
+        False, description="Also norm the attention and FFN outputs before the residual (Gemma)."
+    )
+    embed_scale: bool = Field(
+        False, description="Scale token embeddings by sqrt(dim), in the model dtype (Gemma)."
+    )
+    ffn_activation: Literal["silu", "gelu_tanh"] = Field(
+        "silu", description="Gated FFN activation: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)."
+    )
+    sliding_window_pattern: int | None = Field(
+        None,
+        gt=0,
+        description="With sliding_window: every N-th layer attends globally, the others within "
+        "the window (Gemma 3: 6). None: every layer uses the window.",
+    )
+    rope_local_theta: float | None = Field(
+        None, description="RoPE base of the sliding-window layers (None: rope_theta; Gemma 3)."
+    )
+    query_pre_attn_scalar: float | None = Field(
+        None, gt=0, description="Attention scores scale by this**-0.5 (None: head_dim; Gemma 3)."
+    )
+    attn_logit_softcap: float | None = Field(
+        None, gt=0, description="Attention scores pass through cap * tanh(s / cap) (Gemma 2)."
+    )
+    final_logit_softcap: float | None = Field(
+        None, gt=0, description="Output logits pass through cap * tanh(l / cap) (Gemma 2)."
+    )
     norm_topk_prob: bool = Field(
         True,
         description="MoE: renormalise the top-k router probabilities to sum to 1 (Mixtral, "
@@ -98,6 +128,12 @@ class ModelConfig(BaseModel):
             )
         return self
 
+    def is_local_layer(self, layer_id: int) -> bool:
+        """Whether this layer attends within `sliding_window` (else over the whole prefix)."""
+        if self.sliding_window is None:
+            return False
+        return self.sliding_window_pattern is None or (layer_id + 1) % self.sliding_window_pattern
+
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
         """A named shape (`tiny`, `125m`, `1b`, `llama3_8b`), optionally with fields overridden."""
@@ -114,7 +150,7 @@ class ModelConfig(BaseModel):
         attn = d * q * 2 + d * kv * 2 + ((q + 2 * kv) if self.qkv_bias else 0)
         attn += 2 * self.head_dim if self.qk_norm else 0
         ffn = 3 * d * h * max(1, self.n_experts) + (d * self.n_experts if self.n_experts else 0)
-        per_layer = attn + ffn + 2 * d
+        per_layer = attn + ffn + (4 if self.sandwich_norm else 2) * d
         emb = self.vocab_size * d
         out = 0 if self.tie_embeddings else self.vocab_size * d
         total = self.n_layers * per_layer + d + emb + out

@@ -35,16 +35,21 @@ class KVCache:
         max_len: int,
         *,
         sliding_window: int | None = None,
+        local_layers: frozenset[int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
+        """`local_layers`: the layers that attend within `sliding_window` (None: all of them;
+        Gemma 3 interleaves them with global layers)."""
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
         self.sliding_window = sliding_window
-        self._step: tuple[torch.Tensor, torch.Tensor, int] | None = None  # (slots, mask, end)
+        self.local_layers = local_layers
+        # (slots, causal mask, windowed mask, end)
+        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
 
     @classmethod
     def for_model(
@@ -65,6 +70,7 @@ class KVCache:
             cfg.head_dim,
             max_len,
             sliding_window=cfg.sliding_window,
+            local_layers=frozenset(i for i in range(cfg.n_layers) if cfg.is_local_layer(i)),
             dtype=dtype,
             device=device,
         )
@@ -86,10 +92,11 @@ class KVCache:
             raise ValueError(f"KV cache is full: a row needs {end} of {self.max_len} slots")
         query = self.positions(seq_len)  # [B, S]
         key = torch.arange(end, device=self.lengths.device)
-        allowed = key[None, None, :] <= query[:, :, None]  # [B, S, end]
+        causal = key[None, None, :] <= query[:, :, None]  # [B, S, end]
+        windowed = causal
         if self.sliding_window is not None:
-            allowed &= query[:, :, None] - key[None, None, :] < self.sliding_window
-        self._step = (query, allowed[:, None], end)
+            windowed = causal & (query[:, :, None] - key[None, None, :] < self.sliding_window)
+        self._step = (query, causal[:, None], windowed[:, None], end)
 
     def layer(self, index: int) -> LayerKV:
         return LayerKV(self, index)
@@ -101,7 +108,9 @@ class KVCache:
         and the boolean mask [B, 1, S, end] (True = attend) for this step's queries."""
         if self._step is None:
             raise RuntimeError("KVCache.begin(seq_len) must precede update()")
-        slots, mask, end = self._step
+        slots, causal, windowed, end = self._step
+        local = self.local_layers is None or layer in self.local_layers
+        mask = windowed if local else causal
         index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
         self.k[layer].scatter_(2, index, k.to(self.k[layer].dtype))
         self.v[layer].scatter_(2, index, v.to(self.v[layer].dtype))

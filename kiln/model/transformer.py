@@ -18,10 +18,12 @@ from kiln.model.attention import AttentionCore
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerKV
 from kiln.model.moe import MoE
-from kiln.model.norms import RMSNorm
+from kiln.model.norms import build_norm
 from kiln.model.rope import apply_rope, rope_rows, rope_tables
+from kiln.model.softcap import soft_cap
 
 BASE_STD = 0.02  # Llama / GPT-2 init for embeddings and input projections
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def _normal(linear: nn.Module, std: float) -> None:
@@ -33,7 +35,7 @@ def _normal(linear: nn.Module, std: float) -> None:
 class Attention(nn.Module):
     """Multi-head attention with GQA/MQA (n_kv_heads <= n_heads), RoPE and an exchangeable core."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_id: int = 0):
         super().__init__()
         self.head_dim = cfg.head_dim
         kv_dim = cfg.n_kv_heads * cfg.head_dim
@@ -42,9 +44,21 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         # qk-norm (Qwen3, Gemma 3): one RMSNorm shared by all heads, over each head's width
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.core = AttentionCore(cfg.head_dim, cfg.sliding_window, cfg.attention_backend)
+        q_norm, k_norm = (
+            (build_norm(cfg.head_dim, cfg.norm_eps, cfg.norm_unit_offset) for _ in range(2))
+            if cfg.qk_norm
+            else (None, None)
+        )
+        self.q_norm, self.k_norm = q_norm, k_norm
+        window = cfg.sliding_window if cfg.is_local_layer(layer_id) else None
+        scalar = cfg.query_pre_attn_scalar
+        self.core = AttentionCore(
+            cfg.head_dim,
+            window,
+            cfg.attention_backend,
+            scale=None if scalar is None else scalar**-0.5,
+            softcap=cfg.attn_logit_softcap,
+        )
 
     def forward(
         self,
@@ -85,16 +99,18 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down."""
+    """Gated FFN: w2(act(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down. SwiGLU with silu,
+    GeGLU with gelu_tanh."""
 
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu"):
         super().__init__()
+        self.act = ACTIVATIONS[activation]
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
 
     def init_weights(self, init_std: float) -> None:
         _normal(self.w1, BASE_STD)
@@ -103,15 +119,23 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: attention then feed-forward (dense) or mixture of experts."""
+    """Pre-norm residual block: attention then feed-forward (dense) or mixture of experts; with
+    `sandwich_norm` each branch's output is normed too before it joins the residual (Gemma)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
         self.moe_enabled = cfg.n_experts > 0
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attention = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.local_rope = cfg.rope_local_theta is not None and cfg.is_local_layer(layer_id)
+        self.attention_norm = build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
+        self.attention = Attention(cfg, layer_id)
+        self.ffn_norm = build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
+        sandwich = (
+            (build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset) for _ in range(2))
+            if cfg.sandwich_norm
+            else (None, None)
+        )
+        self.post_attention_norm, self.post_ffn_norm = sandwich
         if self.moe_enabled:
             self.moe = MoE(
                 cfg.dim,
@@ -122,7 +146,7 @@ class TransformerBlock(nn.Module):
                 norm_topk_prob=cfg.norm_topk_prob,
             )
         else:
-            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim, cfg.ffn_activation)
 
     def forward(
         self,
@@ -133,16 +157,21 @@ class TransformerBlock(nn.Module):
         kv_cache: KVCache | None = None,
     ) -> torch.Tensor:
         layer_kv = kv_cache.layer(self.layer_id) if kv_cache is not None else None
-        h = x + self.attention(
+        a = self.attention(
             self.attention_norm(x), rope_cos, rope_sin, positions=positions, kv_cache=layer_kv
         )
+        h = x + (a if self.post_attention_norm is None else self.post_attention_norm(a))
         mlp = self.moe if self.moe_enabled else self.feed_forward
-        return h + mlp(self.ffn_norm(h))
+        m = mlp(self.ffn_norm(h))
+        return h + (m if self.post_ffn_norm is None else self.post_ffn_norm(m))
 
     def init_weights(self, init_std: float) -> None:
         self.attention_norm.reset_parameters()
         self.attention.init_weights(init_std)
         self.ffn_norm.reset_parameters()
+        for norm in (self.post_attention_norm, self.post_ffn_norm):
+            if norm is not None:
+                norm.reset_parameters()
         (self.moe if self.moe_enabled else self.feed_forward).init_weights(init_std)
 
 
@@ -159,12 +188,15 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=empty)
         # A ModuleDict keyed by global index keeps names like `layers.7` in every pipeline stage.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.norm = build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        # the sliding-window layers' own RoPE tables when rope_local_theta is set (Gemma 3)
+        self.register_buffer("rope_local_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_local_sin", torch.empty(0), persistent=False)
         if init:
             self.init_weights()
 
@@ -174,7 +206,13 @@ class Transformer(nn.Module):
 
     def init_buffers(self, device: torch.device | None = None) -> None:
         """(Re)build the RoPE tables (non-persistent buffers: never in a checkpoint)."""
-        self.rope_cos, self.rope_sin = self._rope_tables(device or self.rope_cos.device)
+        device = device or self.rope_cos.device
+        self.rope_cos, self.rope_sin = self._rope_tables(device)
+        c = self.cfg
+        if c.rope_local_theta is not None:
+            self.rope_local_cos, self.rope_local_sin = rope_tables(
+                c.head_dim, c.max_seq_len, c.rope_local_theta, device
+            )
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
@@ -209,16 +247,26 @@ class Transformer(nn.Module):
         (rows, cols) index tensors: logits [N, V] of those positions only, as decoding needs (the
         head of a 32k vocabulary is ~20% of a 125M model's FLOPs per token).
         """
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            if self.cfg.embed_scale:  # rounded to the model dtype first, as Gemma does
+                h = h * torch.tensor(self.cfg.dim**0.5, dtype=h.dtype)
+        else:
+            h = tokens
         if kv_cache is not None:
             seq_len = h.shape[1]
             positions = kv_cache.positions(seq_len) if positions is None else positions
             kv_cache.begin(seq_len)
+        tables = (self.rope_cos, self.rope_sin)
+        local_tables = (self.rope_local_cos, self.rope_local_sin)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin, positions=positions, kv_cache=kv_cache)
+            cos, sin = local_tables if layer.local_rope else tables
+            h = layer(h, cos, sin, positions=positions, kv_cache=kv_cache)
         if kv_cache is not None:
             kv_cache.advance(h.shape[1])
         if logits_positions is not None:
             h = h[logits_positions]
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.output is None:
+            return h
+        return soft_cap(self.output(h), self.cfg.final_logit_softcap)

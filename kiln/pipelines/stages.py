@@ -1,9 +1,12 @@
-"""`compare`: the same chat questions to the base model (in this process) and to the served,
-tuned model (over /v1/chat/completions), printed side by side (the quickstart's last step).
+"""The composition root's own stages, over other areas' artifacts: `complete` and `compare`
+(the quickstart's last steps) and the sample text stages (kiln/pipelines/samples.py).
 
-`expect` names, per question, a few words the tuned answer should hold (the taught facts): the
-stage reports how many answers hold theirs (`taught`), and `require_taught` fails the stage when
-one does not.
+`complete` sends prompts to a live Endpoint and prints the completions.
+
+`compare` asks the same chat questions to the base model (in this process) and to the served,
+tuned model (over /v1/chat/completions), printed side by side. `expect` names, per question, a
+few words the tuned answer should hold (the taught facts): the stage reports how many answers
+hold theirs (`taught`), and `require_taught` fails the stage when one does not.
 """
 
 from __future__ import annotations
@@ -17,8 +20,55 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from kiln.engine.generator import Generator, SamplingParams
+from kiln.pipelines.samples import PythonDocsSample
 from kiln.platform.errors import KilnError
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.serving.chat_template import render_chat
+from kiln.serving.client import KilnClient
+from kiln.text.chat_template import end_of_turn_markers, load_chat_config
+
+__all__ = ["CompareStage", "CompleteStage", "PythonDocsSample"]
+
+
+class CompleteConfig(StageConfig):
+    prompts: list[str] = Field(
+        default_factory=lambda: ["The Python language"], description="Prompts to send."
+    )
+    max_tokens: int = Field(48, ge=1, description="New tokens per completion.")
+    temperature: float = Field(0.0, ge=0, description="0: greedy.")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the endpoint's API key."
+    )
+
+
+class CompleteStage(Stage):
+    """Ask the endpoint for one completion per prompt over its OpenAI-compatible route and print
+    them."""
+
+    type_name = "complete"
+    Config = CompleteConfig
+    input_kinds: ClassVar[dict[str, str]] = {"endpoint": "Endpoint"}
+    output_kinds: ClassVar[dict[str, str]] = {"completions": "Text"}
+    cacheable: ClassVar[bool] = False
+
+    def run(self, ctx: StageContext) -> dict[str, Any]:
+        meta = ctx.inputs["endpoint"].meta
+        key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
+        client = KilnClient(meta["url"], api_key=key)
+        results = []
+        for prompt in self.config.prompts:
+            text = client.complete(
+                prompt, max_tokens=self.config.max_tokens, temperature=self.config.temperature
+            )
+            results.append({"prompt": prompt, "completion": text})
+            print(f"\n>>> {prompt}{text}\n", flush=True)
+        out = ctx.outputs["completions"]
+        (Path(out.path) / "completions.json").write_text(
+            json.dumps(results, indent=2, ensure_ascii=False)
+        )
+        out.counts = {"completions": len(results)}
+        return {"url": meta["url"], "completions": len(results)}
 
 
 class CompareConfig(StageConfig):
@@ -93,8 +143,6 @@ class CompareStage(Stage):
     cacheable: ClassVar[bool] = False
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.serving.client import KilnClient
-
         cfg: CompareConfig = self.config
         chats = [[{"role": "user", "content": q}] for q in cfg.questions]
         base = self._base_answers(ctx.inputs["base"].path, chats)
@@ -117,10 +165,6 @@ class CompareStage(Stage):
 
     def _base_answers(self, base_dir: str, chats: list[list[dict[str, str]]]) -> list[str]:
         """The base model's greedy answers, its own chat template rendering the prompts."""
-        from kiln.engine.generator import Generator, SamplingParams
-        from kiln.serving.chat_template import render_chat
-        from kiln.text.chat_template import end_of_turn_markers, load_chat_config
-
         hf = (
             os.path.join(base_dir, "hf")
             if os.path.isdir(os.path.join(base_dir, "hf"))

@@ -6,11 +6,19 @@ import argparse
 import os
 import sys
 
+from kiln.serving.export import cli as export_cli
+
 LOCAL_PORT = 8000
 LOCAL_URL = f"http://127.0.0.1:{LOCAL_PORT}"  # where `kiln serve` listens by default
 
 
 def register(subparsers) -> None:
+    """Serving's commands: export's (`export`, `import-hf`, ...), then `serve` and the client."""
+    export_cli.register(subparsers)
+    _register_serve(subparsers)
+
+
+def _register_serve(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve an exported model over REST (OpenAI, KServe v2, Triton generate) on Ray Serve",

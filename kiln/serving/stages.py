@@ -28,6 +28,10 @@ from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.serving.api.protocol import Limits
 from kiln.serving.app import DeploymentOptions
 from kiln.serving.backends.backend import BatchingConfig
+from kiln.serving.export.stages import ExportStage
+
+# the area's stages, those of its sub-packages too (kiln/stages.py names them here)
+__all__ = ["ExportStage", "ServeStage"]
 
 
 class ServeConfig(StageConfig):

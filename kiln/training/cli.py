@@ -6,8 +6,22 @@ import argparse
 import os
 from pathlib import Path
 
+from kiln.training.data import cli as data_cli
+from kiln.training.plan import cli as plan_cli
+from kiln.training.post import cli as post_cli
+from kiln.training.rl import task_cli as rl_task_cli
+
 
 def register(subparsers) -> None:
+    """Training's commands, in the order of a run: tokenize, train, plan, post-training, RL."""
+    data_cli.register(subparsers)
+    _register_train(subparsers)
+    plan_cli.register(subparsers)
+    post_cli.register(subparsers)
+    rl_task_cli.register(subparsers)
+
+
+def _register_train(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model on Ray Train (every parallelism, resumable)"
     )
@@ -36,7 +50,7 @@ def register(subparsers) -> None:
 def load_config(path: str, overrides: list[str]):
     """TrainStageConfig from `path` (its `train:` block, or the whole file) and --set overrides."""
     from kiln.platform.config import load_config as load
-    from kiln.training.train_stage import TrainStageConfig
+    from kiln.training.stages import TrainStageConfig
 
     return load(TrainStageConfig, path, block="train", overrides=overrides, prefix="train")
 

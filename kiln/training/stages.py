@@ -12,7 +12,19 @@ from pydantic import Field
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.config import TrainConfig
+from kiln.training.data.stages import TokenizeStage
+from kiln.training.post.stages import DPOStage, ImportModelStage, PrepareChatStage, SFTStage
 from kiln.training.ray_train import RayOptions
+
+# the area's stages, those of its sub-packages too (kiln/stages.py names them here)
+__all__ = [
+    "DPOStage",
+    "ImportModelStage",
+    "PrepareChatStage",
+    "SFTStage",
+    "TokenizeStage",
+    "TrainStage",
+]
 
 
 class TrainStageConfig(TrainConfig, StageConfig):

@@ -175,7 +175,7 @@ def test_quality_filter_inside_curate(inputs, tmp_path):
 
 
 def test_stage_in_a_pipeline_and_the_cli(inputs, tmp_path, capfd):
-    from kiln.curator.classify.stage import ClassifyStage
+    from kiln.curator.classify.stages import ClassifyStage
     from kiln.platform.cli import main
     from kiln.platform.pipeline import Pipeline
 

@@ -199,7 +199,7 @@ cfg = CurateConfig.model_validate({{"input": [{str(tmp_path / "in.jsonl")!r}], "
                                    "filters": {{"min_words": 1, "languages": None}}}})
 report = pipeline.curate(cfg, {str(tmp_path / "out")!r})
 assert report["documents_in"] == 20, report
-from kiln.curator.stage import CurateStage
+from kiln.curator.stages import CurateStage
 from kiln.platform.pipeline import Pipeline
 stage = CurateStage(cfg)
 run = Pipeline("cur", [stage], runs_dir={str(tmp_path / "runs")!r}).run(shutdown=False)

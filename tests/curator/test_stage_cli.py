@@ -10,7 +10,7 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.curator.stage import CurateStage
+from kiln.curator.stages import CurateStage
 from kiln.platform.cli import main
 from kiln.platform.errors import ConfigError
 from kiln.platform.pipeline import Pipeline

@@ -99,7 +99,7 @@ def _corpus(folder, n: int) -> str:
 
 
 def test_tokenize_reports_documents_with_tokens(recorded, tmp_path):
-    from kiln.training.data.tokenize_stage import tokenize_inline
+    from kiln.training.data.stages import tokenize_inline
     from kiln.training.data.tokenizer import train_tokenizer
 
     corpus = _corpus(tmp_path / "corpus", 10)

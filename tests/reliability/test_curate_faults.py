@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.curator.stage import CurateStage
+from kiln.curator.stages import CurateStage
 from kiln.platform.artifact import Artifact
 from kiln.platform.pipeline import Pipeline
 from tests.curator.prose import prose
@@ -20,7 +20,7 @@ from tests.reliability.faults import KILL_TAG, PAUSE_TAG, fail_on_init_marker
 
 DRIVER = """
 import json, sys
-from kiln.curator.stage import CurateStage
+from kiln.curator.stages import CurateStage
 from kiln.platform.pipeline import Pipeline
 result = Pipeline("cur", [CurateStage(json.loads(sys.argv[1]))], runs_dir=sys.argv[2]).run()
 print("CORPUS " + result.artifact("curate.corpus").path)

@@ -81,7 +81,7 @@ def test_curator_output_on_full_disk_fails_clearly_without_artifact(tmp_path):
     import json
     import random
 
-    from kiln.curator.stage import CurateStage
+    from kiln.curator.stages import CurateStage
     from kiln.platform.errors import StageFailed
     from kiln.platform.pipeline import Pipeline
     from tests.curator.prose import prose

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import kiln.training.preflight  # noqa: F401 - imported here: the timing below is the check's own
-import kiln.training.train_stage  # noqa: F401
+import kiln.training.stages  # noqa: F401
 from kiln.platform import console
 from kiln.platform.cli import main
 from kiln.platform.errors import ConfigError, StageFailed

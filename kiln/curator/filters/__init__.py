@@ -52,7 +52,12 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
     )
     add(
         cfg.min_mean_word_length is not None or cfg.max_mean_word_length is not None,
-        gopher.MeanWordLength(cfg.min_mean_word_length, cfg.max_mean_word_length),
+        gopher.MeanWordLength(
+            cfg.min_mean_word_length,
+            cfg.max_mean_word_length,
+            cfg.ja_min_mean_word_length,
+            cfg.ja_max_mean_word_length,
+        ),
     )
     add(
         cfg.max_symbol_word_ratio is not None,

@@ -54,13 +54,21 @@ class Segments:
 
 
 class DocBatch:
+    """`segmenter` (a `JapaneseSegmenter`, filters.japanese_words: tokenizer) splits Japanese
+    documents into the tokenizer's words instead of one word per character."""
+
     def __init__(
-        self, texts: list[str], no_space_ratio: float = 0.3, urls: list[str | None] | None = None
+        self,
+        texts: list[str],
+        no_space_ratio: float = 0.3,
+        urls: list[str | None] | None = None,
+        segmenter=None,
     ):
         self.texts = texts
         self.urls = urls  # each document's URL (read.url_field), when the input has one
         self.arr = pa.array(texts, pa.large_string())
         self.no_space_ratio = no_space_ratio
+        self.segmenter = segmenter
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -90,13 +98,30 @@ class DocBatch:
         return self.count_chars(NO_SPACE_SCRIPTS) >= self.no_space_ratio * np.maximum(letters, 1)
 
     @cached_property
+    def segmented(self) -> np.ndarray:
+        """Documents whose words come from the Japanese tokenizer: unspaced ones holding kana
+        (Chinese, without kana, keeps one word per character), when a segmenter is set."""
+        if self.segmenter is None:
+            return np.zeros(len(self), dtype=bool)
+        return self.no_space & (self.count(r"[\p{Hiragana}\p{Katakana}]") > 0)
+
+    @cached_property
     def words(self) -> Segments:
-        """Words: each CJK/kana/Thai character is one word, the rest is split on whitespace.
+        """Words: each CJK/kana/Thai character is one word, the rest is split on whitespace;
+        Japanese documents' Japanese runs are the tokenizer's words (`segmented`).
 
         Splitting only on whitespace would make a Japanese sentence one "word"; counting every
-        character of an unspaced document as a word (the old rule) made `ls`, `--help` and
-        `foo_bar` many non-alphabetic "words" and rejected Japanese technical prose."""
+        character of an unspaced document as a word made `ls`, `--help` and `foo_bar` many
+        non-alphabetic "words" and rejected Japanese technical prose."""
         spaced = pc.replace_substring_regex(self.arr, _CHAR_WORD, r" \1 ")
+        if self.segmented.any():
+            split = [
+                self.segmenter.split(t) if s else ""
+                for t, s in zip(self.texts, self.segmented, strict=True)
+            ]
+            spaced = pc.if_else(
+                pa.array(self.segmented), pa.array(split, pa.large_string()), spaced
+            )
         seg = Segments.from_lists(pc.utf8_split_whitespace(spaced), len(self))
         seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL"))
         seg.cjk = _np(pc.match_substring_regex(seg.values, f"[{NO_SPACE_SCRIPTS}]"))

@@ -1,5 +1,6 @@
 """Gopher quality and repetition rules (Rae et al. 2021); CJK/kana/Thai characters are one word
-each (see `DocBatch.words`), n-grams of unspaced documents are `no_space_scale` times longer."""
+each (see `DocBatch.words`), n-grams of unspaced documents are `no_space_scale` times longer;
+Japanese documents split by the tokenizer count its words, n-grams unscaled."""
 
 from __future__ import annotations
 
@@ -18,18 +19,35 @@ class WordCount(Bounds):
 
 
 class MeanWordLength(Bounds):
-    """Spaced scripts only, over the words that are not CJK/kana/Thai characters (one-character
-    words by construction, which would drag a mixed English/Japanese page under the minimum)."""
+    """Spaced scripts: over the words that are not CJK/kana/Thai characters (one-character words
+    by construction, which would drag a mixed English/Japanese page under the minimum).
+    Japanese documents split by the tokenizer (`batch.segmented`): over all their words, with
+    the Japanese bounds `ja_low`/`ja_high` (Japanese words are shorter)."""
 
     name = "mean_word_length"
 
+    def __init__(self, low, high, ja_low: float | None = None, ja_high: float | None = None):
+        super().__init__(low, high)
+        self.ja_low, self.ja_high = ja_low, ja_high
+
     def statistic(self, batch):
         words = batch.words
-        spaced = ~words.cjk
+        spaced = ~words.cjk | batch.segmented[words.doc]
         return batch.ratio(words.per_doc(words.chars * spaced), words.per_doc(spaced))
 
     def applies(self, batch):
         return ~batch.no_space
+
+    def keep(self, batch):
+        ok = super().keep(batch)
+        if not batch.segmented.any():
+            return ok
+        value = self.statistic(batch)
+        if self.ja_low is not None:
+            ok &= ~batch.segmented | (value >= self.ja_low)
+        if self.ja_high is not None:
+            ok &= ~batch.segmented | (value <= self.ja_high)
+        return ok
 
 
 class SymbolWordRatio(Bounds):
@@ -117,7 +135,8 @@ class _NgramRule(DocumentFilter):
     def keep(self, batch: DocBatch):
         ok = np.ones(len(batch), dtype=bool)
         ns = list(self.limits)
-        for docs, scale in ((~batch.no_space, 1), (batch.no_space, self.scale)):
+        by_char = batch.no_space & ~batch.segmented  # one word per character: longer n-grams
+        for docs, scale in ((~by_char, 1), (by_char, self.scale)):
             if not docs.any():
                 continue
             top, dup = ngram_fractions(

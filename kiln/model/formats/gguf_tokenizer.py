@@ -98,3 +98,65 @@ def write_tokenizer_files(meta: dict[str, Any], out_dir: str) -> None:
     build_tokenizer(meta).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(tokenizer_config(meta), f, indent=2, ensure_ascii=False)
+
+
+_NORMAL, _UNUSED = 1, 5
+_PRE_NAMES = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2"}
+
+
+def _split_regex(pre_tokenizer: dict | None) -> str | None:
+    """The Split regex of a tokenizer.json pre-tokenizer (alone or first of a Sequence)."""
+    if not pre_tokenizer:
+        return None
+    if pre_tokenizer.get("type") == "Sequence":
+        steps = pre_tokenizer.get("pretokenizers") or []
+        return _split_regex(steps[0]) if steps else None
+    if pre_tokenizer.get("type") == "Split":
+        return (pre_tokenizer.get("pattern") or {}).get("Regex")
+    return None
+
+
+def _token_name(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def tokenizer_metadata(tok, tok_config: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The `tokenizer.*` GGUF metadata of a byte-level BPE `tokenizers.Tokenizer` (the inverse
+    of `build_tokenizer`), padded to the model's `vocab_size` with unused tokens as llama.cpp's
+    converter does; special tokens and the chat template come from `tok_config`
+    (tokenizer_config.json)."""
+    spec = json.loads(tok.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        raise ConfigError("GGUF export: only byte-level BPE tokenizers are supported")
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [_UNUSED] * vocab_size
+    for token, index in model["vocab"].items():
+        if index < vocab_size:
+            tokens[index], types[index] = token, _NORMAL
+    for added in spec.get("added_tokens") or []:
+        if added["id"] < vocab_size:
+            tokens[added["id"]] = added["content"]
+            types[added["id"]] = _CONTROL if added.get("special") else _USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    regex = _split_regex(spec.get("pre_tokenizer"))
+    pre = _PRE_NAMES.get(regex) if regex else "gpt2"
+    if pre is None:
+        raise ConfigError("GGUF export: the tokenizer's split regex has no llama.cpp pre-tokenizer")
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.add_bos_token": bool(tok_config.get("add_bos_token", False)),
+        "tokenizer.ggml.add_eos_token": bool(tok_config.get("add_eos_token", False)),
+    }
+    for name, key in _SPECIAL_IDS.items():
+        token = _token_name(tok_config.get(name))
+        index = tok.token_to_id(token) if token else None
+        if index is not None and index < vocab_size:
+            meta[key] = index
+    if tok_config.get("chat_template"):
+        meta["tokenizer.chat_template"] = tok_config["chat_template"]
+    return meta

@@ -56,6 +56,16 @@ _QWEN_MOE = [
         for w, hf in (("w1", "gate"), ("w2", "down"), ("w3", "up"))
     ],
 ]
+# Gemma 3 norms both ends of each branch; its `post_attention_layernorm` is Llama's name for
+# the pre-FFN norm, so each architecture reads with its own map.
+_GEMMA3 = [
+    *[(k, h) for k, h in _DECODER if "layernorm" not in h and ".bias" not in k],
+    *_QK_NORM,
+    ("layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("layers.{i}.post_attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    ("layers.{i}.ffn_norm.weight", "model.layers.{i}.pre_feedforward_layernorm.weight"),
+    ("layers.{i}.post_ffn_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
+]
 NAME_MAPS: dict[str, list[tuple[str, str]]] = {
     "llama": _DECODER,
     "mistral": _DECODER,
@@ -63,6 +73,7 @@ NAME_MAPS: dict[str, list[tuple[str, str]]] = {
     "mixtral": _DECODER + _MIXTRAL_MOE,
     "qwen3": _DECODER + _QK_NORM,
     "qwen3_moe": _DECODER + _QK_NORM + _QWEN_MOE,
+    "gemma3_text": _GEMMA3,
 }
 
 
@@ -72,12 +83,15 @@ def _regex(template: str) -> re.Pattern:
 
 
 _TO_HF = {arch: [(_regex(k), h) for k, h in pairs] for arch, pairs in NAME_MAPS.items()}
+_TO_KILN = {arch: [(_regex(h), k) for k, h in pairs] for arch, pairs in NAME_MAPS.items()}
 # transformers 5 also calls the Mixtral block `mlp` once loaded: Qwen-MoE's names cover it.
-_TO_KILN = [(_regex(h), k) for pairs in NAME_MAPS.values() for k, h in pairs]
+_TO_KILN["mixtral"] += _TO_KILN["qwen3_moe"]
 
 
 def hf_model_type(cfg: ModelConfig) -> str:
     """The HF architecture a kiln config exports as (the key of its `NAME_MAPS` entry)."""
+    if cfg.sandwich_norm:
+        return "gemma3_text"
     if cfg.qk_norm:
         return "qwen3_moe" if cfg.n_experts else "qwen3"
     if cfg.n_experts:
@@ -112,6 +126,7 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
 def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename an HF state dict to kiln names; splits transformers 5's fused Mixtral experts."""
     out = {}
+    table = _TO_KILN[hf_model_type(cfg)]
     for name, tensor in state.items():
         fused = re.match(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$", name)
         if fused:
@@ -127,7 +142,7 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             continue
         if name.endswith("rotary_emb.inv_freq"):
             continue
-        kiln = _rename(name, _TO_KILN)
+        kiln = _rename(name, table)
         if kiln is None:
             raise InputError(f"Hugging Face parameter {name!r} is not a weight kiln's model has")
         out[kiln] = tensor
@@ -177,6 +192,8 @@ def to_hf_config(
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }
+    if cfg.sandwich_norm:
+        return _gemma3_config(cfg, body)
     if cfg.qk_norm:
         return _qwen3_config(cfg, body)
     if cfg.n_experts:
@@ -232,7 +249,13 @@ def _qwen3_config(cfg: ModelConfig, body: dict) -> dict:
             raise ConfigError(f"model.{field} with model.qk_norm has no Hugging Face export")
     qwen = {**body, "attention_bias": False, "use_sliding_window": False, "sliding_window": None}
     if not cfg.n_experts:
-        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **qwen}
+        kinds = ["full_attention"] * cfg.n_layers  # Qwen3 (dense) writes them, Qwen3-MoE not
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            **qwen,
+            "layer_types": kinds,
+        }
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
@@ -245,6 +268,100 @@ def _qwen3_config(cfg: ModelConfig, body: dict) -> dict:
         "mlp_only_layers": [],
         "router_aux_loss_coef": cfg.moe_aux_loss_coef,
         "output_router_logits": False,
+    }
+
+
+# What Gemma 3 (text) is, switch by switch; an import must find each, an export writes them.
+_GEMMA3_SWITCHES = {
+    "norm_unit_offset": True,
+    "sandwich_norm": True,
+    "embed_scale": True,
+    "ffn_activation": "gelu_tanh",
+    "qk_norm": True,
+    "tie_embeddings": True,
+    "qkv_bias": False,
+    "n_experts": 0,
+    "rope_scaling": None,
+}
+
+
+def _gemma3_config(cfg: ModelConfig, body: dict) -> dict:
+    """Gemma 3 text: sliding-window layers with their own RoPE base, every N-th layer global."""
+    for field, value in {**_GEMMA3_SWITCHES, "attn_logit_softcap": None}.items():
+        if getattr(cfg, field) != value:
+            raise ConfigError(f"model.{field}={getattr(cfg, field)!r} has no Gemma 3 export")
+    kinds = [
+        "sliding_attention" if cfg.is_local_layer(i) else "full_attention"
+        for i in range(cfg.n_layers)
+    ]
+    local_theta = cfg.rope_local_theta or cfg.rope_theta
+    body = {k: v for k, v in body.items() if k not in ("hidden_act", "rope_theta", "rope_scaling")}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        **body,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_theta},
+        },
+        "rope_theta": cfg.rope_theta,
+        "rope_local_base_freq": local_theta,
+        "sliding_window": cfg.sliding_window,
+        "sliding_window_pattern": cfg.sliding_window_pattern,
+        "layer_types": kinds,
+        "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": cfg.final_logit_softcap,
+        "attention_bias": False,
+        "use_bidirectional_attention": False,
+    }
+
+
+def _gemma3_fields(hf: dict, cfg: dict) -> dict:
+    """Gemma 3 config.json -> kiln fields; `layer_types` must repeat one sliding/global period."""
+    if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ConfigError("config.json: hidden_activation must be gelu_pytorch_tanh (Gemma 3)")
+    if hf.get("use_bidirectional_attention"):
+        raise ConfigError("config.json: use_bidirectional_attention=true is not supported")
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types")
+    pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6
+    if kinds is not None:
+        globals_ = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+        pattern = globals_[0] + 1 if globals_ else n + 1
+        want = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        if kinds != want:
+            raise ConfigError(
+                "config.json: layer_types must be every N-th layer global (sliding_window_pattern)"
+            )
+    rope = hf.get("rope_parameters") or {}
+    full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    for kind in (full, local):
+        if kind.get("rope_type", "default") != "default":
+            raise ConfigError(
+                f"config.json: Gemma 3 rope_type {kind['rope_type']!r} is not supported (default)"
+            )
+    if hf.get("rope_scaling"):
+        raise ConfigError("config.json: Gemma 3 rope_scaling is not supported")
+    if hf.get("attn_logit_softcapping") is not None:
+        # transformers' Gemma 3 stores it but never applies it: neither reading is safe
+        raise ConfigError(
+            "config.json: attn_logit_softcapping is set, but transformers' Gemma 3 ignores it; "
+            "remove it (or set null) to import the model transformers runs"
+        )
+    return {
+        **cfg,
+        **_GEMMA3_SWITCHES,
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
+        "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "rope_theta": full.get("rope_theta", hf.get("rope_theta", 1_000_000.0)),
+        "rope_local_theta": local.get("rope_theta", hf.get("rope_local_base_freq", 10_000.0)),
+        "rope_scaling": None,
+        "sliding_window": hf.get("sliding_window"),
+        "sliding_window_pattern": pattern,
+        "query_pre_attn_scalar": hf.get("query_pre_attn_scalar"),
+        "final_logit_softcap": hf.get("final_logit_softcapping"),
     }
 
 
@@ -322,6 +439,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
             capacity_factor=None,
             moe_aux_loss_coef=hf.get("router_aux_loss_coef", 0.01),
         )
+    if model_type == "gemma3_text":
+        cfg = _gemma3_fields(hf, cfg)
     if model_type == "qwen3_moe":
         # every layer is sparse, so the experts' width is the one feed-forward width
         cfg.update(

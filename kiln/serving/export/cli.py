@@ -8,14 +8,23 @@ import argparse
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="export a checkpoint as a Hugging Face model and/or a Triton model repository",
+        help="export a checkpoint as a Hugging Face model, a Triton model repository and/or a "
+        "llama.cpp GGUF file",
     )
     p.add_argument(
         "checkpoint", help="kiln checkpoint (a step dir, or a root with `latest`) or an HF dir"
     )
-    p.add_argument("--out", "--output", required=True, help="output dir (gets hf/ and triton/)")
+    p.add_argument("--out", "--output", required=True, help="output dir (gets hf/, triton/, gguf/)")
     p.add_argument(
-        "--format", default="hf,triton", help="comma-separated: hf, triton (default: both)"
+        "--format",
+        default="hf,triton",
+        help="comma-separated: hf, triton, gguf (default: hf,triton)",
+    )
+    p.add_argument(
+        "--gguf-type",
+        default="f32",
+        choices=["f32", "f16", "bf16", "q8_0"],
+        help="GGUF tensor type (default: f32)",
     )
     p.add_argument(
         "--tokenizer", help="tokenizer.json or a dir holding it (default: next to the checkpoint)"
@@ -80,21 +89,27 @@ def _export(args: argparse.Namespace) -> int:
     from kiln.serving.export.triton import TritonExportConfig
 
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    bad = [f for f in formats if f not in ("hf", "triton")]
+    bad = [f for f in formats if f not in ("hf", "triton", "gguf")]
     if bad or not formats:
-        raise ConfigError(f"--format: expected hf, triton or hf,triton (got {args.format!r})")
+        raise ConfigError(f"--format: expected some of hf, triton, gguf (got {args.format!r})")
     triton = TritonExportConfig(
         max_batch_size=args.max_batch_size,
         instance_kind="KIND_GPU" if args.instance_kind == "gpu" else "KIND_CPU",
         instance_count=args.instances,
         decoupled=args.decoupled,
     )
-    cfg = ExportConfig(formats=formats, model_name=args.model_name, dtype=args.dtype, triton=triton)
+    cfg = ExportConfig(
+        formats=formats,
+        model_name=args.model_name,
+        dtype=args.dtype,
+        gguf_type=args.gguf_type,
+        triton=triton,
+    )
     summary = export_model(args.checkpoint, args.out, cfg, tokenizer=args.tokenizer)
     print(
         f"exported {summary['architecture']} ({summary['parameters']:,} parameters) to {args.out}"
     )
-    for key in ("hf_dir", "triton_repo"):
+    for key in ("hf_dir", "triton_repo", "gguf_file"):
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {args.out.rstrip('/')}/{summary[key]}")
     return 0

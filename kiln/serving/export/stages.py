@@ -1,9 +1,10 @@
-"""The `export` stage: a Checkpoint (+ Tokenizer) -> an ExportedModel with `hf/` and `triton/`.
+"""The `export` stage: a Checkpoint (+ Tokenizer) -> an ExportedModel with `hf/`, `triton/` and
+`gguf/<model_name>.<gguf_type>.gguf`.
 
 - name: export
   type: export
   inputs: {checkpoint: train.checkpoint, tokenizer: tokenize.tokenizer}
-  config: {formats: [hf, triton], triton: {max_batch_size: 8, instance_kind: KIND_CPU}}
+  config: {formats: [hf, triton, gguf], gguf_type: q8_0, triton: {max_batch_size: 8}}
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pydantic import Field
 from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.serving.export.gguf import export_gguf
 from kiln.serving.export.triton import TritonExportConfig
 
 
 class ExportConfig(StageConfig):
-    formats: list[Literal["hf", "triton"]] = Field(
+    formats: list[Literal["hf", "triton", "gguf"]] = Field(
         default_factory=lambda: ["hf", "triton"], min_length=1, description="What to write."
     )
     model_name: str = Field(
@@ -29,6 +31,9 @@ class ExportConfig(StageConfig):
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight dtype on disk."
+    )
+    gguf_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
+        "f32", description="GGUF tensor type (q8_0: 2-D weights quantised, the rest f32)."
     )
     triton: TritonExportConfig = Field(
         default_factory=TritonExportConfig,
@@ -65,15 +70,39 @@ class ExportStage(Stage):
 def export_model(
     checkpoint: str, out_dir: str, cfg: ExportConfig, *, tokenizer: str | None = None
 ) -> dict:
-    """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it."""
-    with Progress(1 + ("triton" in cfg.formats), "export", unit="formats") as progress:
-        result = _export(checkpoint, out_dir, cfg, tokenizer, progress)
-    if "hf" not in cfg.formats:  # hf/ was only the way to triton; the repo holds its own copy
+    """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it, and
+    `<out>/gguf/<model_name>.<gguf_type>.gguf` from the checkpoint."""
+    needs_hf = "hf" in cfg.formats or "triton" in cfg.formats
+    steps = needs_hf + ("triton" in cfg.formats) + ("gguf" in cfg.formats)
+    with Progress(steps, "export", unit="formats") as progress:
+        result = {"model_name": cfg.model_name, "formats": list(cfg.formats)}
+        if needs_hf:
+            result.update(_export(checkpoint, out_dir, cfg, tokenizer, progress))
+        if "gguf" in cfg.formats:
+            gguf = _export_gguf(checkpoint, out_dir, cfg, tokenizer)
+            # hf's architecture name (LlamaForCausalLM) when both, else llama.cpp's (llama)
+            result = {"architecture": gguf["gguf_architecture"], **gguf, **result}
+            progress.advance(1, "gguf")
+    if needs_hf and "hf" not in cfg.formats:  # hf/ was only the way to triton
         import shutil
 
         shutil.rmtree(os.path.join(out_dir, "hf"))
         result.pop("hf_dir")
     return result
+
+
+def _export_gguf(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer) -> dict:
+    name = f"{cfg.model_name}.{cfg.gguf_type}.gguf"
+    summary = export_gguf(
+        checkpoint,
+        os.path.join(out_dir, "gguf", name),
+        tokenizer=tokenizer,
+        gguf_type=cfg.gguf_type,
+        name=cfg.model_name,
+    )
+    summary["gguf_architecture"] = summary.pop("architecture")
+    summary.pop("gguf_type")
+    return {"gguf_file": f"gguf/{name}", "gguf_type": cfg.gguf_type, **summary}
 
 
 def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progress) -> dict:
@@ -93,8 +122,6 @@ def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progres
     result = {
         "architecture": summary["architecture"],
         "parameters": summary["parameters"],
-        "model_name": cfg.model_name,
-        "formats": list(cfg.formats),
         "hf_dir": "hf",
     }
     if "triton" in cfg.formats:

@@ -51,7 +51,7 @@ def _tokenize(args) -> int:
     from kiln.platform.runtime import Runtime
     from kiln.platform.signals import stop_on_signals
     from kiln.platform.stage import StageContext, run_steps
-    from kiln.training.data.tokenize_stage import TokenizeStage
+    from kiln.training.data.stages import TokenizeStage
 
     stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     if not Path(args.corpus).is_dir():

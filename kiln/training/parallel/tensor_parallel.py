@@ -69,6 +69,9 @@ def _block_plan(block: nn.Module) -> dict:
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
     }
+    for norm in ("post_attention_norm", "post_ffn_norm"):  # sandwich norms, on sequence shards
+        if getattr(block, norm) is not None:
+            plan[norm] = SequenceParallel(use_local_output=True)
     if block.attention.q_norm is not None:
         # qk-norm's weight is shared by every head: replicated, over this rank's heads (dim 2 of
         # [B, S, H, Dh]), so its gradient sums over the TP ranks' heads.

@@ -47,3 +47,23 @@ class GRPOConfig(BaseModel):
         2.0, gt=0, description="Truncated importance sampling cap (None: off)."
     )
     max_batch_size: int = Field(64, ge=1, description="Engine KV-cache slots for rollouts.")
+
+
+class GRPORunConfig(GRPOConfig):
+    """GRPOConfig plus what a run reads: the model and the prompts."""
+
+    base: str | None = Field(
+        None, description="The policy's start: an ExportedModel, HF folder or kiln checkpoint."
+    )
+    prompts: str | None = Field(None, description="Prompt rows: a .jsonl or .parquet file.")
+    chat_template: str | None = Field(
+        None,
+        description="A built-in template name or a tokenizer folder (default: the model's own, "
+        "if it has one).",
+    )
+    eval_prompts: str | None = Field(
+        None,
+        description="Held-out prompt rows scored before and after training (greedy decoding, "
+        "the same rewards): math_exact's mean is the accuracy.",
+    )
+    eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")

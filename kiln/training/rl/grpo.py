@@ -84,6 +84,22 @@ class GRPO:
                 on_step(m)
         return self.metrics
 
+    def evaluate(self, rows: Sequence[dict], chat_template=None) -> float:
+        """Mean reward of greedy completions of `rows` under the engine's current weights."""
+        prompts = [render_prompt(r, chat_template, self.cfg.prompt_format) for r in rows]
+        greedy = self.params.model_copy(update={"temperature": 0.0})
+        rollouts = generate_rollouts(
+            self.generator,
+            [self.generator.encode(p) for p in prompts],
+            1,
+            greedy,
+            seed=self.cfg.seed,
+            max_batch_size=self.cfg.max_batch_size,
+        )
+        texts = [self.generator.decode(r.completion_ids) for r in rollouts]
+        results = self.rewards.score(prompts, texts, list(rows))
+        return statistics.fmean(r.total for r in results)
+
     def _next_prompts(self) -> list[int]:
         picked = []
         while len(picked) < self.cfg.prompts_per_step:

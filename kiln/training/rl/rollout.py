@@ -96,14 +96,19 @@ def _unheard(event) -> None:
 
 
 @torch.no_grad()
+def merged_policy_state(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy as a plain model's state dict (LoRA adapters merged into their weights)."""
+    state = policy.state_dict()
+    scaling = {name: layer.scaling for name, layer in lora_layers(policy)}
+    return merged_state_dict(state, scaling) if scaling else state
+
+
+@torch.no_grad()
 def refit(policy: nn.Module, engine_model: nn.Module) -> float:
     """Copy the policy's weights (LoRA adapters merged) into the engine's model in place;
     returns the seconds it took."""
     start = time.perf_counter()
-    state = policy.state_dict()
-    scaling = {name: layer.scaling for name, layer in lora_layers(policy)}
-    if scaling:
-        state = merged_state_dict(state, scaling)
+    state = merged_policy_state(policy)
     target = engine_model.state_dict()
     for name, tensor in target.items():
         tensor.copy_(state[name])

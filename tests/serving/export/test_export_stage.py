@@ -91,3 +91,40 @@ def test_kiln_export_cli(checkpoint_and_tokenizer, tmp_path, capsys):
     # text in, text out: Triton needs a tokenizer (none sits next to this checkpoint)
     assert main(["export", ckpt, "--format", "triton", "--out", str(tmp_path / "t")]) == 2
     assert "tokenizer" in capsys.readouterr().err
+
+
+def test_kiln_export_cli_writes_gguf_from_a_kiln_checkpoint(tmp_path, capsys):
+    from kiln.model.formats.gguf import read_gguf
+    from kiln.model.formats.gguf_tokenizer import build_tokenizer
+    from kiln.platform.cli import main
+
+    tok = train_tokenizer()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    model = tiny_model("llama", tok.get_vocab_size())
+    ckpt = str(tmp_path / "ckpt")
+    write_model_checkpoint(ckpt, model.cfg.model_dump(), model.state_dict(), step=3)
+    out = str(tmp_path / "out")
+    argv = ["export", ckpt, "--format", "gguf", "--gguf-type", "f32", "--out", out]
+    assert main([*argv, "--tokenizer", str(tmp_path), "--model-name", "m1"]) == 0
+    assert "gguf file: " in capsys.readouterr().out
+    assert os.listdir(out) == ["gguf"] and os.listdir(os.path.join(out, "gguf")) == ["m1.f32.gguf"]
+    cfg, state, meta = read_gguf(os.path.join(out, "gguf", "m1.f32.gguf"))
+    assert (cfg.n_layers, cfg.dim, cfg.n_kv_heads) == (
+        model.cfg.n_layers,
+        model.cfg.dim,
+        model.cfg.n_kv_heads,
+    )
+    for name, weight in model.state_dict().items():
+        assert state[name].equal(weight), name
+    assert build_tokenizer(meta).encode("hello kiln").ids == tok.encode("hello kiln").ids
+
+
+def test_gguf_export_of_a_sliding_window_model_names_the_field(
+    checkpoint_and_tokenizer, tmp_path, capsys
+):
+    from kiln.platform.cli import main
+
+    ckpt, tokenizer = checkpoint_and_tokenizer  # Mistral-shaped, sliding_window 5
+    argv = ["export", ckpt, "--format", "gguf", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--tokenizer", tokenizer]) == 2
+    assert "sliding_window" in capsys.readouterr().err

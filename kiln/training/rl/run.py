@@ -1,0 +1,87 @@
+"""A GRPO run from a config: read the model and prompts, train, write a Checkpoint (weights,
+LoRA merged, plus the tokenizer files) that `export` and `Generator.load` read, and `run.json`
+with every step's metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+from kiln.model.formats.weights import build_model, read_weights, write_model_checkpoint
+from kiln.platform.config import load_body, override_paths, validate
+from kiln.platform.errors import ConfigError, InputError
+from kiln.text.chat_template import ChatTemplate
+from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
+from kiln.training.rl.config import GRPORunConfig
+from kiln.training.rl.grpo import GRPO
+from kiln.training.rl.prompts import load_prompts
+from kiln.training.rl.rollout import merged_policy_state
+
+RUN_FILE = "run.json"
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
+    """A GRPORunConfig from YAML (a `grpo:` block or the fields) with KEY=VALUE overrides."""
+    body = load_body(path, block="grpo", overrides=overrides or [])
+    blame = override_paths(overrides or [])
+    return validate(GRPORunConfig, body, prefix="grpo", source=path, overrides=blame)
+
+
+def _chat_template(spec: str | None, tok_dir: str | None) -> ChatTemplate | None:
+    if spec is not None:
+        return ChatTemplate.resolve(spec)
+    if tok_dir is None:
+        return None
+    try:
+        return ChatTemplate.from_pretrained(tok_dir)
+    except InputError:  # a base model without a template: prompts are used verbatim
+        return None
+
+
+def run_grpo(
+    cfg: GRPORunConfig, out_dir: str, on_step: Callable[[dict], None] | None = None
+) -> dict:
+    if cfg.base is None:
+        raise ConfigError("grpo.base: name the model to train (an ExportedModel or checkpoint)")
+    if cfg.prompts is None:
+        raise ConfigError("grpo.prompts: name the prompt file (.jsonl or .parquet)")
+    started = time.perf_counter()
+    path, model_cfg, state = read_weights(cfg.base)
+    tok, tok_dir = find_tokenizer(None, search=[path, os.path.dirname(path.rstrip("/"))])
+    policy = build_model(model_cfg, state, device="cpu")
+    template = _chat_template(cfg.chat_template, tok_dir)
+    loop = GRPO(
+        policy,
+        tok,
+        load_prompts(cfg.prompts),
+        cfg,
+        chat_template=template,
+        eos_token_ids=end_of_text_ids(tok, tok_dir),
+    )
+    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
+    before = loop.evaluate(held_out, template) if held_out else None
+    train_started = time.perf_counter()
+    metrics = loop.run(on_step)
+    train_s = time.perf_counter() - train_started
+    after = loop.evaluate(held_out, template) if held_out else None
+    os.makedirs(out_dir, exist_ok=True)
+    write_model_checkpoint(out_dir, policy.cfg, merged_policy_state(policy), step=cfg.steps)
+    for name in TOKENIZER_FILES:  # the tokenizer (and chat template) travel with the weights
+        if tok_dir is not None and os.path.exists(os.path.join(tok_dir, name)):
+            shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    summary = {
+        "steps": len(metrics),
+        "first_reward": metrics[0]["reward"],
+        "final": metrics[-1],
+        "eval_reward_before": before,
+        "eval_reward_after": after,
+        "train_seconds": train_s,
+        "seconds": time.perf_counter() - started,
+        "metrics": metrics,
+    }
+    with open(os.path.join(out_dir, RUN_FILE), "w") as f:
+        json.dump({"config": cfg.model_dump(mode="json"), **summary}, f, indent=1)
+    return summary
