@@ -48,7 +48,7 @@ class Cleaner:
                 t = _ftfy_fix(t)
             if _SURROGATE.search(t):  # lone surrogates cannot be stored as UTF-8
                 t = t.encode("utf-8", "replace").decode("utf-8")
-            if cfg.normalization != "none":  # (pyarrow's utf8_normalize does not compose, measured)
+            if cfg.normalization != "none":  # (pyarrow's utf8_normalize does not compose)
                 t = unicodedata.normalize(cfg.normalization, t)
             out.append(t)
         arr = pa.array(out, pa.large_string())

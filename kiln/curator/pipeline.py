@@ -37,8 +37,9 @@ log = logging.getLogger("kiln.curator")
 def step_needs(cfg: CurateConfig) -> tuple[Resources, Resources]:
     """What the stream and the dedup step need: Ray for Ray Data or Dask-on-Ray, else none
     (an inline stream before Dask-on-Ray leaves the runtime as it is: no stop and restart).
-    Dedup on Dask threads takes an embedded Ray's memory even when a later stage needs Ray:
-    with Ray up through it, the kernel killed a Ray process at the dedup peak (docs/curator.md)."""
+    Dedup on Dask threads takes an embedded Ray's memory even when a later stage needs Ray: the
+    dedup peak and Ray's idle processes together can exceed a small machine's memory
+    (docs/curator.md)."""
     on_ray = cfg.cluster == "ray"
     stream = True if cfg.stream == "ray" else (None if on_ray else False)
     return Resources(ray=stream), Resources(ray=on_ray, reclaim=not on_ray)

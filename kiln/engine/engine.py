@@ -240,8 +240,8 @@ class Engine:
     def _pack(self, rows: list[EngineRequest]) -> None:
         """Move the decoding rows into slots 0..len(rows)-1, swapping with whatever sits there
         (a free slot, a prompt mid-prefill, a finished request not yet retired): a slot freed
-        mid-batch would otherwise keep every later decode step computing an idle row (at 64
-        clients ~1/3 of the decode rows were idle). A swap copies two rows once."""
+        mid-batch would otherwise keep every later decode step computing an idle row. A swap
+        copies two rows once."""
         n = len(rows)
         holes = iter(sorted(set(range(n)) - {r.slot for r in rows}))
         owners = {r.slot: r for r in self.scheduler.running}

@@ -7,9 +7,9 @@ import torch
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 
-# Tokens per row allocated at start; rows double (up to the context) when a forward needs more.
-# Preallocating the whole context cost SmolLM2-135M (8192 tokens, 8 slots) 3 GB of zeroed pages
-# and 5-9 s of a Serve replica's start before it answered anything (bench/engine_start.py).
+# Tokens per row allocated at start; rows double (up to the context) when a forward needs more,
+# so a replica does not zero pages for a whole context per slot before its first answer
+# (bench/engine_start.py compares the two).
 FIRST_ROW_TOKENS = 256
 
 

@@ -102,9 +102,9 @@ def init_embedded(**init_kwargs) -> socket.socket | None:
         guard = _bound_port()
         port = guard.getsockname()[1]
     # Ray renices its workers to 15 to favour its own daemons on a dedicated node; on a laptop
-    # or a shared machine that hands every busy neighbour the CPU: under `stress-ng --cpu 2` the
-    # quickstart's one training worker took 4 min to start and ran out the 15-minute test limit.
-    # kiln's workers are the job, so they run at kiln's own niceness.
+    # or a shared machine that hands every busy neighbour the CPU, and a worker beside a busy
+    # process waits minutes to start. kiln's workers are the job, so they run at kiln's own
+    # niceness.
     init_kwargs["_system_config"] = {"worker_niceness": 0, **init_kwargs.get("_system_config", {})}
     before = os.environ.get(API_SERVER_ENV)
     os.environ[API_SERVER_ENV] = f"http://127.0.0.1:{port}"  # inherited by raylet -> workers

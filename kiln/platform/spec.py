@@ -93,12 +93,6 @@ def _route(body: dict[str, Any]):
     return route
 
 
-def read_spec(path: str | Path, overrides: list[str] = ()) -> PipelineSpec:
-    """Load, override and validate a spec file (stage configs are validated by their stages)."""
-    spec, _ = _read_spec(path, list(overrides))
-    return spec
-
-
 def _read_spec(path: str | Path, overrides: list[str]) -> tuple[PipelineSpec, dict[tuple, str]]:
     """The validated spec, and each override keyed by where it landed."""
     try:

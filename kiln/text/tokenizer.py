@@ -87,7 +87,14 @@ def end_of_text(
 def end_of_text_ids(tok, tok_dir: str | os.PathLike | None = None) -> list[int]:
     """The token ids that end a generation (empty when the vocabulary has none)."""
     name = end_of_text(tok, tok_dir)
-    return [tok.token_to_id(name)] if name is not None else []
+    return vocabulary_ids(tok, [name] if name is not None else [])
+
+
+def vocabulary_ids(tok, names: list[str]) -> list[int]:
+    """The ids of those of `names` that are tokens of `tok` (e.g. a template's end-of-turn
+    markers), in order."""
+    ids = (tok.token_to_id(name) for name in names)
+    return [i for i in ids if i is not None]
 
 
 def model_eod_token(path: str | os.PathLike) -> str:

@@ -39,7 +39,7 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
         impl = "fused"
     if impl == "auto":
         # On CPU: plain tensors take the fused kernel (one pass over each parameter and its
-        # states, no temporaries: 4.3x faster than foreach on a 135M model, bench/optimizer_cpu.py).
+        # states, no temporaries; bench/optimizer_cpu.py times it against foreach).
         # DTensor groups take a per-parameter loop: DTensor propagates a sharding for each
         # foreach op over its whole parameter list (seconds of CPU per op on a run's first step
         # on a 3-D mesh); a per-parameter op reuses one cached sharding per parameter shape.

@@ -1,8 +1,9 @@
 """The training loop: build everything from a TrainConfig, then step.
 
-`Trainer(cfg).setup()` builds the mesh, the model (split into pipeline stages if pp > 1),
+`Trainer(cfg, spec=...).setup()` builds the mesh, the model (split into pipeline stages if pp > 1),
 parallelizes it, and creates optimizers, schedulers and the data loader; `train()` runs
-`cfg.steps` optimizer steps and returns the per-step metrics.
+`cfg.steps` optimizer steps and returns the per-step metrics. The objective's loss, model
+adapter and accumulation mode come in a `TrainSpec` (train_spec.py; default: pretraining).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kiln.training.optimizer import (
     global_grad_norm,
 )
 from kiln.training.parallel.dims import ParallelDims
-from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
+from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
 from kiln.training.precision import (
     LossScaler,
     autocast_context,
@@ -39,6 +40,7 @@ from kiln.training.precision import (
     fp8_context,
     swap_to_te_linear,
 )
+from kiln.training.train_spec import TrainSpec, pretraining_spec
 from kiln.training.train_state import TrainState
 
 if TYPE_CHECKING:
@@ -50,20 +52,18 @@ log = logging.getLogger("kiln.training")
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
 
-    # What a subclass changes, declared by it (never inferred from which methods it overrides):
-    # its own accumulation loop steps the pipeline schedule once per micro-batch (post-training)
-    accumulates_in_schedule = True
-    # `adapt_model` needs the full model's weights (post-training loads its base there), so the
-    # model is not built on the meta device
-    adapts_full_model = False
-
     def __init__(
-        self, cfg: TrainConfig, on_step: Callable[[dict], None] | None = None, dataloader=None
+        self,
+        cfg: TrainConfig,
+        on_step: Callable[[dict], None] | None = None,
+        dataloader=None,
+        spec: TrainSpec | None = None,
     ):
         from kiln.training.launch import resolve_auto_precision
 
         self.cfg = resolve_auto_precision(cfg, torch.cuda.is_available())
         self.on_step = on_step
+        self.spec = spec or pretraining_spec()
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
         self.train_state = TrainState()
         self.checkpointer: Checkpointer | None = None
@@ -195,26 +195,24 @@ class Trainer:
 
     def _accumulates_in_schedule(self) -> bool:
         """Whether all grad_accum micro-batches go through one pipeline schedule step."""
-        return self.dims.pp_enabled and self.accumulates_in_schedule
+        return self.dims.pp_enabled and self.spec.accumulates_in_schedule
 
     def _builds_on_meta(self) -> bool:
-        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or `adapt_model`
-        needs the full model."""
-        return self.cfg.meta_init and self.cfg.precision != "fp8" and not self.adapts_full_model
+        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or the spec's
+        `adapt_model` needs the full model."""
+        cfg = self.cfg
+        return cfg.meta_init and cfg.precision != "fp8" and self.spec.adapt_model is None
 
     def _build_full_model(self) -> nn.Module:
         """Same seed on every rank: each builds the full model, then keeps and shards its part."""
         torch.manual_seed(self.cfg.seed)
         with torch.device(self.device):  # no CPU detour for big models on a GPU
-            model = self.adapt_model(Transformer(self.cfg.model))
+            model: nn.Module = Transformer(self.cfg.model)
+            if self.spec.adapt_model is not None:
+                model = self.spec.adapt_model(model)
         if self.cfg.precision == "fp8":
             swap_to_te_linear(model)
         return model.to(self.device)
-
-    def adapt_model(self, model: Transformer) -> nn.Module:
-        """Hook between building the full model and carving/parallelizing it: post-training
-        loads its base weights and swaps in LoRA here (kiln/training/post/trainer.py)."""
-        return model
 
     def _build_dataloader(self):
         return self._loader_of(self.cfg.data)
@@ -259,7 +257,7 @@ class Trainer:
     # -- one optimizer step -----------------------------------------------------------------
 
     def _pp_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return cross_entropy_loss(logits, labels) * self._pp_loss_scale()
+        return self.spec.loss(logits, labels) * self._pp_loss_scale()
 
     def _pp_loss_scale(self) -> float:
         from kiln.training.parallel.pipeline_parallel import pipeline_microbatches
@@ -277,7 +275,7 @@ class Trainer:
             if self.dims.pp_enabled:
                 return self._pipeline_forward_backward(tokens, labels)
             model = self.model_parts[0]
-            loss = cross_entropy_loss(model(tokens), labels)
+            loss = self.spec.loss(model(tokens), labels)
             total = loss
             if cfg.model.n_experts:
                 from kiln.model.moe import moe_aux_loss
@@ -401,9 +399,7 @@ class Trainer:
         ):
             if not self.dims.pp_enabled:
                 return {
-                    "val_loss": to_local_loss(
-                        cross_entropy_loss(self.model_parts[0](tokens), labels)
-                    )
+                    "val_loss": to_local_loss(self.spec.loss(self.model_parts[0](tokens), labels))
                 }
             losses: list[torch.Tensor] = []
             inputs = (tokens,) if self.has_first else ()

@@ -15,7 +15,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.formats.hf_names import from_hf_config, from_hf_state, to_hf_config, to_hf_state
 from kiln.model.formats.shared_weights import write_blocks
 from kiln.platform.errors import InputError
-from kiln.text.tokenizer import EOS_CANDIDATES
+from kiln.text.tokenizer import end_of_text
 
 StateDict = dict[str, torch.Tensor]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,7 +66,7 @@ def _special_tokens(tok) -> dict[str, str]:
     if tok is None:
         return {}
     vocab = tok.get_vocab(with_added_tokens=True)
-    eos = next((t for t in EOS_CANDIDATES if t in vocab), None)
+    eos = end_of_text(tok)
     bos = next((t for t in ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>") if t in vocab), None)
     unk = next((t for t in ("<unk>", "<|unk|>") if t in vocab), None)
     pad = next((t for t in ("<pad>", "<|pad|>") if t in vocab), None)

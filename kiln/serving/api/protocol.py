@@ -2,7 +2,7 @@
 range-checked sampling fields that a request must pass before it reaches the model.
 
 Ranges are finite on purpose: a temperature of 1e-45 or a seed of 2**64 is valid JSON, but
-would overflow inside sampling (and used to fail every request batched with it). Text must be
+would overflow inside sampling (and fail every request batched with it). Text must be
 valid Unicode: JSON may carry a lone surrogate ("\\ud800") that no tokenizer can encode.
 The OpenAI wire models are in `openai/protocol.py`, the KServe v2 ones in `kserve/protocol.py`.
 """

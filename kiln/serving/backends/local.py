@@ -16,6 +16,7 @@ from kiln.platform.errors import KilnError
 from kiln.serving.api.protocol import RequestError
 from kiln.serving.backends.backend import BatchingConfig, Job, Prompt, Result
 from kiln.text.chat_template import end_of_turn_markers, load_chat_config
+from kiln.text.tokenizer import vocabulary_ids
 
 if TYPE_CHECKING:
     from kiln.engine.logprobs import TokenScore
@@ -50,11 +51,8 @@ class LocalBackend:
 
     def _stop_at_end_of_turn(self) -> None:
         """A chat model's end-of-turn token ends a completion, as its end-of-text does."""
-        tok = self.generator.tokenizer
-        for marker in end_of_turn_markers(self.chat_template, self.special_tokens):
-            token_id = tok.token_to_id(marker)
-            if token_id is not None:
-                self.generator.eos_token_ids.add(token_id)
+        markers = end_of_turn_markers(self.chat_template, self.special_tokens)
+        self.generator.eos_token_ids.update(vocabulary_ids(self.generator.tokenizer, markers))
 
     # ---- checks before a job joins a batch ------------------------------------------------
 

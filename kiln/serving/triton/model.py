@@ -117,6 +117,7 @@ class TritonPythonModel:
         """The chat template (the model's, else ChatML) and its end-of-turn tokens, which end a
         completion as the end-of-text token does (as the REST local backend does)."""
         from kiln.text.chat_template import ChatTemplate
+        from kiln.text.tokenizer import vocabulary_ids
 
         try:
             self.template = ChatTemplate.from_pretrained(hf_dir)
@@ -132,10 +133,7 @@ class TritonPythonModel:
                     k: v for k, v in cfg.items() if k.endswith("_token") and isinstance(v, str)
                 }
             self.template = ChatTemplate.builtin("chatml", specials)
-        for marker in end_of_turn:
-            token_id = self.generator.tokenizer.token_to_id(marker)
-            if token_id is not None:
-                self.generator.eos_token_ids.add(token_id)
+        self.generator.eos_token_ids.update(vocabulary_ids(self.generator.tokenizer, end_of_turn))
 
     # ---- one request's rows ([batch, 1] tensors) ------------------------------------------
 

@@ -224,9 +224,9 @@ class TritonServer:
                 current = threading.current_thread()
                 tied = current is threading.main_thread() or current is self._supervisor
                 # Its own process group (killpg reaches its stubs; a terminal's Ctrl-C does not)
-                # but kiln's session: a new session is a new scheduler autogroup on Linux, and
-                # beside `stress-ng --cpu 2` a stub there waited up to 2 s for a CPU, past the
-                # 1 s its health thread is given (docs/reliability.md); in kiln's, <= 11 ms.
+                # but kiln's session: a new session is a new scheduler autogroup on Linux, where
+                # a busy machine can starve a stub past the 1 s its health thread is given
+                # (docs/reliability.md; the stub waits are in docs/benchmarks.md).
                 self.process = subprocess.Popen(
                     cmd,
                     env=env,

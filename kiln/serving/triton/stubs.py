@@ -19,8 +19,8 @@ STUB_WAIT_DEADLOCK_S = 10.0
 class StubDeadlock(KilnError):
     """The python backend judged a starting stub unhealthy (its health thread, which must tick
     within 1 s, was starved of CPU) and now waits for that stub to exit, which it never does: the
-    server would hang in model loading for good. Seen under `stress-ng --cpu 2` while kiln started
-    tritonserver in a session (so a scheduler autogroup) of its own; started again."""
+    server would hang in model loading for good. A busy machine starves the stubs of a server in
+    a session (so a scheduler autogroup) of its own (docs/reliability.md); kiln starts it again."""
 
 
 def _in_waitpid(server_pid: int) -> bool:

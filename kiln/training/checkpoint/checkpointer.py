@@ -310,7 +310,8 @@ class Checkpointer:
 
     def _stager(self):
         """One stager for the whole run: it keeps its CPU copy of the state between saves, so
-        staging after the first save is a memcpy into memory already touched (~5x faster on CPU)."""
+        staging after the first save is a memcpy into memory already touched, not a fresh
+        allocation whose pages the kernel must zero first."""
         if self._staging is None:
             import torch
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions

@@ -18,7 +18,6 @@ from kiln.text.chat_template import ChatTemplate
 from kiln.training.post.records import BadRow, PreferencePair
 
 LossMask = Literal["assistant", "last", "all"]
-LOSS_MASKS = ("assistant", "last", "all")
 
 
 def _assistant_spans(

@@ -1,8 +1,7 @@
-"""SFT and preference objectives on the trainer's batches (labels already shifted, -100 ignored).
-
-`sft_loss` is the trainer's token cross entropy: mean over trained tokens, as `transformers`
-computes it for labels holding -100. `sequence_logps` sums the log-probabilities of each row's
-trained tokens: what DPO compares between policy and reference.
+"""Per-token and per-sequence log-probs on the trainer's batches (labels already shifted, -100
+ignored). SFT's loss is the trainer's token cross entropy (parallel/loss.py); `sequence_logps`
+sums the log-probabilities of each row's trained tokens: what DPO compares between policy and
+reference.
 """
 
 from __future__ import annotations
@@ -11,13 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from kiln.training.post.chat_dataset import IGNORE_INDEX
-
-
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over the tokens whose label is not -100 (fp32)."""
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(0, 1), ignore_index=IGNORE_INDEX
-    )
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

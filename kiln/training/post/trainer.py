@@ -1,5 +1,6 @@
 """SFT and DPO as objectives on the one trainer: `PostTrainer` is `Trainer` with a base model,
-LoRA swapped in before parallelize (the `adapt_model` hook), chat batches and the objective.
+LoRA swapped in before parallelize (its TrainSpec's adapter, post/train_spec.py), chat batches
+and the objective.
 
 Everything else (layouts, optimizer over trainable parameters only, schedules, checkpoints,
 resume, metrics) is the trainer's. Reference log-probs for DPO are either precomputed in one
@@ -17,17 +18,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from kiln.model.lora import LORA_PARAMS, adapters_disabled, apply_lora
+from kiln.model.lora import LORA_PARAMS, adapters_disabled
 from kiln.platform.errors import ConfigError, InputError
-from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context, to_local_loss
+from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
 from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
 from kiln.training.post.config import PostTrainConfig
 from kiln.training.post.dpo import dpo_loss, split_pairs
 from kiln.training.post.objectives import sequence_logps
-from kiln.training.post.packed_attention import document_masking, enable_document_masking
+from kiln.training.post.packed_attention import document_masking
+from kiln.training.post.train_spec import PostTrainingAdapter, post_training_spec
 from kiln.training.precision import autocast_context, fp8_context
 from kiln.training.trainer import Trainer
 
@@ -50,38 +51,24 @@ def chat_prefix(cfg: PostTrainConfig, split: str | None = None) -> str:
 class PostTrainer(Trainer):
     cfg: PostTrainConfig
     trained_tokens_only = True  # SFT's output layer on labelled positions only (one process)
-    accumulates_in_schedule = False  # _accumulate_gradients steps the schedule per micro-batch
-    adapts_full_model = True  # adapt_model loads the base weights and swaps in LoRA
 
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
-        self._base_state = None
+        base_state = None
         if cfg.base:
             from kiln.model.formats.weights import read_weights
 
-            _, base_cfg, self._base_state = read_weights(cfg.base)
+            _, base_cfg, base_state = read_weights(cfg.base)
             if base_cfg.max_seq_len < cfg.seq_len:
                 base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
             cfg = cfg.model_copy(update={"model": base_cfg})
-        super().__init__(cfg, on_step=on_step, dataloader=dataloader)
+        spec = post_training_spec(PostTrainingAdapter(base_state, cfg.lora, self._packed))
+        super().__init__(cfg, on_step=on_step, dataloader=dataloader, spec=spec)
         self._post_metrics: dict[str, float] = {}
         # DPO's precomputed reference log-probs (train and held-out rows), filled in setup()
         self._reference: torch.Tensor | None = None
         self._eval_reference: torch.Tensor | None = None
 
     # -- setup ----------------------------------------------------------------------------
-
-    def adapt_model(self, model: nn.Module) -> nn.Module:
-        if self._base_state is not None:
-            from kiln.model.formats.weights import load_weights
-
-            load_weights(model, self._base_state)
-            self._base_state = None  # copied into the model: drop the host copy
-        if self.cfg.lora is not None:
-            swapped = apply_lora(model, self.cfg.lora)
-            log.info("LoRA on %d linear layers (rank %d)", len(swapped), self.cfg.lora.rank)
-        if self._packed():
-            enable_document_masking(model)
-        return model
 
     def _build_model(self) -> None:
         super()._build_model()
@@ -242,7 +229,7 @@ class PostTrainer(Trainer):
             hidden = model(tokens, positions=positions)
         finally:
             model.output = head
-        return F.cross_entropy(head(hidden[trained]).float(), labels[trained])
+        return self.spec.loss(head(hidden[trained])[None], labels[trained][None])
 
     def _sft_step(self, tokens, labels, positions, document_ids) -> torch.Tensor:
         if self._head_on_trained_tokens():
@@ -264,7 +251,7 @@ class PostTrainer(Trainer):
         model = self.model_parts[0]
         # backward inside the mask's block: recompute (activation checkpointing) needs it too
         with self._contexts(), document_masking(model, document_ids):
-            loss = cross_entropy_loss(model(tokens, positions=positions), labels)
+            loss = self.spec.loss(model(tokens, positions=positions), labels)
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         return to_local_loss(loss).detach()
 
@@ -308,7 +295,7 @@ class PostTrainer(Trainer):
         if not self._packed():  # plain rows: pretraining's held-out loss (pp, cp included)
             return super().eval_batch((tokens, labels))
         with self._contexts(), document_masking(model, document_ids):
-            loss = cross_entropy_loss(model(tokens, positions=positions), labels)
+            loss = self.spec.loss(model(tokens, positions=positions), labels)
         return {"val_loss": to_local_loss(loss)}
 
     def _dpo_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from kiln.model.lora import LoRAConfig, adapters_disabled, apply_lora
+from kiln.training.parallel.loss import cross_entropy_loss
 from kiln.training.post.chat_dataset import ChatDataset
 from kiln.training.post.dpo import dpo_loss, split_pairs
-from kiln.training.post.objectives import sequence_logps, sft_loss
+from kiln.training.post.objectives import sequence_logps
 from kiln.training.post.packed_attention import document_masking
 from kiln.training.post.prepare import prepare_chat, prepare_preference
 from tests.training.post.helpers import CONVERSATION, chat_tokenizer, per_document_losses
@@ -68,7 +69,7 @@ def test_sft_loss_equals_transformers_loss_with_ignored_labels(base_export, tmp_
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         theirs = hf(tokens, labels=hf_labels).loss
-        ours = sft_loss(model(tokens), labels)
+        ours = cross_entropy_loss(model(tokens), labels)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
