@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import dask
 import numpy as np
 
 PAIR_BYTES = 16
@@ -81,8 +82,6 @@ def repeated_keys(path: str, keep_first: bool = True) -> np.ndarray:
 def all_repeated_keys(spill: HashSpill, keep_first: bool = True) -> np.ndarray:
     """Every partition's repeated keys, one partition in memory at a time (a Dask task each, on
     whatever scheduler is active)."""
-    import dask
-
     spill.flush()
     tasks = [dask.delayed(repeated_keys)(path, keep_first) for path in spill.paths]
     parts = dask.compute(*tasks)

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pydivsufsort
 
 from kiln.curator.config import SubstringDedupConfig
 from kiln.curator.dedup.hash_spill import HashSpill, all_repeated_keys, partitions_for
 from kiln.curator.dedup.tokens import TokenHasher, token_spans, window_hashes
-from kiln.platform.errors import InputError
 
 # bytes per token while a shard is indexed: ids, hashes, suffix array, LCP, spans, spill buffers
 BYTES_PER_TOKEN = 96
@@ -36,10 +36,6 @@ class Removals:
 
 
 def _suffix_array(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        import pydivsufsort
-    except ImportError as e:  # a base dependency; says which when an install lacks it
-        raise InputError("dedup.substring: needs the pydivsufsort package") from e
     sa = pydivsufsort.divsufsort(ids)
     return sa.astype(np.int64), pydivsufsort.kasai(ids, sa).astype(np.int64)
 
