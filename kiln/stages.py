@@ -18,6 +18,7 @@ AREA_STAGES = {
     "prepare-chat": "kiln.training.stages:PrepareChatStage",
     "sft": "kiln.training.stages:SFTStage",
     "dpo": "kiln.training.stages:DPOStage",
+    "grpo": "kiln.training.stages:GRPOStage",
     "export": "kiln.serving.stages:ExportStage",
     "serve": "kiln.serving.stages:ServeStage",
     "evaluate": "kiln.evaluate.stages:EvaluateStage",

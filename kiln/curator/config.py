@@ -310,6 +310,45 @@ class SemanticDedupConfig(_Section):
     seed: int = Field(42, description="Seed of k-means.")
 
 
+# --- substring and sentence dedup (issue 39 item 4) ---
+
+
+class SubstringDedupConfig(_Section):
+    """Exact-substring dedup: repeated spans of >= min_span_tokens tokens are cut."""
+
+    enabled: bool = Field(False, description="Cut repeated spans (suffix array over tokens).")
+    min_span_tokens: int = Field(
+        50, gt=1, description="shortest repeated span cut, in tokens (words; one per CJK char)"
+    )
+    mode: Literal["keep_first", "remove_all_copies"] = Field(
+        "keep_first",
+        description="keep_first: cut every copy but the first in corpus order; "
+        "remove_all_copies: cut them all",
+    )
+    min_doc_tokens: int = Field(
+        20, ge=0, description="documents left with fewer tokens are dropped (substring_dedup)"
+    )
+    memory_limit_mb: float = Field(
+        1024, gt=0, description="memory a shard's suffix array and a spill partition may use"
+    )
+
+
+class SentenceDedupConfig(_Section):
+    """Sentence dedup (datatrove's SentenceDedup): repeated windows of sentences are cut."""
+
+    enabled: bool = Field(False, description="Cut windows of sentences seen earlier.")
+    window: int = Field(3, gt=0, description="consecutive sentences hashed together")
+    min_doc_tokens: int = Field(
+        20, ge=0, description="documents left with fewer tokens are dropped (sentence_dedup)"
+    )
+    memory_limit_mb: float = Field(
+        1024, gt=0, description="memory one spilled hash partition may use"
+    )
+
+
+# --- end substring and sentence dedup ---
+
+
 class DedupConfig(_Section):
     exact: bool = Field(
         True, description="Drop documents whose normalized text hashes equal an earlier one's."
@@ -319,6 +358,12 @@ class DedupConfig(_Section):
     )
     semantic: SemanticDedupConfig = Field(
         default_factory=SemanticDedupConfig, description="Embedding-based (SemDedup) removal."
+    )
+    substring: SubstringDedupConfig = Field(
+        default_factory=SubstringDedupConfig, description="Exact-substring span removal."
+    )
+    sentence: SentenceDedupConfig = Field(
+        default_factory=SentenceDedupConfig, description="Repeated sentence-window removal."
     )
 
 

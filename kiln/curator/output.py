@@ -33,13 +33,14 @@ def write_outputs(
     spill_dir: str,
     cfg: OutputConfig,
     semantic_rows: np.ndarray | None = None,
+    more_rows: dict[str, np.ndarray] | None = None,
 ) -> int:
     """Write the kept documents as shards and the duplicates to rejected/; returns how many
-    documents were kept."""
+    documents were kept. `more_rows`: further rows to reject, by reason."""
     staging_files = sorted(staging_files)
     exact_rows, fuzzy_rows = np.sort(exact_rows), np.sort(fuzzy_rows)
     kept_per_file = [
-        reject_duplicates(path, exact_rows, fuzzy_rows, rejected_dir, cfg, semantic_rows)
+        reject_duplicates(path, exact_rows, fuzzy_rows, rejected_dir, cfg, semantic_rows, more_rows)
         for path in staging_files
     ]
     total = int(sum(k.sum() for k in kept_per_file))
@@ -59,6 +60,7 @@ def reject_duplicates(
     rejected_dir: str,
     cfg: OutputConfig,
     semantic_rows: np.ndarray | None = None,
+    more_rows: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Pass 1: write one staging part's duplicates to rejected/; returns its keep mask."""
     table = pq.read_table(path, columns=["_row", *CORPUS_COLUMNS])
@@ -66,12 +68,14 @@ def reject_duplicates(
     is_exact, is_fuzzy = np.isin(rows, exact_rows), np.isin(rows, fuzzy_rows)
     is_semantic = np.isin(rows, semantic_rows if semantic_rows is not None else [])
     dup = is_exact | is_fuzzy | is_semantic
+    reasons = np.where(is_exact, EXACT_DUPLICATE, np.where(is_fuzzy, FUZZY_DUPLICATE, ""))
+    reasons = np.where(is_semantic & ~(is_exact | is_fuzzy), SEMANTIC_DUPLICATE, reasons)
+    for name, more in (more_rows or {}).items():  # disjoint from the rows above and each other
+        is_more = np.isin(rows, more)
+        reasons = np.where(is_more, name, reasons)
+        dup |= is_more
     if dup.any():
-        reason = np.where(
-            is_exact[dup],
-            EXACT_DUPLICATE,
-            np.where(is_fuzzy[dup], FUZZY_DUPLICATE, SEMANTIC_DUPLICATE),
-        )
+        reason = reasons[dup].astype(str)
         rejected = (
             table.filter(pa.array(dup))
             .select(CORPUS_COLUMNS)

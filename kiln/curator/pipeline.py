@@ -16,9 +16,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kiln.curator.config import CurateConfig
 from kiln.curator.dedup.engine import dask_session, resolve_backend
 from kiln.curator.dedup.run import run_dedup
+from kiln.curator.dedup.span_step import cut_repeats
 from kiln.curator.filters import DocumentFilter, build_filters
 from kiln.curator.filters.japanese import require_segmenter
 from kiln.curator.output import write_outputs
@@ -122,6 +125,7 @@ class Curation:
         """Dedup the streamed documents, write shards and the report; returns the report."""
         staging = sorted(glob.glob(os.path.join(self.work_dir, "stream", "*.parquet")))
         dedup = self._dedup(staging)
+        cut_rows = self._cut_repeats(staging, dedup)
         t = time.perf_counter()
         kept = write_outputs(
             staging,
@@ -132,6 +136,7 @@ class Curation:
             os.path.join(self.work_dir, "spill"),
             self.cfg.output,
             dedup.semantic_rows,
+            cut_rows,
         )
         self.seconds["output"] = time.perf_counter() - t
         shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -150,6 +155,19 @@ class Curation:
             dedup = run_dedup(staging, cfg, self.backend, n_candidates)
         self.seconds["dedup"] = time.perf_counter() - t
         return dedup
+
+    def _cut_repeats(self, staging: list[str], dedup) -> dict:
+        """Substring and sentence dedup (off by default) on what the other dedups kept; their
+        counts join `dedup.counts`, their dropped rows are returned by reason."""
+        d = self.cfg.dedup
+        if not staging or not (d.substring.enabled or d.sentence.enabled):
+            return {}
+        t = time.perf_counter()
+        skip = np.concatenate([dedup.exact_rows, dedup.fuzzy_rows, dedup.semantic_rows])
+        rows, counts = cut_repeats(staging, np.unique(skip), d, self.work_dir)
+        dedup.counts.update(counts)
+        self.seconds["cut_repeats"] = time.perf_counter() - t
+        return rows
 
     def _pii(self) -> dict | None:
         """The PII step's mode and counts summed over every task (None when it is off)."""

@@ -28,7 +28,8 @@ def build_report(
     seconds: dict,
     pii: dict | None = None,
 ) -> dict:
-    """Per-step funnel: read -> clean -> [pii] -> each filter -> exact dedup -> fuzzy dedup.
+    """Per-step funnel: read -> clean -> [pii] -> each filter -> exact dedup -> fuzzy dedup
+    -> [semantic, substring, sentence dedup].
     `pii` (when the step ran): its mode and items/documents per type."""
     steps = funnel_steps(n_in, reasons, filter_names, dedup_counts, pii)
     by_reason = removed_by_reason(reasons, dedup_counts)
@@ -83,6 +84,14 @@ def funnel_steps(
             dedup_counts["semantic_duplicates"],
             clusters=dedup_counts.get("semantic_clusters", 0),
         )
+    for name in ("substring_dedup", "sentence_dedup"):  # opt-in, like semantic dedup
+        if f"{name}_removed" in dedup_counts:
+            step(
+                name,
+                dedup_counts[f"{name}_removed"],
+                documents_cut=dedup_counts.get(f"{name}_documents_cut", 0),
+                chars_cut=dedup_counts.get(f"{name}_chars_cut", 0),
+            )
     return steps
 
 
@@ -93,6 +102,8 @@ def removed_by_reason(reasons: Counter, dedup_counts: dict) -> dict[str, int]:
             "exact_duplicate": dedup_counts.get("exact_duplicates", 0),
             "fuzzy_duplicate": dedup_counts.get("fuzzy_duplicates", 0),
             "semantic_duplicate": dedup_counts.get("semantic_duplicates", 0),
+            "substring_dedup": dedup_counts.get("substring_dedup_removed", 0),
+            "sentence_dedup": dedup_counts.get("sentence_dedup_removed", 0),
         }
     )
     return dict(sorted((reasons + dedup).items()))

@@ -9,6 +9,7 @@ from pathlib import Path
 from kiln.training.data import cli as data_cli
 from kiln.training.plan import cli as plan_cli
 from kiln.training.post import cli as post_cli
+from kiln.training.rl import cli as rl_cli
 from kiln.training.rl import task_cli as rl_task_cli
 
 
@@ -19,6 +20,7 @@ def register(subparsers) -> None:
     plan_cli.register(subparsers)
     post_cli.register(subparsers)
     rl_task_cli.register(subparsers)
+    rl_cli.register(subparsers)
 
 
 def _register_train(subparsers) -> None:

@@ -19,10 +19,12 @@ from kiln.training.config import TrainConfig
 from kiln.training.data.stages import TokenizeStage
 from kiln.training.post.stages import DPOStage, ImportModelStage, PrepareChatStage, SFTStage
 from kiln.training.ray_train import RayOptions
+from kiln.training.rl.stages import GRPOStage
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
 __all__ = [
     "DPOStage",
+    "GRPOStage",
     "ImportModelStage",
     "PrepareChatStage",
     "SFTStage",

@@ -32,6 +32,7 @@ PIPELINES = sorted((REPO / "kiln" / "pipelines").glob("*.yaml"))
 # (kiln.platform.extras.require_extra) is raised before they run
 GUARDED_EXTRA_IMPORTS = {
     "kiln/evaluate/harness_main.py": "eval",  # the child process `evaluate` starts after the check
+    "kiln/curator/filters/japanese.py": "ja",  # fugashi imported after require_extra("ja", ...)
 }
 
 

@@ -79,7 +79,7 @@ def rope_factors(cfg: ModelConfig) -> torch.Tensor:
     return plain / inverse_frequencies(head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
-def _encode(name: str, array: np.ndarray, gguf_type: str):
+def _encode(array: np.ndarray, gguf_type: str):
     """(data, raw GGML type or None) for one tensor at the requested type."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -149,7 +149,7 @@ def write_gguf(
             weight = permute(weight, cfg.n_heads)
         elif arch == "llama" and kiln_name.endswith("attention.wk.weight"):
             weight = permute(weight, n_kv_heads)
-        data, raw_dtype = _encode(kiln_name, weight.numpy(), gguf_type)
+        data, raw_dtype = _encode(weight.numpy(), gguf_type)
         writer.add_tensor(gguf_name(kiln_name), data, raw_dtype=raw_dtype)
         tensors += 1
     if cfg.rope_scaling is not None:

@@ -25,7 +25,7 @@ class Comparison(BaseModel):
     top1_agreement: float
     greedy_equal: bool
     first_layer_differing: str | None  # "layers.3" (or "embeddings"), None if all agree
-    layer_diff: float  # that layer's max hidden-state difference (0 when none differs)
+    layer_diff: float  # that layer's max hidden-state difference / its largest activation
     tolerance: float
 
     @property
@@ -40,7 +40,11 @@ class Comparison(BaseModel):
             f"top-1 agreement: {100 * self.top1_agreement:.1f}%",
             f"greedy text equal: {'yes' if self.greedy_equal else 'no'}",
             f"first layer differing: {layer}"
-            + (f" (max hidden diff {self.layer_diff:.3g})" if self.first_layer_differing else ""),
+            + (
+                f" (max hidden diff {self.layer_diff:.3g} of its largest activation)"
+                if self.first_layer_differing
+                else ""
+            ),
         ]
 
 
@@ -94,7 +98,10 @@ def compare(
         states_a, logits_a = _hidden_states(a, tokens)
         states_b, logits_b = _hidden_states(b, tokens)
         for index, (ha, hb) in enumerate(zip(states_a, states_b, strict=True)):
-            diff = (ha.float() - hb.float()).abs().max().item()
+            # relative to the layer's largest activation: residual streams grow with depth
+            # (and carry a few huge channels), logits do not
+            scale = max(ha.float().abs().max().item(), 1e-6)
+            diff = (ha.float() - hb.float()).abs().max().item() / scale
             name = "embeddings" if index == 0 else f"layers.{index - 1}"
             if diff > tolerance and first is None:
                 first, first_diff = name, diff

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 
 from kiln.platform import console
-from kiln.training.rl.grpo import format_step
-from kiln.training.rl.run import load_config, run_grpo
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _grpo(args) -> int:
+    # the run pulls in torch and the engine (~7 s): only `kiln grpo` pays that, not every
+    # command's start (as kiln/training/post/cli.py's `sft`)
+    from kiln.training.rl.grpo import format_step
+    from kiln.training.rl.run import load_config, run_grpo
+
     cfg = load_config(args.config, args.overrides)
     summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
     final = summary["final"]

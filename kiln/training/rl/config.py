@@ -27,17 +27,24 @@ class GRPOConfig(BaseModel):
     )
     seed: int = Field(0, ge=0, description="Prompt order and every completion's sampling seed.")
     optimizer: OptimizerConfig = Field(
-        default_factory=lambda: OptimizerConfig(lr=1e-5, weight_decay=0.0)
+        default_factory=lambda: OptimizerConfig(lr=1e-5, weight_decay=0.0),
+        description="AdamW (lr 1e-5, no weight decay unless set).",
     )
     lora: LoRAConfig | None = Field(None, description="Train LoRA adapters (None: full model).")
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL to the reference model.")
     epsilon_low: float = Field(0.2, ge=0, description="Clip: ratio >= 1 - epsilon_low.")
     epsilon_high: float = Field(0.2, ge=0, description="Clip: ratio <= 1 + epsilon_high (DAPO).")
-    loss_aggregation: Literal["token", "sequence", "dr_grpo"] = "token"
+    loss_aggregation: Literal["token", "sequence", "dr_grpo"] = Field(
+        "token",
+        description="token: every token weighs the same; sequence: per-completion mean, then "
+        "mean; dr_grpo: token sum / (completions x max_new_tokens).",
+    )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token", description="sequence: GSPO's length-normalised sequence ratio."
     )
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Advantages divided by the group's reward std, the batch's, or none."
+    )
     num_iterations: int = Field(1, ge=1, description="Updates per batch (mu), with ratios.")
     dynamic_sampling: bool = Field(
         False, description="DAPO: drop groups whose rewards are all equal."

@@ -56,19 +56,23 @@ def test_checkpoint_to_gguf_to_hf_to_checkpoint_compares_equal(source, tmp_path,
         assert lines[4] == "first layer differing: none"
 
 
-@pytest.mark.parametrize("corruption", ["transposed", "scaled"])
-def test_corrupted_checkpoint_exits_non_zero_naming_the_layer(corruption, source, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "corruption,layer",
+    [("transposed", "layers.1.attention.wo.weight"), ("scaled", "layers.0.feed_forward.w2.weight")],
+)
+def test_corrupted_checkpoint_exits_non_zero_naming_the_layer(
+    corruption, layer, source, tmp_path, capsys
+):
     ckpt, model = source
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    wo = state["layers.1.attention.wo.weight"]  # square: dim x (heads * head_dim)
-    state["layers.1.attention.wo.weight"] = (
-        wo.T.contiguous() if corruption == "transposed" else wo * 1.5
-    )
+    weight = state[layer]  # wo is square: dim x (heads * head_dim)
+    state[layer] = weight.T.contiguous() if corruption == "transposed" else weight * 1.5
     bad = str(tmp_path / "bad")
     write_model_checkpoint(bad, model.cfg, state)
     code, out = _compare(ckpt, bad, capsys, "--prompt", "hello world", "--tokenizer", ckpt)
     assert code == 1
-    assert "first layer differing: layers.1 (max hidden diff" in out
+    block = ".".join(layer.split(".")[:2])
+    assert f"first layer differing: {block} (max hidden diff" in out
     assert float(out.splitlines()[0].split()[3]) > 1e-3  # "max logit diff: X (tolerance ..)"
 
 
