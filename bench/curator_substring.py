@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 
-from kiln.curator.config import SentenceDedupConfig, SubstringDedupConfig
+from kiln.curator.dedup.config import SentenceDedupConfig, SubstringDedupConfig
 from kiln.curator.dedup.sentence import dedup_sentences
 from kiln.curator.dedup.substring import dedup_substrings
 

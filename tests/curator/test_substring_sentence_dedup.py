@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from kiln.curator import CurateConfig, curate
-from kiln.curator.config import PROSE_RULES, SentenceDedupConfig, SubstringDedupConfig
+from kiln.curator.config import PROSE_RULES
+from kiln.curator.dedup.config import SentenceDedupConfig, SubstringDedupConfig
 from kiln.curator.dedup.sentence import dedup_sentences
 from kiln.curator.dedup.substring import dedup_substrings
 
@@ -140,7 +141,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import os, sys, tracemalloc
     import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-    from kiln.curator.config import SentenceDedupConfig, SubstringDedupConfig
+    from kiln.curator.dedup.config import SentenceDedupConfig, SubstringDedupConfig
     from kiln.curator.dedup.sentence import find_sentence_removals
     from kiln.curator.dedup.substring import find_substring_removals, shards_of
 

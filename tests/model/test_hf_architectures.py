@@ -205,7 +205,7 @@ def test_attention_softcap_caps_the_scores_before_the_softmax():
 def test_gemma3_query_scalar_equal_to_head_dim_is_the_plain_scale():
     """Gemma 3 1B/4B/12B set query_pre_attn_scalar = head_dim: no switch, so context
     parallelism (ring attention, plain scale) still takes the model; export writes it back."""
-    from kiln.model.formats.hf_names import from_hf_config, to_hf_config
+    from kiln.model.formats.hf_config import from_hf_config, to_hf_config
 
     hf = _hf_config("gemma3").to_dict()
     hf["query_pre_attn_scalar"] = hf["head_dim"]
@@ -215,7 +215,7 @@ def test_gemma3_query_scalar_equal_to_head_dim_is_the_plain_scale():
 
 
 def test_gemma3_attention_softcapping_is_refused_by_name():
-    from kiln.model.formats.hf_names import from_hf_config
+    from kiln.model.formats.hf_config import from_hf_config
     from kiln.platform.errors import ConfigError
 
     hf = _hf_config("gemma3").to_dict()

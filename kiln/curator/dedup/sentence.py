@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from kiln.curator.config import SentenceDedupConfig
+from kiln.curator.dedup.config import SentenceDedupConfig
 from kiln.curator.dedup.hash_spill import HashSpill, all_repeated_keys, partitions_for
 from kiln.curator.dedup.substring import Removals, apply_removals, shards_of
 from kiln.curator.dedup.tokens import token_spans, window_hashes

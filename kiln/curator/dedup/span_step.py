@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.curator.config import DedupConfig
+from kiln.curator.dedup.config import DedupConfig
 from kiln.curator.dedup.sentence import find_sentence_removals
 from kiln.curator.dedup.substring import (
     Removals,

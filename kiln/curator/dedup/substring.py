@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pydivsufsort
 
-from kiln.curator.config import SubstringDedupConfig
+from kiln.curator.dedup.config import SubstringDedupConfig
 from kiln.curator.dedup.hash_spill import HashSpill, all_repeated_keys, partitions_for
 from kiln.curator.dedup.tokens import TokenHasher, token_spans, window_hashes
 

@@ -2,7 +2,7 @@
 into kiln names, and write `config.json`, `generation_config.json`, `model.safetensors` and, when
 a tokenizer is known, `tokenizer.json` + `tokenizer_config.json`, so
 `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load it with no kiln
-code. Parameter and config names are translated by `hf_names`."""
+code. Parameter names are translated by `hf_names`, config fields by `hf_config`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import os
 import torch
 
 from kiln.model.config import ModelConfig
-from kiln.model.formats.hf_names import from_hf_config, from_hf_state, to_hf_config, to_hf_state
+from kiln.model.formats.hf_config import from_hf_config, to_hf_config
+from kiln.model.formats.hf_names import from_hf_state, to_hf_state
 from kiln.model.formats.shared_weights import write_blocks
 from kiln.platform.errors import InputError
 from kiln.text.tokenizer import end_of_text

@@ -24,7 +24,7 @@ from kiln.model.formats.checkpoint_tokenizer import (
     set_chat_template,
     tokenizer_folder,
 )
-from kiln.model.formats.hf_names import to_hf_config
+from kiln.model.formats.hf_config import to_hf_config
 from kiln.model.formats.hub import local_model
 from kiln.model.formats.weights import build_model, read_model
 from kiln.platform.console import Progress, follow_metrics

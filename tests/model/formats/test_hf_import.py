@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kiln.model.formats.hf import read_hf_dir
-from kiln.model.formats.hf_names import from_hf_config, to_hf_config
+from kiln.model.formats.hf_config import from_hf_config, to_hf_config
 from kiln.model.formats.weights import build_model
 from kiln.platform.errors import ConfigError
 
