@@ -10,11 +10,14 @@ from kiln.platform.errors import ConfigError
 
 
 class RopeScaling(BaseModel):
-    """Llama-3.1 RoPE frequency scaling (HF `rope_scaling` with `rope_type: llama3`)."""
+    """RoPE frequency scaling for long contexts: Llama-3.1's (`rope_type: llama3`) or YaRN
+    (`rope_type: yarn`, DeepSeek-V3), as HF `rope_parameters` / `rope_scaling` name them."""
 
     model_config = ConfigDict(extra="forbid")
 
-    rope_type: Literal["llama3"] = Field("llama3", description="Scaling scheme (only Llama-3's).")
+    rope_type: Literal["llama3", "yarn"] = Field(
+        "llama3", description="Scaling scheme: llama3 (Llama 3.1) or yarn (DeepSeek-V3)."
+    )
     factor: float = Field(
         8.0, gt=0, description="How much longer than original_max_seq_len the context is stretched."
     )
@@ -27,6 +30,51 @@ class RopeScaling(BaseModel):
     original_max_seq_len: int = Field(
         8192, gt=0, description="The context length the model was pretrained with."
     )
+    beta_fast: float = Field(
+        32.0, gt=0, description="YaRN: rotations above which dims extrapolate."
+    )
+    beta_slow: float = Field(1.0, gt=0, description="YaRN: rotations below which dims interpolate.")
+    mscale: float | None = Field(
+        None, description="YaRN: numerator scale of the cos/sin attention factor (DeepSeek: 1.0)."
+    )
+    mscale_all_dim: float | None = Field(
+        None,
+        description="YaRN: denominator scale of the attention factor; with MLA the softmax scale "
+        "is also multiplied by mscale(factor, mscale_all_dim)**2 (DeepSeek: 1.0).",
+    )
+    attention_factor: float | None = Field(
+        None, gt=0, description="YaRN: cos/sin multiplier (None: derived from the mscales)."
+    )
+    truncate: bool = Field(True, description="YaRN: round the correction range to whole dims.")
+
+
+class MLAConfig(BaseModel):
+    """Multi-head Latent Attention (DeepSeek-V2/V3): low-rank q and kv, decoupled RoPE key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_lora_rank: int = Field(512, gt=0, description="Width of the compressed kv latent.")
+    q_lora_rank: int | None = Field(
+        1536, gt=0, description="Width of the compressed query (None: one full q projection)."
+    )
+    qk_nope_head_dim: int = Field(128, gt=0, description="Per-head q/k dims without RoPE.")
+    qk_rope_head_dim: int = Field(
+        64, gt=0, description="Per-head q dims with RoPE; the one RoPE key all heads share."
+    )
+    v_head_dim: int = Field(128, gt=0, description="Per-head value width.")
+    rope_interleave: bool = Field(
+        True,
+        description="Hugging Face weights lay RoPE dims out in interleaved pairs (DeepSeek's "
+        "rope_interleave); kiln permutes them to its own layout on import and back on export.",
+    )
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def cache_width(self) -> int:
+        """Numbers cached per token per layer: the latent and the shared RoPE key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 class ModelConfig(BaseModel):
@@ -52,7 +100,9 @@ class ModelConfig(BaseModel):
     sliding_window: int | None = Field(
         None, gt=0, description="Each token sees itself and the previous window-1 tokens (Mistral)."
     )
-    n_experts: int = Field(0, ge=0, description="0: dense feed-forward; >0: MoE in every layer.")
+    n_experts: int = Field(
+        0, ge=0, description="0: dense feed-forward; >0: MoE (after first_dense_layers)."
+    )
     top_k: int = Field(2, gt=0, description="Experts each token is routed to (MoE).")
     capacity_factor: float | None = Field(None, gt=0, description="None: no token dropping.")
     moe_aux_loss_coef: float = Field(
@@ -100,6 +150,32 @@ class ModelConfig(BaseModel):
         description="MoE: renormalise the top-k router probabilities to sum to 1 (Mixtral, "
         "Qwen3-MoE); false weighs experts by their softmax probability over all experts.",
     )
+    mla: MLAConfig | None = Field(
+        None, description="Multi-head Latent Attention instead of GQA (DeepSeek-V3); None: GQA."
+    )
+    moe_hidden_dim: int | None = Field(
+        None, gt=0, description="Width of each routed expert (None: ffn_hidden_dim)."
+    )
+    n_shared_experts: int = Field(
+        0, ge=0, description="MoE layers also run this many always-on experts (DeepSeek-V3: 1)."
+    )
+    first_dense_layers: int = Field(
+        0, ge=0, description="The first N layers stay dense (DeepSeek-V3 first_k_dense_replace)."
+    )
+    router_score: Literal["softmax", "sigmoid"] = Field(
+        "softmax",
+        description="MoE router scores: softmax (Mixtral, Qwen) or sigmoid with a selection bias "
+        "and grouped top-k (DeepSeek-V3).",
+    )
+    n_expert_groups: int = Field(
+        1, gt=0, description="Sigmoid router: experts fall into this many groups (n_group)."
+    )
+    topk_groups: int = Field(
+        1, gt=0, description="Sigmoid router: tokens choose experts from this many best groups."
+    )
+    routed_scaling_factor: float = Field(
+        1.0, gt=0, description="Sigmoid router: routed experts' weights are multiplied by this."
+    )
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
@@ -109,6 +185,8 @@ class ModelConfig(BaseModel):
     def _check(self) -> ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
+        if self.mla is not None:
+            self._check_mla()
         if self.head_dim is None and self.dim % self.n_heads:
             raise ConfigError(
                 f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})"
@@ -126,7 +204,46 @@ class ModelConfig(BaseModel):
             raise ConfigError(
                 f"model.top_k ({self.top_k}) must be <= model.n_experts ({self.n_experts})"
             )
+        if self.router_score == "sigmoid":
+            self._check_grouped_router()
         return self
+
+    def _check_mla(self) -> None:
+        """MLA's heads: RoPE runs over qk_rope_head_dim (head_dim), every head has its own k/v."""
+        rope = self.mla.qk_rope_head_dim
+        if self.head_dim not in (None, rope):
+            raise ConfigError(
+                f"model.head_dim ({self.head_dim}) must equal model.mla.qk_rope_head_dim ({rope}) "
+                "with MLA (or be left unset)"
+            )
+        for field in ("qkv_bias", "qk_norm", "sliding_window", "attn_logit_softcap"):
+            if getattr(self, field):
+                raise ConfigError(f"model.{field} is not supported with model.mla")
+        self.head_dim = rope
+        self.n_kv_heads = self.n_heads
+
+    def _check_grouped_router(self) -> None:
+        e, g = self.n_experts, self.n_expert_groups
+        if not e:
+            raise ConfigError("model.router_score=sigmoid needs model.n_experts > 0")
+        if e % g or (g > 1 and e // g < 2):
+            raise ConfigError(
+                f"model.n_expert_groups ({g}) must divide model.n_experts ({e}) into groups of "
+                "at least 2"
+            )
+        if not 1 <= self.topk_groups <= g or self.top_k > self.topk_groups * (e // g):
+            raise ConfigError(
+                f"model.topk_groups ({self.topk_groups}) must be in [1, n_expert_groups={g}] and "
+                f"hold top_k ({self.top_k}) experts"
+            )
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Whether this layer's feed-forward is a mixture of experts (else dense)."""
+        return self.n_experts > 0 and layer_id >= self.first_dense_layers
+
+    @property
+    def expert_hidden_dim(self) -> int:
+        return self.moe_hidden_dim or self.ffn_hidden_dim
 
     def is_local_layer(self, layer_id: int) -> bool:
         """Whether this layer attends within `sliding_window` (else over the whole prefix)."""
@@ -145,16 +262,41 @@ class ModelConfig(BaseModel):
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         """Parameter count computed from the shape (no model needed: FLOP and memory planning)."""
-        d, h = self.dim, self.ffn_hidden_dim
-        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        attn = d * q * 2 + d * kv * 2 + ((q + 2 * kv) if self.qkv_bias else 0)
-        attn += 2 * self.head_dim if self.qk_norm else 0
-        ffn = 3 * d * h * max(1, self.n_experts) + (d * self.n_experts if self.n_experts else 0)
-        per_layer = attn + ffn + (4 if self.sandwich_norm else 2) * d
+        d = self.dim
+        if self.mla is not None:
+            attn = mla_params(self.mla, d, self.n_heads)
+        else:
+            q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            attn = d * q * 2 + d * kv * 2 + ((q + 2 * kv) if self.qkv_bias else 0)
+            attn += 2 * self.head_dim if self.qk_norm else 0
+        norms = (4 if self.sandwich_norm else 2) * d
+        layers = sum(attn + self.ffn_params(i) + norms for i in range(self.n_layers))
         emb = self.vocab_size * d
         out = 0 if self.tie_embeddings else self.vocab_size * d
-        total = self.n_layers * per_layer + d + emb + out
+        total = layers + d + emb + out
         return total - emb if exclude_embedding else total
+
+    def ffn_params(self, layer_id: int, active: bool = False) -> int:
+        """One layer's feed-forward parameters: dense, or router + experts + shared experts
+        (`active`: only the top_k routed experts a token runs)."""
+        d = self.dim
+        if not self.is_moe_layer(layer_id):
+            return 3 * d * self.ffn_hidden_dim
+        h = self.expert_hidden_dim
+        routed = self.top_k if active else self.n_experts
+        router = d * self.n_experts + (self.n_experts if self.router_score == "sigmoid" else 0)
+        return router + 3 * d * h * (routed + self.n_shared_experts)
+
+
+def mla_params(mla: MLAConfig, dim: int, n_heads: int) -> int:
+    """Parameters of one MLA layer: q (low-rank or full), kv down/up projections, latent norms,
+    output projection."""
+    q_out = n_heads * mla.qk_head_dim
+    r = mla.q_lora_rank
+    q = dim * q_out if r is None else dim * r + r + r * q_out
+    kv = dim * mla.cache_width() + mla.kv_lora_rank
+    kv += mla.kv_lora_rank * n_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return q + kv + n_heads * mla.v_head_dim * dim
 
 
 PRESETS: dict[str, dict] = {

@@ -24,6 +24,8 @@ class KVCache:
       the row's length, are never attended to, and the next step overwrites them.
     * Capacity: every row needs lengths[b] + S <= max_len (ValueError otherwise).
     * Rows: `reset(rows)` empties rows for new sequences, `keep_rows(rows)` drops the others.
+    * MLA (`cfg.mla`): one "head" per layer; `k` holds the normed kv latent (kv_lora_rank wide)
+      and `v` the rotated RoPE key (qk_rope_head_dim wide), the only numbers MLA caches.
     """
 
     def __init__(
@@ -38,12 +40,15 @@ class KVCache:
         local_layers: frozenset[int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        v_head_dim: int | None = None,
     ) -> None:
         """`local_layers`: the layers that attend within `sliding_window` (None: all of them;
-        Gemma 3 interleaves them with global layers)."""
+        Gemma 3 interleaves them with global layers). `v_head_dim`: the width of `v` when it
+        differs from `k`'s (MLA's RoPE key beside its latent)."""
         shape = (batch, n_kv_heads, max_len, head_dim)
+        v_shape = (*shape[:3], v_head_dim or head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(v_shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.max_len = max_len
         self.sliding_window = sliding_window
@@ -63,12 +68,16 @@ class KVCache:
     ) -> KVCache:
         """A cache shaped for `cfg` (max_len defaults to, and may not exceed, cfg.max_seq_len)."""
         max_len = min(max_len or cfg.max_seq_len, cfg.max_seq_len)
+        heads, k_dim, v_dim = cfg.n_kv_heads, cfg.head_dim, cfg.head_dim
+        if cfg.mla is not None:
+            heads, k_dim, v_dim = 1, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim
         return cls(
             cfg.n_layers,
             batch,
-            cfg.n_kv_heads,
-            cfg.head_dim,
+            heads,
+            k_dim,
             max_len,
+            v_head_dim=v_dim,
             sliding_window=cfg.sliding_window,
             local_layers=frozenset(i for i in range(cfg.n_layers) if cfg.is_local_layer(i)),
             dtype=dtype,
@@ -78,6 +87,10 @@ class KVCache:
     @property
     def batch(self) -> int:
         return self.lengths.shape[0]
+
+    def bytes_per_token(self) -> int:
+        """Cache bytes one token takes over all layers (keys + values, or MLA's latent + key)."""
+        return sum(t.shape[1] * t.shape[3] * t.element_size() for t in self.k + self.v)
 
     # -- one forward step (called by Transformer.forward) --------------------------------------
 
@@ -111,9 +124,9 @@ class KVCache:
         slots, causal, windowed, end = self._step
         local = self.local_layers is None or layer in self.local_layers
         mask = windowed if local else causal
-        index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        self.k[layer].scatter_(2, index, k.to(self.k[layer].dtype))
-        self.v[layer].scatter_(2, index, v.to(self.v[layer].dtype))
+        for cache, new in ((self.k[layer], k), (self.v[layer], v)):
+            index = slots[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
+            cache.scatter_(2, index, new.to(cache.dtype))
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
 
     def advance(self, seq_len: int) -> None:

@@ -60,7 +60,11 @@ class MoE(nn.Module):
         capacity_factor: float | None = None,
         *,
         norm_topk_prob: bool = True,
+        router: nn.Module | None = None,
     ):
+        """`router`: a module turning router logits into (weights, expert ids, per-expert
+        scores for the balancing loss), e.g. DeepSeek-V3's sigmoid grouped router; None routes
+        by softmax as Mixtral."""
         super().__init__()
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
@@ -70,6 +74,7 @@ class MoE(nn.Module):
         self.capacity_factor = capacity_factor
         self.norm_topk_prob = norm_topk_prob
         self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.router = router
         self.experts = nn.ModuleList(Expert(dim, hidden_dim) for _ in range(n_experts))
         self.aux_loss: torch.Tensor = torch.zeros(())
         # Sums per-expert statistics over every rank holding part of the same sequences
@@ -79,10 +84,13 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.dim)
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E], fp32 like Mixtral
-        top_p, top_idx = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+        if self.router is not None:
+            top_p, top_idx, probs = self.router(self.gate(x))
+        else:
+            probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E], fp32 like Mixtral
+            top_p, top_idx = probs.topk(self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                top_p = top_p / top_p.sum(dim=-1, keepdim=True)
         top_w = top_p.to(x.dtype)
         self.aux_loss = self.load_balancing_loss(probs, top_idx)
 
@@ -93,6 +101,8 @@ class MoE(nn.Module):
 
     def init_weights(self, init_std: float) -> None:
         nn.init.normal_(self.gate.weight, mean=0.0, std=0.02)
+        if self.router is not None:
+            self.router.reset_parameters()
         # a ModuleList, or a ModuleDict of this rank's experts under expert parallelism
         experts = self.experts.values() if isinstance(self.experts, nn.ModuleDict) else self.experts
         for expert in experts:

@@ -1,7 +1,8 @@
 """Rotary position embedding, Hugging Face Llama convention (rotate_half on two halves).
 
 Using HF's layout means exported q/k weights need no permutation. Llama-3's frequency scaling
-(`rope_scaling: {rope_type: llama3, ...}`) is applied to the inverse frequencies as HF does.
+(`rope_scaling: {rope_type: llama3, ...}`) is applied to the inverse frequencies as HF does;
+YaRN's (`rope_type: yarn`) is kiln/model/yarn.py, its attention factor scales the tables.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import math
 import torch
 
 from kiln.model.config import RopeScaling
+from kiln.model.yarn import attention_factor, yarn_inverse_frequencies
 
 
 def inverse_frequencies(
     head_dim: int, theta: float, scaling: RopeScaling | None = None, device=None
 ) -> torch.Tensor:
-    """[head_dim / 2] rotation frequencies, with Llama-3 scaling when `scaling` is set."""
+    """[head_dim / 2] rotation frequencies, with Llama-3 or YaRN scaling when `scaling` is set."""
+    if scaling is not None and scaling.rope_type == "yarn":
+        return yarn_inverse_frequencies(head_dim, theta, scaling, device)
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     )
@@ -48,6 +52,9 @@ def rope_tables(
     positions = torch.arange(max_seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
+    if scaling is not None and scaling.rope_type == "yarn":
+        factor = attention_factor(scaling)
+        return emb.cos() * factor, emb.sin() * factor
     return emb.cos(), emb.sin()
 
 

@@ -17,9 +17,11 @@ from torch import nn
 from kiln.model.attention import AttentionCore
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerKV
+from kiln.model.mla import MultiHeadLatentAttention
 from kiln.model.moe import MoE
 from kiln.model.norms import build_norm
 from kiln.model.rope import apply_rope, rope_rows, rope_tables
+from kiln.model.router import SigmoidGroupedRouter
 from kiln.model.softcap import soft_cap
 
 BASE_STD = 0.02  # Llama / GPT-2 init for embeddings and input projections
@@ -118,17 +120,33 @@ class FeedForward(nn.Module):
         _normal(self.w3, BASE_STD)
 
 
+def _router(cfg: ModelConfig) -> nn.Module | None:
+    """DeepSeek-V3's sigmoid grouped router, or None for the MoE's own softmax routing."""
+    if cfg.router_score != "sigmoid":
+        return None
+    return SigmoidGroupedRouter(
+        cfg.n_experts,
+        cfg.top_k,
+        cfg.n_expert_groups,
+        cfg.topk_groups,
+        cfg.routed_scaling_factor,
+        cfg.norm_topk_prob,
+    )
+
+
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: attention then feed-forward (dense) or mixture of experts; with
+    """Pre-norm residual block: attention (GQA, or MLA with `cfg.mla`) then feed-forward (dense)
+    or mixture of experts (plus always-on shared experts with `n_shared_experts`); with
     `sandwich_norm` each branch's output is normed too before it joins the residual (Gemma)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
-        self.moe_enabled = cfg.n_experts > 0
+        self.moe_enabled = cfg.is_moe_layer(layer_id)
         self.local_rope = cfg.rope_local_theta is not None and cfg.is_local_layer(layer_id)
         self.attention_norm = build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
-        self.attention = Attention(cfg, layer_id)
+        attention = MultiHeadLatentAttention if cfg.mla is not None else Attention
+        self.attention = attention(cfg, layer_id)
         self.ffn_norm = build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset)
         sandwich = (
             (build_norm(cfg.dim, cfg.norm_eps, cfg.norm_unit_offset) for _ in range(2))
@@ -136,15 +154,20 @@ class TransformerBlock(nn.Module):
             else (None, None)
         )
         self.post_attention_norm, self.post_ffn_norm = sandwich
+        self.shared_experts = None
         if self.moe_enabled:
             self.moe = MoE(
                 cfg.dim,
-                cfg.ffn_hidden_dim,
+                cfg.expert_hidden_dim,
                 cfg.n_experts,
                 cfg.top_k,
                 cfg.capacity_factor,
                 norm_topk_prob=cfg.norm_topk_prob,
+                router=_router(cfg),
             )
+            if cfg.n_shared_experts:  # every token's dense SwiGLU beside the routed experts
+                shared_dim = cfg.n_shared_experts * cfg.expert_hidden_dim
+                self.shared_experts = FeedForward(cfg.dim, shared_dim, cfg.ffn_activation)
         else:
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim, cfg.ffn_activation)
 
@@ -162,7 +185,10 @@ class TransformerBlock(nn.Module):
         )
         h = x + (a if self.post_attention_norm is None else self.post_attention_norm(a))
         mlp = self.moe if self.moe_enabled else self.feed_forward
-        m = mlp(self.ffn_norm(h))
+        normed = self.ffn_norm(h)
+        m = mlp(normed)
+        if self.shared_experts is not None:
+            m = m + self.shared_experts(normed)
         return h + (m if self.post_ffn_norm is None else self.post_ffn_norm(m))
 
     def init_weights(self, init_std: float) -> None:
@@ -173,6 +199,8 @@ class TransformerBlock(nn.Module):
             if norm is not None:
                 norm.reset_parameters()
         (self.moe if self.moe_enabled else self.feed_forward).init_weights(init_std)
+        if self.shared_experts is not None:
+            self.shared_experts.init_weights(init_std)
 
 
 class Transformer(nn.Module):

@@ -7,6 +7,7 @@ vendors this file with hf_names.py.
 from __future__ import annotations
 
 from kiln.model.config import ModelConfig, RopeScaling
+from kiln.model.formats.hf_deepseek import deepseek_v3_config, deepseek_v3_fields
 from kiln.model.formats.hf_names import NAME_MAPS
 from kiln.platform.errors import ConfigError
 
@@ -16,6 +17,9 @@ def _rope_fields(cfg: ModelConfig) -> dict:
         params = {"rope_type": "default", "rope_theta": cfg.rope_theta}
         return {"rope_theta": cfg.rope_theta, "rope_parameters": params, "rope_scaling": None}
     s = cfg.rope_scaling
+    if s.rope_type == "yarn":
+        params = _yarn_parameters(cfg)
+        return {"rope_theta": cfg.rope_theta, "rope_parameters": params, "rope_scaling": params}
     params = {
         "rope_type": "llama3",
         "rope_theta": cfg.rope_theta,
@@ -25,6 +29,28 @@ def _rope_fields(cfg: ModelConfig) -> dict:
         "original_max_position_embeddings": s.original_max_seq_len,
     }
     return {"rope_theta": cfg.rope_theta, "rope_parameters": params, "rope_scaling": params}
+
+
+def _yarn_parameters(cfg: ModelConfig) -> dict:
+    """HF `rope_parameters` of YaRN; optional fields only when set (as DeepSeek writes them)."""
+    s = cfg.rope_scaling
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": cfg.rope_theta,
+        "factor": s.factor,
+        "original_max_position_embeddings": s.original_max_seq_len,
+        "beta_fast": s.beta_fast,
+        "beta_slow": s.beta_slow,
+    }
+    optional = {
+        "mscale": s.mscale,
+        "mscale_all_dim": s.mscale_all_dim,
+        "attention_factor": s.attention_factor,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if not s.truncate:
+        params["truncate"] = False
+    return params
 
 
 def to_hf_config(
@@ -52,6 +78,8 @@ def to_hf_config(
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
     }
+    if cfg.mla is not None:
+        return deepseek_v3_config(cfg, body)
     if cfg.sandwich_norm:
         return _gemma3_config(cfg, body)
     if cfg.qk_norm:
@@ -236,9 +264,22 @@ def _rope_scaling(hf: dict) -> RopeScaling | None:
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
         return None
+    if kind == "yarn":
+        old_len = rope["original_max_position_embeddings"]
+        return RopeScaling(
+            rope_type="yarn",
+            factor=rope.get("factor") or hf["max_position_embeddings"] / old_len,
+            original_max_seq_len=old_len,
+            beta_fast=rope.get("beta_fast") or 32.0,
+            beta_slow=rope.get("beta_slow") or 1.0,
+            mscale=rope.get("mscale"),
+            mscale_all_dim=rope.get("mscale_all_dim"),
+            attention_factor=rope.get("attention_factor"),
+            truncate=rope.get("truncate", True),
+        )
     if kind != "llama3":
         raise ConfigError(
-            f"config.json: rope_scaling type {kind!r} is not supported (default or llama3)"
+            f"config.json: rope_scaling type {kind!r} is not supported (default, llama3 or yarn)"
         )
     return RopeScaling(
         factor=rope["factor"],
@@ -303,6 +344,8 @@ def from_hf_config(hf: dict) -> ModelConfig:
         )
     if model_type == "gemma3_text":
         cfg = _gemma3_fields(hf, cfg)
+    if model_type == "deepseek_v3":
+        cfg = deepseek_v3_fields(hf, cfg)
     if model_type == "qwen3_moe":
         # every layer is sparse, so the experts' width is the one feed-forward width
         cfg.update(

@@ -1,8 +1,9 @@
 """Kiln <-> Hugging Face parameter names, one map per architecture (Llama, Mistral, Mixtral,
-Qwen2, Qwen3, Qwen3-MoE, Gemma 3); config.json fields are hf_config.py's.
+Qwen2, Qwen3, Qwen3-MoE, Gemma 3, DeepSeek-V3); config.json fields are hf_config.py's.
 
 Torch and safetensors only (no Ray, no transformers): the Triton model repository vendors this
-file. RoPE already uses HF's rotate_half convention, so no weight permutation.
+file. RoPE already uses HF's rotate_half convention, so no weight permutation, except DeepSeek's
+interleaved RoPE dims (mla_rope_layout.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import torch
 
 from kiln.model.config import ModelConfig
+from kiln.model.formats.mla_rope_layout import from_interleaved_rope, to_interleaved_rope
 from kiln.platform.errors import InputError
 
 # Per architecture (as torchtitan's state_dict_adapter): (kiln template, HF template) pairs;
@@ -66,6 +68,37 @@ _GEMMA3 = [
     ("layers.{i}.ffn_norm.weight", "model.layers.{i}.pre_feedforward_layernorm.weight"),
     ("layers.{i}.post_ffn_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
 ]
+# DeepSeek-V3: MLA (torchtitan's names), dense first layers, routed experts with a sigmoid
+# router's bias, shared experts.
+_MLA = [
+    (f"layers.{{i}}.attention.{k}.weight", f"model.layers.{{i}}.self_attn.{h}.weight")
+    for k, h in (
+        ("wq", "q_proj"),
+        ("wq_a", "q_a_proj"),
+        ("q_norm", "q_a_layernorm"),
+        ("wq_b", "q_b_proj"),
+        ("wkv_a", "kv_a_proj_with_mqa"),
+        ("kv_norm", "kv_a_layernorm"),
+        ("wkv_b", "kv_b_proj"),
+        ("wo", "o_proj"),
+    )
+]
+_DEEPSEEK_V3 = [
+    *[(k, h) for k, h in _DECODER if "self_attn" not in h],
+    *_MLA,
+    *_QWEN_MOE,
+    (
+        "layers.{i}.moe.router.e_score_correction_bias",
+        "model.layers.{i}.mlp.gate.e_score_correction_bias",
+    ),
+    *[
+        (
+            f"layers.{{i}}.shared_experts.{w}.weight",
+            f"model.layers.{{i}}.mlp.shared_experts.{hf}_proj.weight",
+        )
+        for w, hf in (("w1", "gate"), ("w2", "down"), ("w3", "up"))
+    ],
+]
 NAME_MAPS: dict[str, list[tuple[str, str]]] = {
     "llama": _DECODER,
     "mistral": _DECODER,
@@ -74,6 +107,7 @@ NAME_MAPS: dict[str, list[tuple[str, str]]] = {
     "qwen3": _DECODER + _QK_NORM,
     "qwen3_moe": _DECODER + _QK_NORM + _QWEN_MOE,
     "gemma3_text": _GEMMA3,
+    "deepseek_v3": _DEEPSEEK_V3,
 }
 
 
@@ -90,6 +124,8 @@ _TO_KILN["mixtral"] += _TO_KILN["qwen3_moe"]
 
 def hf_model_type(cfg: ModelConfig) -> str:
     """The HF architecture a kiln config exports as (the key of its `NAME_MAPS` entry)."""
+    if cfg.mla is not None:
+        return "deepseek_v3"
     if cfg.sandwich_norm:
         return "gemma3_text"
     if cfg.qk_norm:
@@ -113,6 +149,7 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
     """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
     out = {}
     table = _TO_HF[hf_model_type(cfg)]
+    state = to_interleaved_rope(state, cfg)
     for name, tensor in state.items():
         hf = _rename(name, table)
         if hf is None:
@@ -140,7 +177,7 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
                     out[f"{prefix}.w1.weight"] = gate.contiguous()
                     out[f"{prefix}.w3.weight"] = up.contiguous()
             continue
-        if name.endswith("rotary_emb.inv_freq"):
+        if name.endswith("rotary_emb.inv_freq") or _is_mtp_layer(name, cfg):
             continue
         kiln = _rename(name, table)
         if kiln is None:
@@ -148,4 +185,11 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         out[kiln] = tensor
     if cfg.tie_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
-    return out
+    return from_interleaved_rope(out, cfg)
+
+
+def _is_mtp_layer(name: str, cfg: ModelConfig) -> bool:
+    """DeepSeek-V3's multi-token-prediction block sits after the last layer (`layers.61` of 61);
+    transformers skips it on load, and so does kiln."""
+    m = re.match(r"^model\.layers\.(\d+)\.", name)
+    return cfg.mla is not None and m is not None and int(m.group(1)) >= cfg.n_layers
