@@ -41,11 +41,12 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     n = cfg.num_params(exclude_embedding=True)
     if cfg.tie_embeddings:
         n += cfg.vocab_size * cfg.dim
-    if cfg.n_experts:
-        inactive = 3 * cfg.dim * cfg.ffn_hidden_dim * (cfg.n_experts - cfg.top_k) * cfg.n_layers
-        n -= inactive
+    if cfg.n_experts:  # experts a token is not routed to do no work for it
+        n -= sum(cfg.ffn_params(i) - cfg.ffn_params(i, active=True) for i in range(cfg.n_layers))
     keys = attended_keys(seq_len, cfg.sliding_window)
-    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * keys
+    # q.k over the query/key width, attention x v over the value width (MLA: different widths)
+    width = cfg.head_dim if cfg.mla is None else (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) / 2
+    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * width * keys
 
 
 def peak_tflops_for(device_name: str, precision: str, tf32: bool = True) -> float | None:

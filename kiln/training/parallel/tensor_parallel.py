@@ -77,6 +77,8 @@ def _block_plan(block: nn.Module) -> dict:
         # [B, S, H, Dh]), so its gradient sums over the TP ranks' heads.
         for norm in ("attention.q_norm", "attention.k_norm"):
             plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    if block.shared_experts is not None:  # a dense SwiGLU beside the experts: split as one
+        plan.update(_feed_forward_plan("shared_experts"))
     if block.moe_enabled:
         # Experts stay whole on every TP rank (expert parallelism splits them instead).
         plan["moe"] = PrepareModuleInputOutput(
@@ -88,10 +90,15 @@ def _block_plan(block: nn.Module) -> dict:
             use_local_output=True,
         )
         return plan
-    plan["feed_forward"] = PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-    )
-    plan["feed_forward.w1"] = ColwiseParallel()
-    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=Shard(1))
-    plan["feed_forward.w3"] = ColwiseParallel()
+    plan.update(_feed_forward_plan("feed_forward"))
     return plan
+
+
+def _feed_forward_plan(name: str) -> dict:
+    """A gated FFN on the gathered sequence: w1/w3 column-wise, w2 row-wise back to shards."""
+    return {
+        name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        f"{name}.w1": ColwiseParallel(),
+        f"{name}.w2": RowwiseParallel(output_layouts=Shard(1)),
+        f"{name}.w3": ColwiseParallel(),
+    }

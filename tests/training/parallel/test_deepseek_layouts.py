@@ -1,0 +1,60 @@
+"""DeepSeek-V3's parts train under dp_shard=2, ep=2 and tp=2 as in one process (fp32, 3 steps):
+MLA with YaRN, dense first layer, sigmoid grouped router with its bias, shared experts. MLA
+under tp or cp is refused by name; the DeepSeek MoE (with GQA attention) runs under tp=2."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.platform.errors import ConfigError
+from tests.training.distributed import run_distributed
+from tests.training.parallel._trainer_cases import train_config, train_losses
+
+MLA = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_seq_len": 16,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
+DEEPSEEK_MOE = {
+    "n_experts": 4,
+    "top_k": 2,
+    "moe_hidden_dim": 32,
+    "n_shared_experts": 1,
+    "first_dense_layers": 1,
+    "router_score": "sigmoid",
+    "n_expert_groups": 2,
+    "topk_groups": 1,
+    "routed_scaling_factor": 2.5,
+}
+DEEPSEEK = {**DEEPSEEK_MOE, "mla": MLA, "rope_scaling": YARN}
+LAYOUTS = [
+    ("dp2-deepseek", {"dp_shard": 2}, DEEPSEEK, {}),
+    ("ep2-deepseek", {"dp_shard": 2, "ep": 2}, DEEPSEEK, {}),
+    ("tp2-deepseek_moe", {"tp": 2}, DEEPSEEK_MOE, {}),
+]
+
+
+@pytest.mark.slow
+def test_deepseek_layouts_match_single_process():
+    losses = train_losses([({}, DEEPSEEK, {}), ({}, DEEPSEEK_MOE, {})])
+    single = dict(zip(("deepseek", "deepseek_moe"), losses, strict=True))
+    per_rank = run_distributed(train_losses, 2, [layout[1:] for layout in LAYOUTS])
+    for rank, results in enumerate(per_rank):
+        for (name, *_), losses in zip(LAYOUTS, results, strict=True):
+            want = single[name.split("-", 1)[1]]
+            assert losses == pytest.approx(want, abs=1e-5), (name, rank, losses, want)
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"cp": 2}], ids=["tp", "cp"])
+def test_mla_under_tp_or_cp_is_refused_by_name(parallel):
+    with pytest.raises(ConfigError, match=f"model.mla .* parallel.{next(iter(parallel))} > 1"):
+        train_config(parallel, DEEPSEEK)
