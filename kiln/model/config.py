@@ -253,7 +253,8 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
-        """A named shape (`tiny`, `125m`, `1b`, `llama3_8b`), optionally with fields overridden."""
+        """A named shape (`tiny`, `125m`, `1b`, `llama3_8b`, `deepseek_v3`), optionally with
+        fields overridden."""
         if name not in PRESETS:
             raise ConfigError(
                 f"model preset {name!r} is unknown; expected one of {sorted(PRESETS)}"
@@ -331,6 +332,34 @@ PRESETS: dict[str, dict] = {
         "rope_theta": 500000.0,
         "max_seq_len": 4096,
         "tie_embeddings": True,
+    },
+    # DeepSeek-V3 shape, 671B parameters, 37B active (FLOP and memory planning).
+    "deepseek_v3": {
+        "vocab_size": 129280,
+        "dim": 7168,
+        "n_layers": 61,
+        "n_heads": 128,
+        "ffn_hidden_dim": 18432,
+        "norm_eps": 1e-6,
+        "mla": {"kv_lora_rank": 512, "q_lora_rank": 1536},
+        "n_experts": 256,
+        "top_k": 8,
+        "moe_hidden_dim": 2048,
+        "n_shared_experts": 1,
+        "first_dense_layers": 3,
+        "router_score": "sigmoid",
+        "n_expert_groups": 8,
+        "topk_groups": 4,
+        "routed_scaling_factor": 2.5,
+        "moe_aux_loss_coef": 0.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 40.0,
+            "original_max_seq_len": 4096,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "max_seq_len": 163840,
     },
     # Llama-3-8B shape (FLOP and memory planning).
     "llama3_8b": {

@@ -209,3 +209,15 @@ def test_plan_counts_mla_and_shared_experts():
     assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
     assert not model.layers["0"].moe_enabled and model.layers["1"].moe_enabled
     assert model.layers["1"].shared_experts.w1.weight.shape == (64, cfg.dim)
+
+
+def test_deepseek_v3_preset_counts_671b_parameters_37b_active():
+    """The full DeepSeek-V3 shape, counted from the config alone (as `kiln plan` does):
+    671B parameters, 37B of them active per token beside the embedding lookup (the published
+    figures), and 576 cached numbers per token and layer."""
+    cfg = ModelConfig.preset("deepseek_v3")
+    assert round(cfg.num_params() / 1e9) == 671
+    routed_off = sum(cfg.ffn_params(i) - cfg.ffn_params(i, active=True) for i in range(61))
+    assert round((cfg.num_params(exclude_embedding=True) - routed_off) / 1e9) == 37
+    mla = KVCache.for_model(cfg.model_copy(update={"n_layers": 1}), batch=1, max_len=1)
+    assert mla.bytes_per_token() == (512 + 64) * 4  # one layer, fp32
