@@ -285,8 +285,7 @@ class ModelConfig(BaseModel):
             return 3 * d * self.ffn_hidden_dim
         h = self.expert_hidden_dim
         routed = self.top_k if active else self.n_experts
-        router = d * self.n_experts + (self.n_experts if self.router_score == "sigmoid" else 0)
-        return router + 3 * d * h * (routed + self.n_shared_experts)
+        return d * self.n_experts + 3 * d * h * (routed + self.n_shared_experts)
 
 
 def mla_params(mla: MLAConfig, dim: int, n_heads: int) -> int:

@@ -31,9 +31,8 @@ class SigmoidGroupedRouter(nn.Module):
         self.n_experts, self.top_k = n_experts, top_k
         self.n_groups, self.topk_groups = n_groups, topk_groups
         self.scaling, self.norm_topk_prob = scaling, norm_topk_prob
-        # Not trained by gradients: a parameter (not a buffer) so checkpoints, FSDP and the
-        # meta-device init carry it as they carry every weight.
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(n_experts), requires_grad=False)
+        # Not trained by gradients: a persistent buffer, in checkpoints and HF files as a weight.
+        self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
 
     def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         scores = logits.float().sigmoid()
@@ -52,4 +51,4 @@ class SigmoidGroupedRouter(nn.Module):
         return top_w * self.scaling, top_idx, scores / scores.sum(dim=-1, keepdim=True)
 
     def reset_parameters(self) -> None:
-        nn.init.zeros_(self.e_score_correction_bias)
+        self.e_score_correction_bias.zero_()

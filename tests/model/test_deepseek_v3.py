@@ -191,8 +191,8 @@ def test_mla_cache_holds_the_latent_only(capsys):
 
 
 def test_plan_counts_mla_and_shared_experts():
-    """`kiln plan` and the FLOP count read `num_params`: MLA's projections, latent norms, the
-    router's bias, shared experts and the dense first layer are all counted."""
+    """`kiln plan` and the FLOP count read `num_params`: MLA's projections, latent norms,
+    shared experts and the dense first layer are all counted."""
     cfg = ModelConfig.preset(
         "tiny",
         mla=MLA,

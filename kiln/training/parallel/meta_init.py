@@ -63,7 +63,7 @@ def materialize(
     for prefix, unit, init in _init_units(scratch, cfg):
         unit.to_empty(device=device)
         init(unit)
-        for name, full in unit.named_parameters(prefix=prefix, remove_duplicate=False):
+        for name, full in _weights(unit, prefix):
             for param in local.get(name, ()):
                 _copy_slice(param, full)
         unit.to_empty(device="meta")  # frees the full-size copy before the next unit
@@ -92,11 +92,21 @@ def _init_units(
     yield "output", model.output, normal
 
 
+def _weights(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters and persistent buffers (a router's bias): what the init draws and a
+    checkpoint holds."""
+    yield from module.named_parameters(prefix=prefix, remove_duplicate=False)
+    for name, buffer in module.named_buffers(prefix=prefix):
+        owner, _, leaf = name.removeprefix(f"{prefix}.").rpartition(".")
+        if leaf not in module.get_submodule(owner)._non_persistent_buffers_set:
+            yield name, buffer
+
+
 def _local_parameters(parts: list[nn.Module]) -> dict[str, list[nn.Parameter]]:
     """Global parameter name -> this rank's parameters of that name (tied weights: two names)."""
     found: dict[str, list[nn.Parameter]] = {}
     for part in parts:
-        for name, param in part.named_parameters(remove_duplicate=False):
+        for name, param in _weights(part):
             for wrapper in _WRAPPER_PREFIXES:
                 name = name.replace(wrapper, "")
             found.setdefault(name, []).append(param)
