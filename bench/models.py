@@ -1,10 +1,13 @@
 """Training tokens/s of kiln's model vs transformers' on the same small config, per
-architecture (Llama 3.2, Qwen3, Gemma 3): the same HF folder loaded by both, the same
-batches, the same loop (forward, cross-entropy, backward, AdamW step), fp32 on CPU with the
+architecture (Llama 3.2, Qwen3, Gemma 3, DeepSeek-V3): the same HF folder loaded by both, the
+same batches, the same loop (forward, cross-entropy, backward, AdamW step), fp32 on CPU with the
 same threads, steps interleaved (median step time). Prints kiln's figure, transformers' and
-the ratio (target >= 1.0).
+the ratio (target >= 1.0). Then KV-cache bytes per token of MLA (the latent and the RoPE key)
+against full attention of the same widths (every head's key and value), for the bench's
+DeepSeek shape and the real DeepSeek-V3 one.
 
     .venv/bin/python bench/models.py [--threads 2] [--steps 8] [--seq 256] [--batch 4]
+        [--arch deepseek_v3 ...]
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kiln.model.config import ModelConfig
 from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
+from kiln.model.kv_cache import KVCache
 
 SHAPE = {
     "vocab_size": 4096,
@@ -32,8 +37,40 @@ SHAPE = {
 }
 
 
+ARCHS = ("llama3.2", "qwen3", "gemma3", "deepseek_v3")
+# MLA, YaRN, 8 experts of 192 (top 2 in 1 of 2 groups) plus a shared one, first layer dense.
+DEEPSEEK = {
+    "kv_lora_rank": 64,
+    "q_lora_rank": 128,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "moe_intermediate_size": 192,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+}
+
+
 def _hf_config(arch: str):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+    from transformers import DeepseekV3Config, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+    if arch == "deepseek_v3":
+        shape = {**SHAPE, "num_key_value_heads": SHAPE["num_attention_heads"]}
+        shape.pop("head_dim")
+        return DeepseekV3Config(**shape, **DEEPSEEK)
 
     if arch == "llama3.2":
         scaling = {
@@ -90,6 +127,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -98,7 +136,7 @@ def main() -> None:
         for _ in range(args.steps + 1)
     ]
     print(f"threads={args.threads} batch={args.batch} seq={args.seq} steps={args.steps} fp32")
-    for arch in ("llama3.2", "qwen3", "gemma3"):
+    for arch in args.arch:
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             hf = AutoModelForCausalLM.from_config(_hf_config(arch), attn_implementation="sdpa")
@@ -112,6 +150,31 @@ def main() -> None:
             f"{arch:9s} train tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
             f"ratio {ours / theirs:.2f}"
         )
+        if arch == "deepseek_v3":
+            _print_cache_bytes("bench shape", cfg)
+    _print_cache_bytes("DeepSeek-V3 (671B)", ModelConfig.preset("deepseek_v3"))
+
+
+def _print_cache_bytes(name: str, cfg: ModelConfig) -> None:
+    """bf16 KV-cache bytes per token, all layers: MLA's latent + RoPE key vs every head's key
+    (qk_nope + qk_rope wide) and value (v_head_dim wide)."""
+    mla = KVCache.for_model(cfg, batch=1, max_len=1, dtype=torch.bfloat16).bytes_per_token()
+    m = cfg.mla
+    full = KVCache(
+        cfg.n_layers,
+        1,
+        cfg.n_heads,
+        m.qk_head_dim,
+        1,
+        v_head_dim=m.v_head_dim,
+        dtype=torch.bfloat16,
+    ).bytes_per_token()
+    formula = cfg.n_layers * m.cache_width() * 2
+    assert mla == formula, (mla, formula)
+    print(
+        f"{name}: KV cache bytes/token (bf16)  MLA {mla:,}  full attention {full:,}  "
+        f"ratio {full / mla:.1f}x smaller"
+    )
 
 
 if __name__ == "__main__":
