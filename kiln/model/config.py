@@ -176,6 +176,13 @@ class ModelConfig(BaseModel):
     routed_scaling_factor: float = Field(
         1.0, gt=0, description="Sigmoid router: routed experts' weights are multiplied by this."
     )
+    router_bias_update_rate: float = Field(
+        0.001,
+        ge=0,
+        description="Sigmoid router: after each optimizer step its selection bias moves by this "
+        "times sign(mean load - expert load), aux-loss-free balancing (DeepSeek-V3: 0.001; "
+        "0 keeps the bias fixed).",
+    )
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",

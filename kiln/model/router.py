@@ -6,6 +6,10 @@ never how much they weigh), keeps the `topk_groups` best of `n_groups` expert gr
 scores the sum of its two best experts) and takes the top k experts inside them. The chosen
 experts weigh their unbiased scores, renormalised to sum to 1 with `norm_topk_prob`, times
 `scaling`. The same maths as transformers' DeepseekV3TopkRouter.
+
+Training counts the assignments each expert receives (`load`); after each optimizer step the
+trainer nudges the bias by `rate * sign(mean load - load)` (kiln/training/router_balance.py):
+overloaded experts become less likely to be chosen, idle ones more, with no loss term.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class SigmoidGroupedRouter(nn.Module):
         self.scaling, self.norm_topk_prob = scaling, norm_topk_prob
         # Not trained by gradients: a persistent buffer, in checkpoints and HF files as a weight.
         self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
+        # Assignments per expert since the last bias update (training forwards only).
+        self.load: torch.Tensor | None = None
 
     def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         scores = logits.float().sigmoid()
@@ -45,10 +51,25 @@ class SigmoidGroupedRouter(nn.Module):
             keep = keep.unsqueeze(-1).expand_as(grouped).reshape(-1, self.n_experts)
             choice = choice.masked_fill(~keep, float("-inf"))
         top_idx = choice.topk(self.top_k, dim=-1, sorted=False)[1]
+        if self.training and torch.is_grad_enabled():
+            self._count(top_idx)
         top_w = scores.gather(1, top_idx)
         if self.norm_topk_prob:
             top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
         return top_w * self.scaling, top_idx, scores / scores.sum(dim=-1, keepdim=True)
+
+    def _count(self, top_idx: torch.Tensor) -> None:
+        ones = torch.ones(top_idx.numel(), device=top_idx.device)
+        load = torch.zeros(self.n_experts, device=top_idx.device).index_add_(
+            0, top_idx.reshape(-1), ones
+        )
+        self.load = load if self.load is None else self.load + load
+
+    def take_load(self) -> torch.Tensor:
+        """The assignments counted since the last call (zeros if none), and start again."""
+        load = self.load
+        self.load = None
+        return load if load is not None else torch.zeros_like(self.e_score_correction_bias)
 
     def reset_parameters(self) -> None:
         self.e_score_correction_bias.zero_()

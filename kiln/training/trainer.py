@@ -40,6 +40,7 @@ from kiln.training.precision import (
     fp8_context,
     swap_to_te_linear,
 )
+from kiln.training.router_balance import update_router_biases
 from kiln.training.train_spec import TrainSpec, pretraining_spec
 from kiln.training.train_state import TrainState
 
@@ -360,9 +361,20 @@ class Trainer:
         if self.scaler.update(grad_norm):
             for opt in self.optimizers:
                 opt.step()
+        self._balance_routers()
         for sched in self.lr_schedulers:
             sched.step()
         return grad_norm
+
+    def _balance_routers(self) -> None:
+        """Aux-loss-free balancing: move sigmoid routers' biases by this step's expert loads,
+        summed over the ranks that saw different tokens."""
+        model = self.cfg.model
+        if model.router_score != "sigmoid":
+            return
+        spread = self.dims.world_mesh is not None and self.dims.dp_size * self.dims.cp > 1
+        group = self.dims.mesh("dp_cp").get_group() if spread else None
+        update_router_biases(self.model_parts, model.router_bias_update_rate, group)
 
     def _metrics(
         self, loss: float, grad_norm: torch.Tensor, tokens_per_s: float, elapsed: float

@@ -34,6 +34,8 @@ DEEPSEEK_MOE = {
     "n_expert_groups": 2,
     "topk_groups": 1,
     "routed_scaling_factor": 2.5,
+    # large enough that a bias update from one rank's loads alone would route differently
+    "router_bias_update_rate": 0.05,
 }
 DEEPSEEK = {**DEEPSEEK_MOE, "mla": MLA, "rope_scaling": YARN}
 LAYOUTS = [
