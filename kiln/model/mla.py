@@ -53,6 +53,9 @@ class MultiHeadLatentAttention(nn.Module):
         kv_out = cfg.n_heads * (m.qk_nope_head_dim + m.v_head_dim)
         self.wkv_b = nn.Linear(m.kv_lora_rank, kv_out, bias=False)
         self.wo = nn.Linear(cfg.n_heads * m.v_head_dim, cfg.dim, bias=False)
+        # Where the one RoPE key enters every head: tensor parallelism sums its gradient over
+        # the ranks' heads here (kiln/training/parallel/mla_tensor_parallel.py).
+        self.shared_key = nn.Identity()
         scale = m.qk_head_dim**-0.5 * softmax_mscale(cfg.rope_scaling)
         self.core = AttentionCore(m.qk_head_dim, None, cfg.attention_backend, scale=scale)
 
@@ -77,6 +80,7 @@ class MultiHeadLatentAttention(nn.Module):
         if kv_cache is not None:  # the cache holds the latent and the rotated key, nothing more
             latent, k_rot, mask = kv_cache.update(latent, k_rot)
         k_nope, v = self._expand(latent.squeeze(1))
+        k_rot = self.shared_key(k_rot)
         k = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
         out = self.core(torch.cat([q_nope, q_rot], dim=-1), k, v, mask=mask)
         return self.wo(out.transpose(1, 2).reshape(B, S, -1))

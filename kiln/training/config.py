@@ -172,15 +172,13 @@ class TrainConfig(_Strict):
                 "model.tie_embeddings is not supported with parallel.pp > 1 "
                 "(first and last stage differ)"
             )
-        if self.model.mla is not None:
-            # ring attention takes one head width for q, k and v; MLA's shared RoPE key needs
-            # its gradient summed over the TP ranks' heads, which the TP plan does not do
-            for dim in ("tp", "cp"):
-                if getattr(self.parallel, dim) > 1:
-                    raise ConfigError(
-                        f"model.mla (Multi-head Latent Attention) is not supported with "
-                        f"parallel.{dim} > 1; use dp_shard, ep or pp"
-                    )
+        if self.model.mla is not None and self.parallel.cp > 1:
+            # ring attention takes one head width for q, k and v; MLA's keys are wider than
+            # its values, and it would ring the expanded keys rather than the latent
+            raise ConfigError(
+                "model.mla (Multi-head Latent Attention) is not supported with parallel.cp > 1; "
+                "use dp_shard, tp, ep or pp"
+            )
         if self.parallel.cp > 1:
             # ring attention scales by 1/sqrt(head_dim) and caps nothing
             for field in ("query_pre_attn_scalar", "attn_logit_softcap"):

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from kiln.platform.errors import ConfigError
+from kiln.training.parallel.mla_tensor_parallel import mla_attention_plan, sum_shared_key_grads
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -35,6 +36,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         model.output.weight = model.tok_embeddings.weight  # both are vocab-sharded: Shard(0)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _block_plan(block))
+        if cfg.mla is not None:
+            sum_shared_key_grads(block.attention, tp_mesh)
 
 
 def _top_plan(model: nn.Module, loss_parallel: bool) -> dict:
@@ -57,26 +60,14 @@ def _top_plan(model: nn.Module, loss_parallel: bool) -> dict:
 def _block_plan(block: nn.Module) -> dict:
     """Norms on sequence shards; attention and the feed-forward gather the sequence, split
     heads / hidden units column-wise and reduce-scatter back row-wise."""
-    plan = {
-        "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None),
-            desired_input_layouts=(Replicate(), None, None),
-        ),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-    }
+    plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
+    if hasattr(block.attention, "wkv_a"):  # Multi-head Latent Attention
+        plan.update(mla_attention_plan(block.attention))
+    else:
+        plan.update(_attention_plan(block.attention))
     for norm in ("post_attention_norm", "post_ffn_norm"):  # sandwich norms, on sequence shards
         if getattr(block, norm) is not None:
             plan[norm] = SequenceParallel(use_local_output=True)
-    if block.attention.q_norm is not None:
-        # qk-norm's weight is shared by every head: replicated, over this rank's heads (dim 2 of
-        # [B, S, H, Dh]), so its gradient sums over the TP ranks' heads.
-        for norm in ("attention.q_norm", "attention.k_norm"):
-            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if block.shared_experts is not None:  # a dense SwiGLU beside the experts: split as one
         plan.update(_feed_forward_plan("shared_experts"))
     if block.moe_enabled:
@@ -91,6 +82,26 @@ def _block_plan(block: nn.Module) -> dict:
         )
         return plan
     plan.update(_feed_forward_plan("feed_forward"))
+    return plan
+
+
+def _attention_plan(attention: nn.Module) -> dict:
+    """GQA: q/k/v split by heads on the gathered sequence, wo back to sequence shards."""
+    plan = {
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None),
+            desired_input_layouts=(Replicate(), None, None),
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    if attention.q_norm is not None:
+        # qk-norm's weight is shared by every head: replicated, over this rank's heads (dim 2 of
+        # [B, S, H, Dh]), so its gradient sums over the TP ranks' heads.
+        for norm in ("attention.q_norm", "attention.k_norm"):
+            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
     return plan
 
 
