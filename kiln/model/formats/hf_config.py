@@ -265,7 +265,7 @@ def _rope_scaling(hf: dict) -> RopeScaling | None:
     if kind == "default":
         return None
     if kind == "yarn":
-        old_len = rope["original_max_position_embeddings"]
+        old_len = rope.get("original_max_position_embeddings") or hf["max_position_embeddings"]
         return RopeScaling(
             rope_type="yarn",
             factor=rope.get("factor") or hf["max_position_embeddings"] / old_len,

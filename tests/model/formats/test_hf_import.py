@@ -27,6 +27,7 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 16,  # short, so positions < 256 reach every band
 }
+YARN_SCALING = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16}
 
 
 def _random_hf(config, tmp_path) -> tuple[torch.nn.Module, str]:
@@ -45,17 +46,19 @@ def _random_hf(config, tmp_path) -> tuple[torch.nn.Module, str]:
     return model, path
 
 
-@pytest.mark.parametrize("family", ["llama3_rope", "qwen2_bias"])
+@pytest.mark.parametrize("family", ["llama3_rope", "llama_yarn", "qwen2_bias"])
 def test_imported_model_has_the_hf_logits(family, tmp_path):
     from transformers import LlamaConfig, Qwen2Config
 
     if family == "llama3_rope":
         config = LlamaConfig(**COMMON, rope_theta=50000.0, rope_scaling=LLAMA3_SCALING)
+    elif family == "llama_yarn":  # YaRN's frequencies and cos/sin factor; softmax scale as is
+        config = LlamaConfig(**COMMON, rope_parameters={"rope_theta": 5e4, **YARN_SCALING})
     else:
         config = Qwen2Config(**COMMON, tie_word_embeddings=True, use_sliding_window=False)
     hf, path = _random_hf(config, tmp_path)
     _, cfg, state = read_hf_dir(path)
-    assert (cfg.rope_scaling is not None) == (family == "llama3_rope")
+    assert (cfg.rope_scaling is not None) == family.startswith("llama")
     assert cfg.qkv_bias == (family == "qwen2_bias")
     assert cfg.tie_embeddings == (family == "qwen2_bias")
     model = build_model(cfg, state, device="cpu")
@@ -71,7 +74,7 @@ def test_imported_model_has_the_hf_logits(family, tmp_path):
     [
         ("attention_bias", True),
         ("mlp_bias", True),
-        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
+        ("rope_scaling", {"rope_type": "longrope", "factor": 4.0}),
         ("model_type", "gpt2"),
     ],
 )
