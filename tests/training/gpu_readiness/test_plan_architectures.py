@@ -1,6 +1,6 @@
-"""`kiln plan` on Qwen3, Qwen3-MoE and Gemma 3 shapes: its parameter count is the model's
-(qk-norm, wider heads, sandwich norms) and its FLOPs count the extra width; a layout that
-cannot compute a Gemma switch is refused when the config is read."""
+"""`kiln plan` on Qwen3, Qwen3-MoE, Gemma 3 and DeepSeek-V3 shapes: its parameter count is the
+model's (qk-norm, wider heads, sandwich norms, MLA, shared experts) and its FLOPs count the
+extra width; a layout that cannot compute a Gemma switch is refused when the config is read."""
 
 from __future__ import annotations
 
@@ -49,3 +49,37 @@ def test_ring_attention_refuses_what_it_does_not_compute(field):
 
     with pytest.raises(ConfigError, match=f"model.{field}.*parallel.cp"):
         TrainConfig(model={"preset": "tiny", field: 24.0}, parallel={"cp": 2})
+
+
+DEEPSEEK = {
+    "mla": {
+        "kv_lora_rank": 16,
+        "q_lora_rank": 24,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+    },
+    "n_experts": 4,
+    "top_k": 2,
+    "moe_hidden_dim": 32,
+    "n_shared_experts": 1,
+    "first_dense_layers": 1,
+    "router_score": "sigmoid",
+    "n_expert_groups": 2,
+}
+
+
+def test_plan_counts_deepseek_v3_mla_and_shared_experts():
+    """The planned rank holds the parameters `num_params` counts (MLA's projections and latent
+    norms, a dense first layer, routed and shared experts), and the FLOPs count the active
+    ones plus attention over MLA's q.k and value widths."""
+    model = {"preset": "tiny", "n_layers": 2, **DEEPSEEK}
+    cfg = cpu_stand_in(
+        TrainConfig(model=model, seq_len=32, global_batch_size=2, micro_batch_size=2)
+    )
+    shape = ModelConfig.preset("tiny", n_layers=2, **DEEPSEEK)
+    assert plan_rank(cfg, 0, 1)["local_params"] == shape.num_params()
+    routed_off = 3 * shape.dim * 32 * (4 - 2)  # layer 1: 2 of its 4 experts idle per token
+    active = shape.num_params(exclude_embedding=True) - routed_off  # the head included
+    attention = 12 * 2 * shape.n_heads * (24 + 12) / 2 * (32 + 1) / 2  # causal: (T+1)/2 keys
+    assert flops_per_token(shape, 32) == pytest.approx(6 * active + attention)
