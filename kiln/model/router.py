@@ -9,7 +9,9 @@ experts weigh their unbiased scores, renormalised to sum to 1 with `norm_topk_pr
 
 Training counts the assignments each expert receives (`load`); after each optimizer step the
 trainer nudges the bias by `rate * sign(mean load - load)` (kiln/training/router_balance.py):
-overloaded experts become less likely to be chosen, idle ones more, with no loss term.
+overloaded experts become less likely to be chosen, idle ones more, with no loss term. The
+count happens when the routing weights' gradient is computed, so only forwards that are
+trained on count: not a pipeline stage's shape-inference forward, not a recompute.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ class SigmoidGroupedRouter(nn.Module):
             keep = keep.unsqueeze(-1).expand_as(grouped).reshape(-1, self.n_experts)
             choice = choice.masked_fill(~keep, float("-inf"))
         top_idx = choice.topk(self.top_k, dim=-1, sorted=False)[1]
-        if self.training and torch.is_grad_enabled():
-            self._count(top_idx)
         top_w = scores.gather(1, top_idx)
         if self.norm_topk_prob:
             top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
-        return top_w * self.scaling, top_idx, scores / scores.sum(dim=-1, keepdim=True)
+        top_w = top_w * self.scaling
+        if self.training and top_w.requires_grad:
+            top_w.register_hook(lambda _grad: self._count(top_idx))
+        return top_w, top_idx, scores / scores.sum(dim=-1, keepdim=True)
 
     def _count(self, top_idx: torch.Tensor) -> None:
         ones = torch.ones(top_idx.numel(), device=top_idx.device)

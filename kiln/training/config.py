@@ -179,6 +179,14 @@ class TrainConfig(_Strict):
                 "model.mla (Multi-head Latent Attention) is not supported with parallel.cp > 1; "
                 "use dp_shard, tp, ep or pp"
             )
+        m = self.model
+        if self.parallel.pp > 1 and m.router_score == "sigmoid" and m.router_bias_update_rate:
+            # measured: torch's pipeline stage trains on one extra forward in its first step,
+            # whose expert loads would move the biases away from one process's
+            raise ConfigError(
+                "model.router_bias_update_rate > 0 is not supported with parallel.pp > 1; "
+                "set it to 0 (a fixed router bias) to pipeline a sigmoid-routed MoE"
+            )
         if self.parallel.cp > 1:
             # ring attention scales by 1/sqrt(head_dim) and caps nothing
             for field in ("query_pre_attn_scalar", "attn_logit_softcap"):
