@@ -19,10 +19,11 @@ from kiln.training.config import TrainConfig
 from kiln.training.data.stages import TokenizeStage
 from kiln.training.post.stages import DPOStage, ImportModelStage, PrepareChatStage, SFTStage
 from kiln.training.ray_train import RayOptions
-from kiln.training.rl.stages import GRPOStage
+from kiln.training.rl.stages import DistillStage, GRPOStage
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
 __all__ = [
+    "DistillStage",
     "DPOStage",
     "GRPOStage",
     "ImportModelStage",

@@ -1,4 +1,5 @@
-"""`kiln grpo`: GRPO-family RL on Kiln's engine from a YAML (+ --set), one line per step."""
+"""`kiln grpo` (GRPO-family RL) and `kiln distill` (on-policy distillation), rollouts on Kiln's
+engine, from a YAML (+ --set), one line per step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
     p.set_defaults(func=_grpo)
+
+    p = sub.add_parser(
+        "distill", help="on-policy distillation: the student samples, a teacher scores its tokens"
+    )
+    p.add_argument(
+        "--config", required=True, help="YAML: DistillRunConfig fields (or a distill: block)"
+    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
+    p.set_defaults(func=_distill)
 
 
 def _grpo(args) -> int:
@@ -33,6 +44,30 @@ def _grpo(args) -> int:
             ("final reward", final["reward"]),
             ("held-out reward before", summary["eval_reward_before"]),
             ("held-out reward after", summary["eval_reward_after"]),
+            ("seconds", round(summary["seconds"], 1)),
+            ("checkpoint", args.out),
+        ]
+    )
+    return 0
+
+
+def _distill(args) -> int:
+    # as _grpo: torch and the engine load only when this command runs
+    from kiln.training.rl.distill import format_distill_step
+    from kiln.training.rl.distill_run import load_distill_config, run_distill
+
+    cfg = load_distill_config(args.config, args.overrides)
+    summary = run_distill(
+        cfg, args.out, on_step=lambda m: print(format_distill_step(m), flush=True)
+    )
+    console.summary(
+        [
+            ("steps", summary["steps"]),
+            ("first reverse KL", summary["first_reverse_kl"]),
+            ("final reverse KL", summary["final"]["reverse_kl"]),
+            ("held-out reverse KL before", summary["eval_reverse_kl_before"]),
+            ("held-out reverse KL after", summary["eval_reverse_kl_after"]),
+            ("steps/s", round(summary["steps_per_s"], 3)),
             ("seconds", round(summary["seconds"], 1)),
             ("checkpoint", args.out),
         ]
