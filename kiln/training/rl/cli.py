@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kiln.platform import console
+from kiln.platform.runtime import Runtime
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_distill)
 
 
+def _on_ray_if_asked(workers: int, run):
+    """run() in this process, or with Ray up for `workers` rollout actors: attached to
+    RAY_ADDRESS, else an embedded local Ray shut down afterwards."""
+    if not workers:
+        return run()
+    runtime = Runtime().ensure()
+    try:
+        return run()
+    finally:
+        runtime.shutdown()  # only a Ray started here
+
+
 def _grpo(args) -> int:
     # the run pulls in torch and the engine (~7 s): only `kiln grpo` pays that, not every
     # command's start (as kiln/training/post/cli.py's `sft`)
@@ -35,7 +48,10 @@ def _grpo(args) -> int:
     from kiln.training.rl.run import load_config, run_grpo
 
     cfg = load_config(args.config, args.overrides)
-    summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
+    summary = _on_ray_if_asked(
+        cfg.rollout.workers,
+        lambda: run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True)),
+    )
     final = summary["final"]
     console.summary(
         [
@@ -57,8 +73,11 @@ def _distill(args) -> int:
     from kiln.training.rl.distill_run import load_distill_config, run_distill
 
     cfg = load_distill_config(args.config, args.overrides)
-    summary = run_distill(
-        cfg, args.out, on_step=lambda m: print(format_distill_step(m), flush=True)
+    summary = _on_ray_if_asked(
+        cfg.rollout.workers,
+        lambda: run_distill(
+            cfg, args.out, on_step=lambda m: print(format_distill_step(m), flush=True)
+        ),
     )
     console.summary(
         [
