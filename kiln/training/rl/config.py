@@ -58,6 +58,12 @@ class OnPolicyConfig(BaseModel):
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Where the rollout engines run (Ray actors)."
     )
+    checkpoint_interval: int = Field(
+        0,
+        ge=0,
+        description="Save the loop's state (policy, optimizer, prompt order, metrics) every N "
+        "steps; a run started again on the same output resumes from it (0: never).",
+    )
 
 
 class GRPOConfig(OnPolicyConfig):

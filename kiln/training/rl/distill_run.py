@@ -4,6 +4,8 @@ every step's metrics and the held-out reverse KL before and after."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -14,7 +16,13 @@ from kiln.training.post.teacher import load_teacher
 from kiln.training.rl.distill import OnPolicyDistill
 from kiln.training.rl.distill_config import DistillRunConfig
 from kiln.training.rl.prompts import load_prompts
-from kiln.training.rl.run import chat_template, load_policy, write_policy, write_run
+from kiln.training.rl.run import (
+    chat_template,
+    load_policy,
+    resume_state,
+    write_policy,
+    write_run,
+)
 
 
 def load_distill_config(path: str, overrides: list[str] | None = None) -> DistillRunConfig:
@@ -25,8 +33,14 @@ def load_distill_config(path: str, overrides: list[str] | None = None) -> Distil
 
 
 def run_distill(
-    cfg: DistillRunConfig, out_dir: str, on_step: Callable[[dict], None] | None = None
+    cfg: DistillRunConfig,
+    out_dir: str,
+    on_step: Callable[[dict], None] | None = None,
+    state_dir: str | None = None,
 ) -> dict:
+    """Train and write the Checkpoint to `out_dir`. With `checkpoint_interval`, the loop's state
+    goes to `state_dir` (default `<out_dir>/resume/`, removed once the run succeeds) and a run
+    started again with the same folder resumes from it."""
     for field, what in (
         ("base", "the student (an ExportedModel, HF folder or checkpoint)"),
         ("teacher", "the teacher (a checkpoint, HF folder or export with the student's tokenizer)"),
@@ -48,9 +62,10 @@ def run_distill(
     )
     held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
     try:
-        before = loop.evaluate(held_out) if held_out else None
+        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
+        state = resume_state(loop, out_dir, state_dir)
         train_started = time.perf_counter()
-        metrics = loop.run(on_step)
+        metrics = loop.run(on_step, state_file=state)
         train_s = time.perf_counter() - train_started
         after = loop.evaluate(held_out) if held_out else None
     finally:
@@ -68,4 +83,6 @@ def run_distill(
         "metrics": metrics,
     }
     write_run(out_dir, cfg, summary)
+    if state is not None and state_dir is None:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
     return summary

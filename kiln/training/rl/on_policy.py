@@ -1,13 +1,19 @@
 """What every loop that samples from the policy it trains shares: prompts rendered and
 encoded once, the rollout engines (in this process or on Ray actors), LoRA or full fine-tuning,
-the optimizer, the prompt order, and the refit after each update (timed, and on Ray checked by
-a checksum of every engine's weights against the trainer's)."""
+the optimizer, the prompt order, the refit after each update (timed, and on Ray checked by a
+checksum of every engine's weights against the trainer's), and the state a run resumes from.
+
+Resuming is exact: a step's completions are seeded by the step number, the prompt order by a
+saved RNG, and the policy and AdamW state are restored bit for bit, so on CPU a resumed run
+repeats the rewards and losses an uninterrupted one gets (tests/training/rl/test_resume.py)."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Sequence
 
+import torch
 from torch import nn
 
 from kiln.engine.sampler import SamplingParams
@@ -52,8 +58,10 @@ class OnPolicyLoop:
         self.prompts = [self.render(r) for r in self.rows]
         self.prompt_ids = [self.encode(p) for p in self.prompts]
         self.rollouts = open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
-        if cfg.lora is not None:
-            apply_lora(policy, cfg.lora)
+        if cfg.lora is not None:  # adapters drawn from the run's seed: a run repeats
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                apply_lora(policy, cfg.lora)
         self.policy = policy.train()
         self.optimizer = build_optimizer(policy, cfg.optimizer)
         self.params = SamplingParams(
@@ -66,9 +74,16 @@ class OnPolicyLoop:
     def step(self, step: int) -> dict:
         raise NotImplementedError
 
-    def run(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
+    def run(
+        self, on_step: Callable[[dict], None] | None = None, state_file: str | None = None
+    ) -> list[dict]:
+        """Steps from the first not yet taken to `steps`; with `state_file` and
+        `checkpoint_interval`, the loop's state saved there every that many steps."""
+        interval = self.cfg.checkpoint_interval
         for step in range(len(self.metrics), self.cfg.steps):
             m = self.step(step)
+            if state_file and interval and (step + 1) % interval == 0:
+                self.save(state_file)
             if on_step is not None:
                 on_step(m)
         return self.metrics
@@ -117,6 +132,41 @@ class OnPolicyLoop:
         params = self.params.model_copy(update={"temperature": 0.0})
         ids = [self.encode(p) for p in prompts]
         return prompts, self.rollouts.generate(ids, 1, params, seed=self.cfg.seed)
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything the next step depends on: the policy (adapters included), the optimizer,
+        the prompt order and its RNG, the metrics so far (their count is the next step)."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "order": list(self._order),
+            "rng": self._rng.getstate(),
+            "metrics": self.metrics,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._order = list(state["order"])
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self.metrics = list(state["metrics"])
+        self.rollouts.refit(merged_policy_state(self.policy))
+
+    def save(self, path: str) -> None:
+        """The state to `path`, replaced atomically (a crash mid-write keeps the last one)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(self.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def resume(self, path: str) -> bool:
+        """Load the state at `path` if there is one; True when it did."""
+        if not os.path.isfile(path):
+            return False
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return True
 
     # -- refit --------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ with every step's metrics. The reading and writing helpers serve `distill` too."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -19,10 +20,13 @@ from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.grpo import GRPO
+from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.prompts import load_prompts
 from kiln.training.rl.refit import merged_policy_state
 
 RUN_FILE = "run.json"
+RESUME_DIR, STATE_FILE = "resume", "loop_state.pt"
+log = logging.getLogger("kiln.training.rl")
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
@@ -59,14 +63,30 @@ def write_policy(out_dir: str, policy: nn.Module, tok_dir: str | None, step: int
             shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
 
 
+def resume_state(loop: OnPolicyLoop, out_dir: str, state_dir: str | None) -> str | None:
+    """The loop's state file (None without checkpoint_interval), loaded if it exists."""
+    if not loop.cfg.checkpoint_interval:
+        return None
+    path = os.path.join(state_dir or os.path.join(out_dir, RESUME_DIR), STATE_FILE)
+    if loop.resume(path):
+        log.info("resumed from %s after step %d", path, len(loop.metrics))
+    return path
+
+
 def write_run(out_dir: str, cfg, summary: dict) -> None:
     with open(os.path.join(out_dir, RUN_FILE), "w") as f:
         json.dump({"config": cfg.model_dump(mode="json"), **summary}, f, indent=1)
 
 
 def run_grpo(
-    cfg: GRPORunConfig, out_dir: str, on_step: Callable[[dict], None] | None = None
+    cfg: GRPORunConfig,
+    out_dir: str,
+    on_step: Callable[[dict], None] | None = None,
+    state_dir: str | None = None,
 ) -> dict:
+    """Train and write the Checkpoint to `out_dir`. With `checkpoint_interval`, the loop's state
+    goes to `state_dir` (default `<out_dir>/resume/`, removed once the run succeeds) and a run
+    started again with the same folder resumes from it."""
     if cfg.base is None:
         raise ConfigError("grpo.base: name the model to train (an ExportedModel or checkpoint)")
     if cfg.prompts is None:
@@ -83,9 +103,10 @@ def run_grpo(
     )
     held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
     try:
-        before = loop.evaluate(held_out) if held_out else None
+        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
+        state = resume_state(loop, out_dir, state_dir)
         train_started = time.perf_counter()
-        metrics = loop.run(on_step)
+        metrics = loop.run(on_step, state_file=state)
         train_s = time.perf_counter() - train_started
         after = loop.evaluate(held_out) if held_out else None
     finally:
@@ -102,4 +123,6 @@ def run_grpo(
         "metrics": metrics,
     }
     write_run(out_dir, cfg, summary)
+    if state is not None and state_dir is None:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
     return summary

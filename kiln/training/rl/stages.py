@@ -27,6 +27,11 @@ def rollout_resources(rollout: RolloutConfig) -> Resources:
     return Resources(ray=True, cpus=rollout.workers * rollout.cpus_per_worker)
 
 
+def _state_dir(ctx: StageContext) -> str | None:
+    """The platform's work folder: it survives a failed attempt, so a re-run resumes."""
+    return str(ctx.work_dir) if ctx.work_dir is not None else None
+
+
 class GRPOStageConfig(GRPORunConfig, StageConfig):
     """GRPORunConfig fields; `base` comes from the `model` input when wired."""
 
@@ -57,7 +62,7 @@ class GRPOStage(Stage):
                 progress.update(int(m["step"]), format_step(m))
 
             try:
-                summary = run_grpo(cfg, out.path, on_step=on_step)
+                summary = run_grpo(cfg, out.path, on_step=on_step, state_dir=_state_dir(ctx))
             finally:
                 writer.close()
         final = summary["final"]
@@ -109,7 +114,7 @@ class DistillStage(Stage):
                 progress.update(int(m["step"]), format_distill_step(m))
 
             try:
-                summary = run_distill(cfg, out.path, on_step=on_step)
+                summary = run_distill(cfg, out.path, on_step=on_step, state_dir=_state_dir(ctx))
             finally:
                 writer.close()
         final = summary["final"]
