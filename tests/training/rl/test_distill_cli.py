@@ -89,3 +89,12 @@ def test_distill_stage_records_every_step(tmp_path):
     rows = [json.loads(x) for x in (result.run_dir / "distill" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2] and all("reverse_kl" in r for r in rows)
     assert result.artifact("distill.checkpoint").meta["objective"] == "distill"
+
+
+def test_rollout_workers_make_the_stages_ask_for_ray():
+    for name in ("distill", "grpo"):
+        fields = {"rewards": [{"name": "math_exact"}]} if name == "grpo" else {}
+        local = stage_class(name)(**fields)
+        on_ray = stage_class(name)(**fields, rollout={"workers": 2, "cpus_per_worker": 0.5})
+        assert local.needs().ray is False
+        assert on_ray.needs().ray is True and on_ray.needs().cpus == 1.0
