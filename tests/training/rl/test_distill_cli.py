@@ -11,6 +11,7 @@ import torch
 from kiln.engine.generator import Generator
 from kiln.model.formats.hf import write_hf_dir
 from kiln.platform.errors import ConfigError
+from kiln.platform.imports import import_object
 from kiln.platform.pipeline import Pipeline
 from kiln.platform.registry import stage_class
 from kiln.training.rl import cli
@@ -43,7 +44,7 @@ def _command(argv):
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     args = parser.parse_args(argv)
-    return args.func(args)
+    return import_object(args.handler)(args)
 
 
 def test_distill_command_writes_a_loadable_checkpoint(tmp_path, capsys):
