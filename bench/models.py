@@ -2,7 +2,9 @@
 architecture (Llama 3.2, Qwen3, Gemma 3, DeepSeek-V3): the same HF folder loaded by both, the
 same batches, the same loop (forward, cross-entropy, backward, AdamW step), fp32 on CPU with the
 same threads, steps interleaved (median step time). Prints kiln's figure, transformers' and
-the ratio (target >= 1.0). Then KV-cache bytes per token of MLA (the latent and the RoPE key)
+the ratio (target >= 1.0); then greedy decode tokens/s through kiln's engine (its KV cache)
+vs `transformers.generate` (4 prompts of 32 tokens, 32 new tokens each, the best of three
+interleaved runs). Then KV-cache bytes per token of MLA (the latent and the RoPE key)
 against full attention of the same widths (every head's key and value), for the bench's
 DeepSeek shape and the real DeepSeek-V3 one.
 
@@ -20,6 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
 from kiln.model.config import ModelConfig
 from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
@@ -150,9 +154,37 @@ def main() -> None:
             f"{arch:9s} train tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
             f"ratio {ours / theirs:.2f}"
         )
+        ours, theirs = _decode_tokens_per_s(kiln, hf, g)
+        print(
+            f"{arch:9s} decode tokens/s kiln {ours:8.0f}  transformers {theirs:8.0f}  "
+            f"ratio {ours / theirs:.2f}"
+        )
         if arch == "deepseek_v3":
             _print_cache_bytes("bench shape", cfg)
     _print_cache_bytes("DeepSeek-V3 (671B)", ModelConfig.preset("deepseek_v3"))
+
+
+def _decode_tokens_per_s(kiln, hf, g: torch.Generator, new: int = 32) -> tuple[float, float]:
+    """Greedy decode tokens/s of kiln's engine and of transformers.generate, the same prompts
+    (equal lengths: no padding on either side), the best of three interleaved runs each."""
+    prompts = torch.randint(0, SHAPE["vocab_size"], (4, 32), generator=g)
+    gen = Generator(kiln.eval(), None, eos_token_ids=[])
+    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    hf.eval()
+
+    def ours() -> None:
+        gen.generate_ids(prompts.tolist(), params)
+
+    def theirs() -> None:
+        hf.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(3):  # interleaved, so both see the same machine load
+        for run, record in ((ours, times[0]), (theirs, times[1])):
+            start = time.perf_counter()
+            run()
+            record.append(time.perf_counter() - start)
+    return tuple(prompts.shape[0] * new / min(t) for t in times)
 
 
 def _print_cache_bytes(name: str, cfg: ModelConfig) -> None:
