@@ -7,7 +7,7 @@ figures a broken GPU path would produce. docs/gpu.md states the thresholds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 class GateFailure(AssertionError):
@@ -93,14 +93,3 @@ def check_apis(found: Mapping[str, bool]) -> None:
     missing = [name for name, ok in found.items() if not ok]
     if missing:
         raise GateFailure("torch lacks: " + ", ".join(missing) + " (docs/gpu.md: fallbacks)")
-
-
-def failures(checks: Iterable[tuple[str, object]]) -> list[str]:
-    """Run (label, zero-argument check) pairs; the reasons of those that failed."""
-    found = []
-    for label, check in checks:
-        try:
-            check()  # type: ignore[operator]
-        except GateFailure as exc:
-            found.append(f"{label}: {exc}")
-    return found
