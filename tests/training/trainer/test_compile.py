@@ -23,7 +23,7 @@ def test_compile_is_on_by_default_on_cuda_only():
     assert resolve_auto_compile(eager, cuda_available=True).parallel.compile is False
 
 
-@pytest.mark.slow  # inductor writes and builds C++ kernels: 61 s at load 18 on 2 cores
+@pytest.mark.slow  # inductor builds C++ kernels: 61 s cold at load 18, 18 s with its disk cache
 def test_compiled_blocks_train_like_eager(monkeypatch):
     # one compile worker: a pool of fresh interpreters costs more than this block's kernels
     monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
