@@ -84,7 +84,7 @@ def test_stages_past_the_global_deadline_are_skipped_and_fail_the_gate(tmp_path)
     assert stages["pytest"]["status"] == "skipped"
 
 
-@pytest.mark.slow  # every stage's CPU part in the image-like venv: 196 s at load 21 on 2 cores
+@pytest.mark.slow  # every stage's CPU part in the image-like venv: 39 s at load 4, 196 s at 21
 def test_gpu_check_dry_runs_every_stage_up_to_cuda(tmp_path):
     run = _dry_run(tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
