@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import itertools
 import json
@@ -135,8 +136,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(row: str, cfg: TrainConfig, peak: float | None, warmup: int = 3) -> dict[str, Any]:
-    """Steady-state figures of one row, every step checked; raises GateFailure on a rule."""
+def measure(cfg: TrainConfig, peak: float | None, warmup: int = 3) -> dict[str, Any]:
+    """Steady-state figures of one row, every step checked (finite, step 0 at ln V, fused
+    attention); raises GateFailure on a rule. The MFU floor is the caller's (figures kept)."""
     device = torch.device(cfg.device).type
     with fused_attention_only(device):
         trainer = Trainer(cfg).setup()
@@ -170,7 +172,6 @@ def measure(row: str, cfg: TrainConfig, peak: float | None, warmup: int = 3) -> 
     del trainer
     if device == "cuda":
         torch.cuda.empty_cache()
-    check_mfu(row, out["mfu_vs_datasheet_bf16"])
     return out
 
 
@@ -181,7 +182,7 @@ def bench(out_path: str, dry: bool) -> int:
     if dry:
         # the same code on a tiny CPU row; everything after it needs CUDA
         tiny = train_config({"model": {"preset": "tiny"}, "seq_len": 64}, steps=4, device="cpu")
-        figures["tiny_cpu"] = measure("tiny_cpu", tiny, peak=None)
+        figures["tiny_cpu"] = measure(tiny, peak=None)
         figures.update(planned=[row for row, _ in runs], dry=True)
         record(out_path, "bench", "ok", figures)
         print(f"dry: {len(runs)} row configs valid, tiny CPU row measured; stopping at CUDA")
@@ -203,13 +204,16 @@ def bench(out_path: str, dry: bool) -> int:
             status = 1
             continue
         try:
-            figures[row] = measure(row, cfg, peak)
+            figures[row] = measure(cfg, peak)
+            check_mfu(row, figures[row]["mfu_vs_datasheet_bf16"])
         except GateFailure as exc:
-            figures[row] = {"failed": str(exc)}
+            figures[row] = {**figures.get(row, {}), "failed": str(exc)}
             status = 1
         except Exception as exc:  # one broken row must not hide the others' figures
             figures[row] = {"error": f"{type(exc).__name__}: {exc}"}
             status = 1
+        gc.collect()  # a failed row's trainer (held by its traceback) frees its memory
+        torch.cuda.empty_cache()
         print(row, figures[row], flush=True)
         record(out_path, "bench", "running", figures)
     record(out_path, "bench", "ok" if status == 0 else "failed", figures)
