@@ -9,10 +9,11 @@ from typing import ClassVar
 
 from kiln.curator.classify.stages import ClassifyStage
 from kiln.curator.config import CurateConfig
+from kiln.curator.generate.stages import GenerateStage
 from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
-__all__ = ["ClassifyStage", "CurateStage"]
+__all__ = ["ClassifyStage", "CurateStage", "GenerateStage"]
 
 
 class CurateStage(Stage):
