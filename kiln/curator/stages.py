@@ -66,7 +66,8 @@ class CurateStage(Stage):
             raise ConfigError(
                 f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)"
             )
-        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path)
+        work = str(ctx.work_dir) if ctx.work_dir is not None else None  # a killed run resumes
+        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path, work_dir=work)
         self._curation.stream(ctx.runtime)
 
     def _finish(self, ctx: StageContext) -> dict:
@@ -84,4 +85,6 @@ class CurateStage(Stage):
             "kept": report["kept"],
             "rejected": report["rejected"],
             "seconds": report["seconds"]["total"],
+            "tasks_processed": report["tasks"]["processed"],
+            "tasks_resumed": report["tasks"]["resumed"],
         }
