@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -24,9 +22,4 @@ def register(subparsers) -> None:
         metavar="KEY=VALUE",
         help="override a field, e.g. --set sampling.max_new_tokens=128 (values are YAML)",
     )
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    """The handler, imported only when the command runs (`kiln --help` stays fast)."""
-    return importlib.import_module("kiln.curator.generate.command").run_generate(args)
+    p.set_defaults(handler="kiln.curator.generate.commands:generate_batch_command")

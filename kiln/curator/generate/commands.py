@@ -1,4 +1,5 @@
-"""`kiln generate-batch`'s handler: the config (--config, flags, --set), the run, a summary."""
+"""The handler of `kiln generate-batch` (imported only when it runs): the config (--config,
+flags, --set), the run, a summary."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from kiln.platform.config import load_config
 from kiln.platform.signals import stop_on_signals
 
 
-def run_generate(args) -> int:
+def generate_batch_command(args) -> int:
     stop_on_signals()  # SIGINT/SIGTERM: exit 130/143, an embedded Ray shut down
     fields = {"input": args.input, "model": args.model, "prompt": args.prompt}
     fields["stream"] = args.stream
