@@ -161,6 +161,8 @@ def _report(cfg, counts, n_rows, todo, resumed, seconds, t0) -> dict:
         "batches": {"total": len(counts), "resumed": len(resumed), "processed": len(todo)},
         "rows_processed": rows_now,
         "rows_per_s": rows_now / seconds if seconds else 0.0,
+        # decoding alone, summed over the workers (the rest of `seconds`: start-up, model loads)
+        "engine_seconds": sum(c["seconds"] for c in now),
         "tokens_per_s": tokens_now / seconds if seconds else 0.0,
         "stream": cfg.stream,
         "actors": cfg.actors if cfg.stream == "ray" else 1,
