@@ -20,6 +20,7 @@ AREA_STAGES = {
     "sft": "kiln.training.stages:SFTStage",
     "dpo": "kiln.training.stages:DPOStage",
     "grpo": "kiln.training.stages:GRPOStage",
+    "distill": "kiln.training.stages:DistillStage",
     "export": "kiln.serving.stages:ExportStage",
     "serve": "kiln.serving.stages:ServeStage",
     "evaluate": "kiln.evaluate.stages:EvaluateStage",

@@ -23,10 +23,11 @@ from kiln.training.metrics_log import METRICS_FILE
 from kiln.training.post.stages import DPOStage, ImportModelStage, PrepareChatStage, SFTStage
 from kiln.training.preflight import launch_plan
 from kiln.training.ray_train import RayOptions, train_on_ray, world_size
-from kiln.training.rl.stages import GRPOStage
+from kiln.training.rl.stages import DistillStage, GRPOStage
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
 __all__ = [
+    "DistillStage",
     "DPOStage",
     "GRPOStage",
     "ImportModelStage",

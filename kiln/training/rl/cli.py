@@ -1,4 +1,5 @@
-"""`kiln grpo`: GRPO-family RL on Kiln's engine from a YAML (+ --set), one line per step."""
+"""`kiln grpo` (GRPO-family RL) and `kiln distill` (on-policy distillation), rollouts on Kiln's
+engine, from a YAML (+ --set), one line per step."""
 
 from __future__ import annotations
 
@@ -13,3 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
     p.set_defaults(handler="kiln.training.rl.commands:grpo_command")
+
+    p = sub.add_parser(
+        "distill", help="on-policy distillation: the student samples, a teacher scores its tokens"
+    )
+    p.add_argument(
+        "--config", required=True, help="YAML: DistillRunConfig fields (or a distill: block)"
+    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
+    p.set_defaults(handler="kiln.training.rl.commands:distill_command")
