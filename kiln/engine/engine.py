@@ -305,7 +305,11 @@ class Engine:
         for request, token in zip(rows, tokens, strict=True):
             if token is None or request.finished:
                 continue
-            self.stop_rule.push(request.seq, token)
+            try:
+                self.stop_rule.push(request.seq, token)
+            except InputError as e:  # its grammar allows no token here: this request only
+                request.fail(e)
+                continue
             request.emit("finish" if request.seq.done else "token")
 
     @staticmethod

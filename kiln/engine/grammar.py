@@ -69,10 +69,11 @@ class GrammarCompiler:
     width, which may exceed the tokenizer's; the extra ids are never allowed."""
 
     def __init__(self, tokenizer, eos_token_ids: Collection[int], vocab_size: int) -> None:
-        eos = sorted(eos_token_ids) or [tokenizer.get_vocab_size()]
         self.vocab_size = vocab_size
         self.tokenizer = llguidance.LLTokenizer(
-            tokenizer.to_str(), n_vocab=max(vocab_size, tokenizer.get_vocab_size()), eos_token=eos
+            tokenizer.to_str(),
+            n_vocab=max(vocab_size, tokenizer.get_vocab_size()),
+            eos_token=sorted(eos_token_ids) or None,  # None: the tokenizer's own
         )
 
     def check(self, grammar: Grammar) -> None:
@@ -91,7 +92,7 @@ class GrammarCompiler:
         m = llguidance.LLMatcher(self.tokenizer, grammar.llguidance_grammar(), log_level=0)
         if m.is_error():
             raise InputError(f"{grammar.field}: {m.get_error()}")
-        return GrammarMatcher(m, self.vocab_size)
+        return GrammarMatcher(m, grammar.field)
 
 
 def _one_line(error: str, limit: int = 300) -> str:
@@ -104,18 +105,24 @@ def _one_line(error: str, limit: int = 300) -> str:
 class GrammarMatcher:
     """One sequence's place in its grammar."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, field: str) -> None:
         self._m = matcher
-        self.vocab_size = vocab_size
+        self.field = field
 
     def fill_mask(self, words: torch.Tensor) -> None:
-        """Write the allowed next tokens into `words` (int32, one bit per token, contiguous)."""
+        """Write the allowed next tokens into `words` (int32, one bit per token, contiguous).
+        A grammar with no sentence at all (`start: start`, an empty character class) leaves the
+        matcher in error with end-of-text as the only "allowed" token: that fails the request
+        instead of ending it as if complete."""
         self._m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+        if self._m.is_error():
+            raise InputError(f"{self.field}: no text can satisfy this grammar")
 
     def advance(self, token: int) -> None:
-        """Take one sampled token; raises when it breaks the grammar (the mask forbids that)."""
+        """Take one sampled token. The mask allows only tokens the grammar takes, so this fails
+        only for a grammar that allows no token at all here (an empty language)."""
         if not self._m.consume_token(token):
-            raise RuntimeError(f"grammar rejected token {token}: {self._m.get_error()}")
+            raise InputError(f"{self.field}: no text can satisfy this grammar")
 
     @property
     def complete(self) -> bool:

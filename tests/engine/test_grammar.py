@@ -11,6 +11,7 @@ import re
 import pytest
 from jsonschema import Draft202012Validator
 
+from kiln.engine.engine import Engine
 from kiln.engine.grammar import Grammar, GrammarCompiler
 from kiln.engine.sampler import SamplingParams
 from kiln.platform.errors import InputError
@@ -140,3 +141,21 @@ def test_a_grammar_the_engine_cannot_build_names_its_field(gen):
     bad = Grammar.json_schema({"type": "string", "format": "no-such-format"}, "response_format")
     with pytest.raises(InputError, match="^response_format: .*no-such-format"):
         compiler.check(bad)
+
+
+def test_a_grammar_with_no_sentence_fails_its_own_request_only(gen):
+    empty = Grammar(kind="lark", source="start: start", field="guided_grammar")
+    ok = Grammar.choice(["yes", "no"])
+    engine = Engine(gen, max_slots=4)
+    heard: dict[int, list] = {0: [], 1: []}
+    requests = [
+        engine.submit(
+            gen.encode("hello"), SamplingParams(max_new_tokens=8, grammar=g), heard[k].append
+        )
+        for k, g in enumerate((empty, ok))
+    ]
+    for _ in engine.run(requests):
+        pass
+    assert heard[0][-1].kind == "error"
+    assert str(heard[0][-1].error).startswith("guided_grammar: ")
+    assert heard[1][-1].kind == "finish" and gen.decode(heard[1][-1].token_ids) in ("yes", "no")
