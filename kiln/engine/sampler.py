@@ -130,7 +130,8 @@ def sample_next(
     `grammars` (a matcher or None per row) mask each constrained row to the tokens its grammar
     allows, before greedy and sampled rows alike pick."""
     logits = logits.float()
-    if grammars is not None:
+    if grammars is not None and any(g is not None for g in grammars):
+        logits = logits.clone()  # masked here; the caller's logits stay the model's
         apply_grammar_masks(logits, list(grammars))
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):

@@ -12,7 +12,13 @@ import json
 import openai
 import pytest
 from jsonschema import Draft202012Validator
+from starlette.testclient import TestClient
 
+from kiln.serving.api.protocol import Limits
+from kiln.serving.api.server import create_api
+from kiln.serving.backends.backend import BatchingConfig
+from kiln.serving.backends.local import LocalBackend
+from tests.serving.rest.conftest import API_KEY
 from tests.serving.rest.test_openai_schema import _completion_chunk, _events, assert_valid
 from tests.serving.rest.tiny_model import make_tiny_model
 
@@ -49,13 +55,6 @@ MESSAGES = [{"role": "user", "content": "the weather in kyoto?"}]
 def client(tmp_path_factory):
     """The app over a tiny model whose context holds the tool prompt (~800 of its byte-sized
     tokens) and a whole tool call."""
-    from starlette.testclient import TestClient
-
-    from kiln.serving.api.protocol import Limits
-    from kiln.serving.api.server import create_api
-    from kiln.serving.backends.backend import BatchingConfig
-    from kiln.serving.backends.local import LocalBackend
-
     model = make_tiny_model(str(tmp_path_factory.mktemp("structured") / "tiny"), max_seq_len=1536)
     backend = LocalBackend(model, "tiny", BatchingConfig(max_batch_size=8))
     with TestClient(create_api(backend, Limits(max_new_tokens=160))) as c:
@@ -284,8 +283,6 @@ def test_end_to_end_through_the_serve_endpoint(endpoint):
     forced tool call and a json_schema answer. The endpoint's tiny model has a 512-token context
     and a 64-token answer limit: the tool prompt is cut to its last 400 tokens (the grammar
     forces the call) and the tool takes no arguments, so the whole call fits."""
-    from tests.serving.rest.conftest import API_KEY
-
     with openai.OpenAI(base_url=endpoint.url + "/v1", api_key=API_KEY, max_retries=0) as c:
         common = {"model": "tiny", "messages": MESSAGES, "max_tokens": 64, "temperature": 0}
         calls, finish = {}, None
