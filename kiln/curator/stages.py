@@ -9,6 +9,10 @@ from typing import ClassVar
 
 from kiln.curator.classify.stages import ClassifyStage
 from kiln.curator.config import CurateConfig
+from kiln.curator.pipeline import Curation, step_needs
+from kiln.curator.readers import expand_inputs
+from kiln.platform.artifact import parquet_files
+from kiln.platform.errors import ConfigError
 from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
@@ -26,7 +30,6 @@ class CurateStage(Stage):
 
     def extra_fingerprint(self) -> str:
         """Input files' names, sizes and mtimes: a changed input invalidates the cache."""
-        from kiln.curator.readers import expand_inputs
 
         h = hashlib.sha256()
         if not self.config.input:  # only an upstream Corpus: its fingerprint covers it
@@ -43,7 +46,6 @@ class CurateStage(Stage):
     def steps(self) -> list[Step]:
         """Stream (Ray Data when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
         the platform shuts an embedded Ray down between them when dedup runs on Dask threads."""
-        from kiln.curator.pipeline import step_needs
 
         stream_needs, dedup_needs = step_needs(self.config)
         return [
@@ -52,10 +54,6 @@ class CurateStage(Stage):
         ]
 
     def _stream(self, ctx: StageContext) -> None:
-        from kiln.curator.pipeline import Curation
-        from kiln.platform.artifact import parquet_files
-        from kiln.platform.errors import ConfigError
-
         cfg: CurateConfig = self.config  # type: ignore[assignment]
         if "corpus" in ctx.inputs:  # an upstream Corpus joins the configured paths
             cfg = cfg.model_copy(

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 
 from kiln.engine import Engine, complete, stream_events
 from kiln.engine.detokenize import IncrementalText, hold_back
+from kiln.engine.generator import Generator
 from kiln.engine.grammar import Grammar
+from kiln.engine.logprobs import score_tokens, token_bytes
 from kiln.platform.errors import InputError, KilnError
 from kiln.serving.api.protocol import RequestError
 from kiln.serving.backends.backend import BatchingConfig, Job, Prompt, Result
@@ -30,8 +32,6 @@ class LocalBackend:
     def __init__(
         self, model_dir: str, model_name: str | None = None, batching: BatchingConfig | None = None
     ):
-        from kiln.engine.generator import Generator
-
         self.generator = Generator.load(model_dir)
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len
@@ -195,8 +195,6 @@ class LocalBackend:
     # ---- log-probabilities --------------------------------------------------------------
 
     async def score(self, ids: list[int], top: int) -> list[TokenScore]:
-        from kiln.engine.logprobs import score_tokens
-
         def work():
             with self._lock:
                 return score_tokens(self.generator.model, ids, top)
@@ -208,8 +206,6 @@ class LocalBackend:
         return [tok.decode([i], skip_special_tokens=False) for i in ids]
 
     def token_bytes(self, ids: list[int]) -> list[bytes]:
-        from kiln.engine.logprobs import token_bytes
-
         return [token_bytes(self.generator.tokenizer, i) for i in ids]
 
     async def ready(self) -> bool:

@@ -20,10 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model.formats.weights import read_weights
 from kiln.model.lora import LORA_PARAMS, adapters_disabled
 from kiln.platform.errors import ConfigError, InputError
+from kiln.training.data.loader import TokenLoader
+from kiln.training.parallel.context_parallel import shard_for_context_parallel
 from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
-from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
+from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
+from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatDataset, ChatSource
 from kiln.training.post.config import PostTrainConfig
 from kiln.training.post.dpo import dpo_loss, split_pairs
 from kiln.training.post.objectives import sequence_logps
@@ -55,8 +59,6 @@ class PostTrainer(Trainer):
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         base_state = None
         if cfg.base:
-            from kiln.model.formats.weights import read_weights
-
             _, base_cfg, base_state = read_weights(cfg.base)
             if base_cfg.max_seq_len < cfg.seq_len:
                 base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
@@ -84,7 +86,6 @@ class PostTrainer(Trainer):
         """LoRA on a base: adapter-only checkpoints (the base is referenced, not copied)."""
         if self.cfg.lora is None or not self.cfg.base:
             return super().build_checkpointer(ckpt_cfg)
-        from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
 
         return AdapterCheckpointer(
             **self.checkpointer_args(ckpt_cfg),
@@ -97,14 +98,10 @@ class PostTrainer(Trainer):
 
     def _chat_meta(self) -> dict:
         if not hasattr(self, "_meta"):
-            from kiln.training.post.chat_dataset import ChatDataset
-
             self._meta = ChatDataset(chat_prefix(self.cfg)).meta
         return self._meta
 
     def _build_dataloader(self):
-        from kiln.training.data.loader import TokenLoader
-
         cfg = self.cfg
         source = ChatSource(chat_prefix(cfg), seed=cfg.data.seed or cfg.seed)
         want = "preference" if cfg.objective == "dpo" else "sft"
@@ -131,7 +128,6 @@ class PostTrainer(Trainer):
 
     def _build_eval_loader(self):
         """The held-out split of the chat dataset, in order."""
-        from kiln.training.data.loader import TokenLoader
 
         cfg = self.cfg
         source = ChatSource(chat_prefix(cfg, cfg.eval_split), seed=cfg.seed, shuffle=False)
@@ -244,8 +240,6 @@ class PostTrainer(Trainer):
             return loss.detach()
         if not self._packed():  # plain rows: exactly pretraining's masked cross entropy
             if self.dims.cp_enabled:
-                from kiln.training.parallel.context_parallel import shard_for_context_parallel
-
                 tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
             return self._forward_backward(tokens, labels)
         model = self.model_parts[0]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from kiln.platform import console
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -14,27 +12,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="YAML: GRPORunConfig fields (or a grpo: block)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
-    p.set_defaults(func=_grpo)
-
-
-def _grpo(args) -> int:
-    # the run pulls in torch and the engine (~7 s): only `kiln grpo` pays that, not every
-    # command's start (as kiln/training/post/cli.py's `sft`)
-    from kiln.training.rl.grpo import format_step
-    from kiln.training.rl.run import load_config, run_grpo
-
-    cfg = load_config(args.config, args.overrides)
-    summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
-    final = summary["final"]
-    console.summary(
-        [
-            ("steps", summary["steps"]),
-            ("first reward", summary["first_reward"]),
-            ("final reward", final["reward"]),
-            ("held-out reward before", summary["eval_reward_before"]),
-            ("held-out reward after", summary["eval_reward_after"]),
-            ("seconds", round(summary["seconds"], 1)),
-            ("checkpoint", args.out),
-        ]
-    )
-    return 0
+    p.set_defaults(handler="kiln.training.rl.commands:grpo_command")
