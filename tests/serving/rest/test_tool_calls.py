@@ -13,6 +13,7 @@ from kiln.serving.api.openai.tool_parser import ToolCallStream, parse_tool_calls
 from kiln.serving.api.openai.tools import template_messages, template_tools
 from kiln.serving.chat_template import render_chat
 from kiln.text.chat_template import reads_tools
+from tests.engine.tiny import train_tokenizer
 
 TOOL = {
     "type": "function",
@@ -56,6 +57,31 @@ def test_a_template_that_reads_tools_gets_them_and_the_calls_as_objects():
     assert '<call>get_weather{"city": "Kyoto"}</call>' in text  # arguments as an object
     assert "<|im_start|>tool\nrain<|im_end|>" in text
     assert "<tool_call>" not in text
+
+
+def test_tools_and_calls_render_as_transformers_apply_chat_template_renders_them():
+    from transformers import PreTrainedTokenizerFast  # the test extra's; slow to import
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer())
+    as_transformers = [
+        CONVERSATION[0],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Kyoto"}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+    ]
+    expected = tok.apply_chat_template(
+        as_transformers,
+        tools=[TOOL],
+        chat_template=QWEN_LIKE,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert _render(QWEN_LIKE) == expected
 
 
 def test_a_template_without_tools_gets_the_hermes_prompt_and_markup():
