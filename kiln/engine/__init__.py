@@ -2,7 +2,8 @@
 
 `Engine` (engine.py) runs the step loop on a background thread; `Scheduler` (scheduler.py)
 decides admission, chunked prefill and decode rows; `SlotPool` (kv_cache_manager.py) holds the
-cache; model_runner.py calls `Transformer.forward`; aio.py feeds per-request asyncio queues. See docs/serving.md, "Continuous batching".
+cache; model_runner.py calls `Transformer.forward`; aio.py feeds per-request asyncio queues.
+See docs/serving.md, "Continuous batching".
 """
 
 from kiln.platform.imports import lazy_exports

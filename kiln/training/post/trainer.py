@@ -29,7 +29,7 @@ from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
 from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
 from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatDataset, ChatSource
 from kiln.training.post.config import PostTrainConfig
-from kiln.training.post.dpo import dpo_loss, split_pairs
+from kiln.training.post.dpo import split_pairs
 from kiln.training.post.objectives import sequence_logps
 from kiln.training.post.packed_attention import document_masking
 from kiln.training.post.train_spec import PostTrainingAdapter, post_training_spec
@@ -63,7 +63,8 @@ class PostTrainer(Trainer):
             if base_cfg.max_seq_len < cfg.seq_len:
                 base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
             cfg = cfg.model_copy(update={"model": base_cfg})
-        spec = post_training_spec(PostTrainingAdapter(base_state, cfg.lora, self._packed))
+        adapter = PostTrainingAdapter(base_state, cfg.lora, self._packed)
+        spec = post_training_spec(adapter, cfg.dpo if cfg.objective == "dpo" else None)
         super().__init__(cfg, on_step=on_step, dataloader=dataloader, spec=spec)
         self._post_metrics: dict[str, float] = {}
         # DPO's precomputed reference log-probs (train and held-out rows), filled in setup()
@@ -198,8 +199,8 @@ class PostTrainer(Trainer):
         for micro in range(self.grad_accum):
             batch = [t.to(self.device) for t in next(self._batches)]
             self._set_grad_sync(micro == self.grad_accum - 1)
-            if self.cfg.objective == "dpo":
-                loss_sum += self._dpo_step(*batch).float()
+            if self.spec.pair_loss is not None:
+                loss_sum += self._pair_step(*batch).float()
             else:
                 loss_sum += self._sft_step(*batch).float()
         return loss_sum / self.grad_accum
@@ -249,34 +250,14 @@ class PostTrainer(Trainer):
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         return to_local_loss(loss).detach()
 
-    def _dpo_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
+    def _pair_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
         model = self.model_parts[0]
         with self._contexts():
-            loss, metrics = self._dpo_loss(model, tokens, labels, self._reference, rows)
+            loss, metrics = self.spec.pair_loss(model, tokens, labels, self._reference, rows)
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         for k, v in metrics.items():
             self._post_metrics[k] = self._post_metrics.get(k, 0.0) + float(v) / self.grad_accum
         return loss.detach()
-
-    def _dpo_loss(self, model, tokens, labels, reference, rows):
-        """DPO's loss and reward metrics of a batch of pairs; the reference log-probs are the
-        precomputed table's `rows`, or the base's (adapters off, no gradient)."""
-        cfg = self.cfg
-        policy, n_tokens = sequence_logps(model(tokens), labels)
-        if cfg.dpo.reference == "precomputed":
-            ref = reference[rows].to(policy.dtype)
-            ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
-        else:
-            with torch.no_grad(), adapters_disabled(model):
-                ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
-        return dpo_loss(
-            *split_pairs(policy),
-            ref_chosen,
-            ref_rejected,
-            *split_pairs(n_tokens),
-            beta=cfg.dpo.beta,
-            loss_type=cfg.dpo.loss_type,
-        )
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -284,17 +265,17 @@ class PostTrainer(Trainer):
         """SFT: the held-out masked loss; DPO: the held-out DPO loss and reward accuracy."""
         tokens, labels, positions, document_ids, *rows = (t.to(self.device) for t in batch)
         model = self.model_parts[0]
-        if self.cfg.objective == "dpo":
-            return self._dpo_eval(model, tokens, labels, rows[0])
+        if self.spec.pair_loss is not None:
+            return self._pair_eval(model, tokens, labels, rows[0])
         if not self._packed():  # plain rows: pretraining's held-out loss (pp, cp included)
             return super().eval_batch((tokens, labels))
         with self._contexts(), document_masking(model, document_ids):
             loss = self.spec.loss(model(tokens, positions=positions), labels)
         return {"val_loss": to_local_loss(loss)}
 
-    def _dpo_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
+    def _pair_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
         with self._contexts():
-            loss, metrics = self._dpo_loss(model, tokens, labels, self._eval_reference, rows)
+            loss, metrics = self.spec.pair_loss(model, tokens, labels, self._eval_reference, rows)
         return {
             "val_loss": loss,
             "val_rewards/accuracies": metrics["rewards/accuracies"],
