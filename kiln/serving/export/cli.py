@@ -1,4 +1,4 @@
-"""`kiln export`, `kiln import-hf` and `kiln triton up`."""
+"""`kiln export`, `kiln import-hf`, `kiln convert`, `kiln compare-models` and `kiln triton up`."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "import-hf",
-        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 model (a folder or a Hub id) or a "
-        "GGUF into a kiln checkpoint",
+        help="turn a Hugging Face model (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Gemma 3; a "
+        "folder or a Hub id) or a GGUF into a kiln checkpoint",
     )
     p.add_argument(
         "hf_dir",
