@@ -42,6 +42,18 @@ def _register_serve(subparsers) -> None:
     p.add_argument(
         "--max-batch-size", type=int, default=8, help="local backend: sequences decoded at once"
     )
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int4", "fp8"],
+        help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",
+    )
+    p.add_argument(
+        "--quantize-group-size",
+        type=int,
+        choices=[32, 64, 128, 256],
+        default=32,
+        help="int4: inputs that share one scale (default 32)",
+    )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
     p.add_argument(
@@ -85,12 +97,8 @@ def _register_serve(subparsers) -> None:
     g.set_defaults(func=_generate)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from kiln.platform.runtime import Runtime
-    from kiln.platform.signals import stop_on_signals
-    from kiln.serving.exposure import public_bind_warning
-    from kiln.serving.launch import launch
-
+def serve_settings(args: argparse.Namespace) -> dict:
+    """The endpoint settings (`AppSettings` fields) of a parsed `kiln serve` command line."""
     deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
     if args.max_replicas:
         deployment["autoscaling"] = {
@@ -98,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
             "max_replicas": args.max_replicas,
             "target_ongoing_requests": args.target_ongoing_requests,
         }
-    settings = {
+    return {
         "backend": args.backend,
         "model_name": args.model_name,
         "api_key": args.api_key,
@@ -106,8 +114,19 @@ def _serve(args: argparse.Namespace) -> int:
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
         "batching": {"max_batch_size": args.max_batch_size},
+        "quantize": args.quantize,
+        "quantize_group_size": args.quantize_group_size,
         "deployment": deployment,
     }
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from kiln.platform.runtime import Runtime
+    from kiln.platform.signals import stop_on_signals
+    from kiln.serving.exposure import public_bind_warning
+    from kiln.serving.launch import launch
+
+    settings = serve_settings(args)
     if warning := public_bind_warning(args.host, args.api_key):
         print(warning, file=sys.stderr, flush=True)
     stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored

@@ -27,11 +27,19 @@ log = logging.getLogger("kiln")
 
 class LocalBackend:
     def __init__(
-        self, model_dir: str, model_name: str | None = None, batching: BatchingConfig | None = None
+        self,
+        model_dir: str,
+        model_name: str | None = None,
+        batching: BatchingConfig | None = None,
+        *,
+        quantize: str | None = None,
+        quantize_group_size: int = 32,
     ):
         from kiln.engine.generator import Generator
 
-        self.generator = Generator.load(model_dir)
+        self.generator = Generator.load(
+            model_dir, quantize=quantize, quantize_group_size=quantize_group_size
+        )
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len
         self.vocab_size = int(self.generator.model.tok_embeddings.weight.shape[0])
