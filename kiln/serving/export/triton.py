@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.model.quantize import QuantMethod
 from kiln.platform.errors import InputError
 
 # the TritonPythonModel: read as a file (it imports triton_python_backend_utils, which only
@@ -71,6 +72,14 @@ class TritonExportConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights' dtype in the Triton model."
     )
+    quantize: QuantMethod | None = Field(
+        None,
+        description="Quantize the weights as the model loads (int8, int4 on CPU instances; fp8 "
+        "on GPUs of capability 8.9+); the files keep `dtype`.",
+    )
+    quantize_group_size: Literal[32, 64, 128, 256] = Field(
+        32, description="int4: inputs that share one scale."
+    )
     torch_threads: int = Field(
         0, ge=0, description="torch threads per instance (0: torch's default)."
     )
@@ -100,6 +109,8 @@ def config_pbtxt(
         "default_max_tokens": cfg.default_max_tokens,
         "max_tokens_limit": cfg.max_tokens_limit,
         "dtype": cfg.dtype,
+        "quantize": cfg.quantize or "",  # "": the weights as stored
+        "quantize_group_size": cfg.quantize_group_size,
         "torch_threads": cfg.torch_threads,
         "engine_slots": cfg.engine_slots,
         "prefill_chunk": cfg.prefill_chunk,
