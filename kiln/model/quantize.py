@@ -5,8 +5,8 @@ feed-forward, the LM head; not a mixture of experts' router and experts) for a m
 its weight in fewer bits and multiplies through a packed-weight kernel:
 
 * int8: symmetric, one scale per output channel; `aten._weight_int8pack_mm`.
-* int4: symmetric, one scale per `group_size` inputs of each output channel (llama.cpp's Q4_0 and
-  torchao's int4 weight-only are group-wise too); `aten._weight_int4pack_mm_for_cpu`.
+* int4: asymmetric, a scale and a zero per `group_size` inputs of each output channel (as
+  llama.cpp's Q4_1 and torchao's int4 weight-only); `aten._weight_int4pack_mm_for_cpu`.
 * fp8: e4m3 weights with per-channel scales, activations scaled per row, `aten._scaled_mm`; CUDA
   GPUs of compute capability 8.9 or newer only.
 
@@ -67,8 +67,9 @@ class Int8WeightOnlyLinear(nn.Module):
 
 
 class Int4WeightOnlyLinear(nn.Module):
-    """`nn.Linear` with a 4-bit weight packed for the CPU kernel and a bf16 scale per group of
-    `group_size` inputs of each output channel (codes 0..15 stand for -8..7 times the scale)."""
+    """`nn.Linear` with a 4-bit weight packed for the CPU kernel: each group of `group_size`
+    inputs of an output channel spans its own [min, max] in 16 levels (asymmetric, as llama.cpp's
+    Q4_1 and torchao's int4: a GGUF Q4_1 model's weights come back exactly, up to bf16)."""
 
     def __init__(self, linear: nn.Linear, group_size: int) -> None:
         super().__init__()
@@ -79,13 +80,18 @@ class Int4WeightOnlyLinear(nn.Module):
         n = -(-self.out_features // INT4_ROWS) * INT4_ROWS
         w = linear.weight.detach().float()
         w = torch.cat([w, w.new_zeros(n - self.out_features, k)]).view(n, -1, group_size)
-        scale = (w.abs().amax(dim=-1).clamp(min=1e-12) / 7).to(torch.bfloat16)  # [N, K/G]
-        codes = torch.round(w / scale.float()[..., None]).clamp(-8, 7) + 8
+        low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, K/G]
+        # the kernel computes (code - 8) * scale + zero; both are rounded to bf16 before the
+        # codes are chosen, so the codes are the nearest for the values the kernel uses
+        scale = ((high - low).clamp(min=1e-12) / 15).to(torch.bfloat16)
+        zero = (low + 8 * scale.float()).to(torch.bfloat16)
+        offset = zero.float() - 8 * scale.float()  # the value of code 0
+        codes = torch.round((w - offset[..., None]) / scale.float()[..., None]).clamp(0, 15)
         codes = codes.to(torch.int32).view(n, k).contiguous()
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         self.register_buffer("qweight", packed)
-        # the kernel's layout: [K/G, N, (scale, zero)]; the zero is an offset added after scaling
-        scales_and_zeros = torch.stack([scale, torch.zeros_like(scale)], -1).transpose(0, 1)
+        # the kernel's layout: [K/G, N, (scale, zero)]
+        scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
 
@@ -100,9 +106,9 @@ class Int4WeightOnlyLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, in fp32 [N, K] (the identity times the packed
         weight, through the kernel itself: the packed layout is the kernel's own)."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        eye = torch.eye(self.in_features)  # fp32 in and out: no rounding of the product
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            eye, self.qweight, self.group_size, self.scales_and_zeros
+            eye, self.qweight, self.group_size, self.scales_and_zeros.float()
         )
         return w_t[:, : self.out_features].float().t().contiguous()
 
