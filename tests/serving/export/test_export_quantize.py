@@ -10,7 +10,7 @@ import pytest
 
 from kiln.engine.generator import Generator
 from kiln.model.formats.weights import write_model_checkpoint
-from kiln.model.quantize import Int4WeightOnlyLinear
+from kiln.model.quantize import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 from kiln.platform.errors import ConfigError
 from kiln.serving.export.stages import ExportConfig, export_model
 from tests.engine.tiny import tiny_model, train_tokenizer
@@ -48,7 +48,8 @@ def test_triton_export_carries_quantize_to_the_model_it_loads(checkpoint, tmp_pa
         quantize_group_size=int(params["quantize_group_size"]),
     )
     layers = [m for m in gen.model.modules() if isinstance(m, Int4WeightOnlyLinear)]
-    assert len(layers) == 2 * 7 + 1  # 2 blocks x (q, k, v, o, w1, w2, w3) and the head
+    assert len(layers) == 2 * 7  # 2 blocks x (q, k, v, o, w1, w2, w3)
+    assert isinstance(gen.model.output, Int8WeightOnlyLinear)  # int4's head stays at 8 bits
     assert Path(model_dir, "1", "runtime", "kiln", "model", "quantize.py").exists()
     [completion] = gen.generate(["the quick brown fox"])
     assert completion.completion_tokens > 0
