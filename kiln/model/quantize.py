@@ -12,10 +12,11 @@ its weight in fewer bits and multiplies through a packed-weight kernel:
 
 With int4 the LM head is int8 (as llama.cpp's 4-bit files keep it at 6-8 bits).
 
-The CPU kernels take bf16 activations (with fp32 ones they fall back to a path 10-40x slower,
-bench/serving_quantized.py), so a layer casts its input to bf16 and its output back. Activations
-are never quantized: dynamic int8 activations cost SmolLM2 3x its perplexity. The embedding, the
-norms and the KV cache keep the model's dtype; a tied head gets its own quantized copy.
+The CPU kernels take bf16 activations (with fp32 ones they fall back to a path 40-95x slower,
+`bench/serving_quantized.py --part kernels`), so a layer casts its input to bf16 and its output
+back. Activations are never quantized: dynamic int8 activations cost SmolLM2 3x its perplexity.
+The embedding, the norms and the KV cache keep the model's dtype; a tied head gets its own
+quantized copy.
 """
 
 from __future__ import annotations
