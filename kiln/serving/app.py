@@ -17,7 +17,10 @@ from ray import serve
 
 from kiln.model.quantize import QuantMethod
 from kiln.serving.api.protocol import Limits
+from kiln.serving.api.server import create_api
 from kiln.serving.backends.backend import BatchingConfig
+from kiln.serving.backends.local import LocalBackend
+from kiln.serving.backends.triton import TritonBackend
 
 log = logging.getLogger("kiln")
 
@@ -115,8 +118,6 @@ class AppSettings(BaseModel):
 
 def make_backend(settings: AppSettings):
     if settings.backend == "local":
-        from kiln.serving.backends.local import LocalBackend
-
         return LocalBackend(
             settings.model_dir,  # type: ignore[arg-type]
             settings.model_name,
@@ -124,7 +125,6 @@ def make_backend(settings: AppSettings):
             quantize=settings.quantize,
             quantize_group_size=settings.quantize_group_size,
         )
-    from kiln.serving.backends.triton import TritonBackend
 
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
 
@@ -139,8 +139,6 @@ class KilnServer:
         self.backend = make_backend(self.settings)
 
     def __serve_build_asgi_app__(self):
-        from kiln.serving.api.server import create_api
-
         return create_api(self.backend, self.settings.limits, self.settings.api_key)
 
     async def __del__(self):

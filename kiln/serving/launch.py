@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from kiln.model.formats.hf import find_hf_dir
 from kiln.platform.errors import ConfigError, InputError, format_validation_error
 from kiln.serving.app import DEFAULT_APP_NAME, AppSettings, deploy
+from kiln.serving.triton.server import TritonServer
 
 log = logging.getLogger("kiln")
 
@@ -130,8 +131,6 @@ def launch(
             repo, name = find_triton_repo(model_dir, settings.get("triton_model"))
             settings["triton_model"] = name
             if not settings.get("triton_url"):
-                from kiln.serving.triton.server import TritonServer
-
                 triton = TritonServer(repo, restart=True).start()  # restarted if it dies
                 settings["triton_url"] = triton.grpc_url
     try:

@@ -10,8 +10,8 @@ from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.platform.cli import build_parser
 from kiln.platform.errors import ConfigError
-from kiln.serving.cli import serve_settings
 from kiln.serving.client import KilnClient
+from kiln.serving.commands import serve_settings
 from kiln.serving.launch import launch
 from tests.conftest import free_port
 from tests.serving.rest.tiny_model import make_tiny_model
