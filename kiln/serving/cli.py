@@ -62,6 +62,7 @@ def _register_serve(subparsers) -> None:
         help="autoscaling: ongoing requests per replica to aim for",
     )
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
+    p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (fp8 needs one)")
     p.add_argument(
         "--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask"
     )

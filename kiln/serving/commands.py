@@ -15,7 +15,11 @@ from kiln.serving.launch import launch
 
 def serve_settings(args: argparse.Namespace) -> dict:
     """The endpoint settings (`AppSettings` fields) of a parsed `kiln serve` command line."""
-    deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
+    deployment: dict = {
+        "num_replicas": args.replicas,
+        "num_cpus": args.num_cpus,
+        "num_gpus": args.num_gpus,
+    }
     if args.max_replicas:
         deployment["autoscaling"] = {
             "min_replicas": args.replicas,

@@ -10,6 +10,7 @@ from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.platform.cli import build_parser
 from kiln.platform.errors import ConfigError
+from kiln.serving.app import AppSettings
 from kiln.serving.client import KilnClient
 from kiln.serving.commands import serve_settings
 from kiln.serving.launch import launch
@@ -50,6 +51,10 @@ def test_quantize_a_backend_cannot_honour_is_refused_before_deploying():
         launch(None, {**triton, "quantize": "int8"})
     with pytest.raises(ConfigError, match="quantize fp8 runs on a GPU"):
         launch(None, {"model_dir": "unused", "quantize": "fp8"})
+    fp8 = serve_settings(
+        build_parser().parse_args(["serve", "m", "--quantize", "fp8", "--num-gpus", "1"])
+    )
+    assert AppSettings.model_validate({**fp8, "model_dir": "m"}).deployment.num_gpus == 1
     with pytest.raises(SystemExit):  # argparse: not a group size the kernels take
         build_parser().parse_args(
             ["serve", "m", "--quantize", "int4", "--quantize-group-size", "48"]
