@@ -12,6 +12,7 @@ AREA_STAGES = {
     "compare": "kiln.pipelines.stages:CompareStage",
     "curate": "kiln.curator.stages:CurateStage",
     "classify": "kiln.curator.stages:ClassifyStage",
+    "generate": "kiln.curator.stages:GenerateStage",
     "tokenize": "kiln.training.stages:TokenizeStage",
     "train": "kiln.training.stages:TrainStage",
     "import-model": "kiln.training.stages:ImportModelStage",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from kiln.curator.classify import cli as classify_cli
+from kiln.curator.generate import cli as generate_cli
 
 
 def register(subparsers) -> None:
-    """The curator's commands: `curate`, then classify's."""
+    """The curator's commands: `curate`, then classify's and generate's."""
     _register_curate(subparsers)
     classify_cli.register(subparsers)
+    generate_cli.register(subparsers)
 
 
 def _register_curate(subparsers) -> None:

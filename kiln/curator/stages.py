@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from kiln.curator.classify.stages import ClassifyStage
 from kiln.curator.config import CurateConfig
+from kiln.curator.generate.stages import GenerateStage
 from kiln.curator.pipeline import Curation, step_needs
 from kiln.curator.readers import expand_inputs
 from kiln.platform.artifact import parquet_files
@@ -16,7 +17,7 @@ from kiln.platform.errors import ConfigError
 from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
-__all__ = ["ClassifyStage", "CurateStage"]
+__all__ = ["ClassifyStage", "CurateStage", "GenerateStage"]
 
 
 class CurateStage(Stage):
@@ -63,7 +64,8 @@ class CurateStage(Stage):
             raise ConfigError(
                 f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)"
             )
-        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path)
+        work = str(ctx.work_dir) if ctx.work_dir is not None else None  # a killed run resumes
+        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path, work_dir=work)
         self._curation.stream(ctx.runtime)
 
     def _finish(self, ctx: StageContext) -> dict:
@@ -81,4 +83,6 @@ class CurateStage(Stage):
             "kept": report["kept"],
             "rejected": report["rejected"],
             "seconds": report["seconds"]["total"],
+            "tasks_processed": report["tasks"]["processed"],
+            "tasks_resumed": report["tasks"]["resumed"],
         }
