@@ -275,7 +275,7 @@ class Trainer:
             if self.dims.pp_enabled:
                 return self._pipeline_forward_backward(tokens, labels)
             model = self.model_parts[0]
-            loss = self.spec.loss(model(tokens), labels)
+            loss = self._token_loss(model, tokens, labels)
             total = loss
             if cfg.model.n_experts:
                 from kiln.model.moe import moe_aux_loss
@@ -284,6 +284,16 @@ class Trainer:
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
             (total * (self.scaler.scale / self.grad_accum)).backward()
             return to_local_loss(loss).detach()
+
+    def _token_loss(
+        self, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """The objective's mean token loss; with `loss_chunk_tokens` the model computes the
+        cross entropy itself, chunk by chunk, and the full logits never exist."""
+        chunk = self.cfg.loss_chunk_tokens
+        if chunk:
+            return model(tokens, labels=labels, loss_chunk_tokens=chunk)
+        return self.spec.loss(model(tokens), labels)
 
     def _pipeline_forward_backward(
         self, tokens: torch.Tensor, labels: torch.Tensor
@@ -398,9 +408,8 @@ class Trainer:
             loss_parallel_context(self.loss_parallel),
         ):
             if not self.dims.pp_enabled:
-                return {
-                    "val_loss": to_local_loss(self.spec.loss(self.model_parts[0](tokens), labels))
-                }
+                loss = self._token_loss(self.model_parts[0], tokens, labels)
+                return {"val_loss": to_local_loss(loss)}
             losses: list[torch.Tensor] = []
             inputs = (tokens,) if self.has_first else ()
             target = labels if self.has_last else None
