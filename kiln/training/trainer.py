@@ -22,6 +22,7 @@ from torch import nn
 from kiln.model import Transformer
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
+from kiln.training.data.loader import TokenLoader
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
 from kiln.training.optimizer import (
@@ -93,6 +94,8 @@ class Trainer:
         self.scaler = LossScaler(enabled=cfg.precision == "fp16")
         if self.dataloader is None:
             self.dataloader = self._build_dataloader()
+        if isinstance(self.dataloader, TokenLoader):  # page-locked only where a GPU copies them
+            self.dataloader.pin_memory = self.device.type == "cuda"
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
         if cfg.checkpoint.dir or cfg.checkpoint.load_from or cfg.checkpoint.init_from:
@@ -349,7 +352,8 @@ class Trainer:
         batches = [next(self._batches) for _ in range(n)]
         tokens = torch.cat([t for t, _ in batches]) if n > 1 else batches[0][0]
         labels = torch.cat([y for _, y in batches]) if n > 1 else batches[0][1]
-        return tokens.to(self.device), labels.to(self.device)
+        # Non-blocking from the loader's pinned batches on CUDA; a plain copy otherwise.
+        return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def _clip_and_step(self) -> torch.Tensor:
         """Unscale, clip by the global norm, step the optimizers (unless fp16 overflowed) and

@@ -200,7 +200,7 @@ class PostTrainer(Trainer):
         loss_sum = torch.zeros((), device=self.device)
         self._post_metrics = {}
         for micro in range(self.grad_accum):
-            batch = [t.to(self.device) for t in next(self._batches)]
+            batch = [t.to(self.device, non_blocking=True) for t in next(self._batches)]
             self._set_grad_sync(micro == self.grad_accum - 1)
             if self.cfg.objective == "dpo":
                 loss_sum += self._dpo_step(*batch).float()
