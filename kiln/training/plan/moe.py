@@ -56,7 +56,6 @@ def _assign(self: MoE, top_idx: torch.Tensor, top_w: torch.Tensor):
 def _run_experts_ep(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """ExpertParallelMoE.run_experts with the planned splits (no count exchange): the same
     all-to-alls, regrouping copies and expert GEMMs, on the planned number of rows."""
-    from kiln.model.moe import grouped_swiglu
     from kiln.training.parallel.expert_parallel import _AllToAll
 
     ep = dist.get_world_size(self.ep_group)
@@ -66,7 +65,7 @@ def _run_experts_ep(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     rows = _AllToAll.apply(x, recv_splits, send_splits, self.ep_group)
     order = torch.arange(sum(recv_splits), device=x.device)
     per_expert = _host_long(n_local, received * ep)
-    y = grouped_swiglu(list(self.experts.values()), rows[order], per_expert).to(x.dtype)
+    y = self.experts(rows[order], per_expert).to(x.dtype)
     y = torch.empty_like(y).index_copy(0, order, y)
     return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
 
