@@ -43,7 +43,11 @@ class ParallelConfig(_Strict):
         False, description="FSDP2: False = distributed optimizer (ZeRO-2 like), True = ZeRO-3."
     )
     loss_parallel: bool = Field(True, description="Cross entropy on the TP-sharded vocabulary.")
-    compile: bool = Field(False, description="torch.compile each transformer block.")
+    compile: bool | None = Field(
+        None,
+        description="torch.compile each transformer block (after TP and recompute, before "
+        "FSDP); null: on for CUDA runs, off on CPU.",
+    )
 
 
 class OptimizerConfig(_Strict):

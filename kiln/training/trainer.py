@@ -27,7 +27,12 @@ from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
 from kiln.training.data import build_dataloader
 from kiln.training.data.loader import TokenLoader
-from kiln.training.launch import enable_tf32, local_cuda_index, resolve_auto_precision
+from kiln.training.launch import (
+    enable_tf32,
+    local_cuda_index,
+    resolve_auto_compile,
+    resolve_auto_precision,
+)
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
 from kiln.training.optimizer import (
@@ -71,7 +76,8 @@ class Trainer:
         dataloader=None,
         spec: TrainSpec | None = None,
     ):
-        self.cfg = resolve_auto_precision(cfg, torch.cuda.is_available())
+        cuda = torch.cuda.is_available()
+        self.cfg = resolve_auto_compile(resolve_auto_precision(cfg, cuda), cuda)
         self.on_step = on_step
         self.spec = spec or pretraining_spec()
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
@@ -322,6 +328,9 @@ class Trainer:
         tokens = self.cfg.global_batch_size * self.cfg.seq_len
         self.train_state.step += 1
         self.train_state.tokens_seen += tokens
+        if self.step == 1 and self.cfg.parallel.compile:
+            # torch.compile runs inside the first forward and backward: most of this step
+            log.info("step 1 took %.1f s, torch.compile of each block included", elapsed)
         return self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
 
     def _accumulate_gradients(self) -> torch.Tensor:
