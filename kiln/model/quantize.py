@@ -26,7 +26,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from kiln.model.moe import Expert, MoE
+from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 
 QuantMethod = Literal["int8", "int4", "fp8"]
@@ -203,10 +203,10 @@ def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> nn
 
 
 def _targets(model: nn.Module):
-    """((parent, attribute name), linear) for every plain `nn.Linear` to quantize: not those of
-    a mixture of experts (its grouped GEMM reads the experts' weights; the router is tiny)."""
+    """((parent, attribute name), linear) for every plain `nn.Linear` to quantize: not the
+    router of a mixture of experts (tiny; its experts are 3-D weights, not linear layers)."""
     for parent in model.modules():
-        if isinstance(parent, (MoE, Expert)):
+        if isinstance(parent, MoE):
             continue
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
