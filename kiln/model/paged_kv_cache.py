@@ -50,6 +50,9 @@ class PagedKVCache:
         self.device = torch.device(device) if device is not None else self.k[0].device
         self.zeroed = 0  # blocks [0, zeroed) hold finite values
         self._zero_through(NULL_BLOCK)
+        # where a layer's gathered keys and values go: reused by every layer and step (a fresh
+        # multi-MB tensor per layer costs page faults that took longer than the copy itself)
+        self._gathered = torch.empty(0, dtype=dtype, device=device)
 
     @classmethod
     def for_model(
@@ -87,6 +90,15 @@ class PagedKVCache:
         for t in self.k + self.v:
             t[self.zeroed : stop].zero_()
         self.zeroed = stop
+
+    def gather_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [rows, block_size * Hkv * Dh] buffers (keys, values) for one layer's gather;
+        their contents last until the next layer's."""
+        width = self.k[0][0].numel()
+        if self._gathered.numel() < 2 * rows * width:
+            self._gathered = self._gathered.new_empty(2 * rows * width)
+        both = self._gathered[: 2 * rows * width].view(2, rows, width)
+        return both[0], both[1]
 
     def batch(self, block_tables: list[list[int]], lengths: list[int], seq_len: int) -> PagedBatch:
         """The forward view of these rows: row b holds lengths[b] tokens in block_tables[b] and
@@ -157,19 +169,27 @@ class PagedBatch:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write k/v [B, Hkv, S, Dh] into their slots; return every row's keys and values
-        [B, Hkv, end, Dh] gathered from its blocks, and the mask [B, 1, S, end]."""
+        [B, Hkv, end, Dh] gathered from its blocks (into buffers the next layer reuses: the
+        attention consumes them at once), and the mask [B, 1, S, end]."""
         if self._masks is None:
             raise RuntimeError("PagedBatch.begin(seq_len) must precede update()")
         cache = self.cache
         local = cache.local_layers is None or layer in cache.local_layers
         mask = self._masks[1] if local else self._masks[0]
         out = []
-        for pool, new in ((cache.k[layer], k), (cache.v[layer], v)):
-            flat = pool.view(-1, *pool.shape[2:])
-            new = new.transpose(1, 2).reshape(-1, *flat.shape[1:]).to(flat.dtype)
-            flat.index_copy_(0, self.write_slots, new)
-            rows = pool.index_select(0, self.table.view(-1))  # [B * blocks, bs, Hkv, Dh]
-            rows = rows.view(self.batch, -1, *pool.shape[2:])[:, : self.end]
+        index = self.table.view(-1)
+        buffers = cache.gather_buffers(index.numel())
+        for pool, new, buffer in zip(
+            (cache.k[layer], cache.v[layer]), (k, v), buffers, strict=True
+        ):
+            # 2-D views: index_select/index_copy_ over whole rows of a matrix run as memcpys,
+            # over a 4-D tensor ~40x slower (bench/prefix_cache.py --part decode)
+            slots = pool.view(-1, new.shape[1] * new.shape[3])  # [blocks * bs, Hkv * Dh]
+            new = new.transpose(1, 2).reshape(-1, slots.shape[1]).to(slots.dtype)
+            slots.index_copy_(0, self.write_slots, new)
+            blocks = pool.view(pool.shape[0], -1)  # [blocks, bs * Hkv * Dh]
+            rows = torch.index_select(blocks, 0, index, out=buffer)
+            rows = rows.view(self.batch, -1, *pool.shape[2:])[:, : self.end]  # [B, end, Hkv, Dh]
             out.append(rows.transpose(1, 2))
         return out[0], out[1], mask
 
