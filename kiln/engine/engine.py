@@ -218,8 +218,11 @@ class Engine:
         """One iteration: schedule, the prompt chunks' forwards, one decode forward, notify."""
         sched = self.scheduler
         plan = sched.schedule()
-        decoding = [item for item in plan if item[1] == 1]
-        for group in sched.prefill_groups([item for item in plan if item[1] > 1]):
+        # a prompt's tokens (even a lone one) run in prefill forwards, whose failures are
+        # retried request by request; decode rows are past their prompt
+        decoding = [(r, n) for r, n in plan if n == 1 and r.computed >= len(r.prompt_ids)]
+        prompts = [(r, n) for r, n in plan if n > 1 or r.computed < len(r.prompt_ids)]
+        for group in sched.prefill_groups(prompts):
             self._prefill(group)
         if decoding:
             self._decode(decoding)
