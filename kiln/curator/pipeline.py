@@ -24,12 +24,13 @@ from kiln.curator.dedup.run import run_dedup
 from kiln.curator.dedup.span_step import cut_repeats
 from kiln.curator.filters import DocumentFilter, build_filters
 from kiln.curator.filters.japanese import require_segmenter
+from kiln.curator.ledger import Ledger
 from kiln.curator.output import write_outputs
 from kiln.curator.pii import PiiCounts
 from kiln.curator.readers import expand_inputs, plan_tasks
 from kiln.curator.readers.base import ReadTask
 from kiln.curator.report import build_report, plot_funnel, write_report
-from kiln.curator.stream import run_stream
+from kiln.curator.stream import clear_unfinished, run_stream
 from kiln.platform.console import Progress
 from kiln.platform.errors import InputError
 from kiln.platform.runtime import Resources, Runtime
@@ -62,20 +63,34 @@ class Curation:
     seconds: dict[str, float] = field(default_factory=dict)
     report: dict | None = None
     t0: float = field(default_factory=time.perf_counter)
+    work_dir: str = ""
+    resumed_tasks: int = 0
 
     @property
     def rejected_dir(self) -> str:
         return os.path.join(self.output_dir, "rejected")
 
     @property
-    def work_dir(self) -> str:
-        return os.path.join(self.output_dir, "_work")
+    def stream_dir(self) -> str:
+        """Streamed candidates and the ledger of finished tasks (kept across a killed run)."""
+        return os.path.join(self.work_dir, "stream")
+
+    @property
+    def stream_rejected_dir(self) -> str:
+        """The stream's rejected parts, copied to `rejected/` once the run finishes."""
+        return os.path.join(self.work_dir, "stream-rejected")
 
     @classmethod
     def prepare(
-        cls, cfg: CurateConfig, output_dir: str, extra_filters: list[DocumentFilter] = ()
+        cls,
+        cfg: CurateConfig,
+        output_dir: str,
+        extra_filters: list[DocumentFilter] = (),
+        work_dir: str | None = None,
     ) -> Curation:
-        """Expand the inputs, resolve the backend and lay out an empty output folder."""
+        """Expand the inputs, resolve the backend and lay out an empty output folder. The work
+        folder (default `<output_dir>/_work`) keeps the streamed tasks of a killed attempt with
+        the same config and inputs; they are not streamed again."""
         if cfg.filters.japanese_words == "tokenizer":  # before any work: one line naming `ja`
             require_segmenter()
         files = expand_inputs(cfg.input)
@@ -84,25 +99,46 @@ class Curation:
         if backend != cfg.backend:  # actors see the resolved backend (GPU MinHash under cudf)
             cfg = cfg.model_copy(update={"backend": backend})
         os.makedirs(output_dir, exist_ok=True)
-        if glob.glob(os.path.join(output_dir, "shard-*.parquet")):
+        work_dir = work_dir or os.path.join(output_dir, "_work")
+        plan = _plan(cfg, files, tasks, list(extra_filters))
+        stream_dir = os.path.join(work_dir, "stream")
+        resuming = Ledger.holds(stream_dir, plan)
+        shards = glob.glob(os.path.join(output_dir, "shard-*.parquet"))
+        if shards and not resuming:
             raise InputError(
                 f"{output_dir}: already holds curated shards (expected an empty output folder)"
             )
-        cur = cls(cfg, output_dir, list(extra_filters), backend, files, tasks)
-        for d in (cur.rejected_dir, cur.work_dir):
-            shutil.rmtree(d, ignore_errors=True)
+        for shard in shards:  # a killed attempt's output step: written again
+            os.remove(shard)
+        cur = cls(cfg, output_dir, list(extra_filters), backend, files, tasks, work_dir=work_dir)
+        for d in os.listdir(work_dir) if os.path.isdir(work_dir) else []:
+            if d not in ("stream", "stream-rejected"):  # dedup's spills start afresh
+                shutil.rmtree(os.path.join(work_dir, d), ignore_errors=True)
+        shutil.rmtree(cur.rejected_dir, ignore_errors=True)
         os.makedirs(cur.rejected_dir)
-        os.makedirs(os.path.join(cur.work_dir, "stream"))
+        Ledger.open(stream_dir, plan)
+        if not resuming:
+            shutil.rmtree(cur.stream_rejected_dir, ignore_errors=True)
+        os.makedirs(cur.stream_rejected_dir, exist_ok=True)
         return cur
 
     def stream(self, runtime: Runtime | None) -> None:
-        """Read, clean and filter every document into `_work/stream` and `rejected/`."""
+        """Read, clean and filter every document into the work folder's `stream/`; tasks a
+        killed attempt finished are taken from its ledger, not run again."""
         cpus = runtime.cpus_per_worker() if self.cfg.stream == "ray" and runtime else 0.5
-        log.info("curating %d files in %d tasks", len(self.files), len(self.tasks))
-        stream_dir = os.path.join(self.work_dir, "stream")
+        finished = Ledger(self.stream_dir).finished()
+        todo = [task for task in self.tasks if task.index not in finished]
+        self.resumed_tasks = len(self.tasks) - len(todo)
+        log.info(
+            "curating %d files in %d tasks (%d already streamed)",
+            len(self.files),
+            len(self.tasks),
+            self.resumed_tasks,
+        )
+        clear_unfinished(todo, self.stream_dir, self.stream_rejected_dir)
         documents = 0
         # counted in input bytes: a one-file input split into byte ranges moves as they finish
-        sizes = {task.index: task_bytes(task) for task in self.tasks}
+        sizes = {task.index: task_bytes(task) for task in todo}
 
         def task_done(counts: dict) -> None:
             nonlocal documents
@@ -110,20 +146,29 @@ class Curation:
             progress.advance(sizes[counts["task"]], f"{documents:,} documents")
 
         with Progress(sum(sizes.values()), "curate", unit="B", scale=True) as progress:
-            self.stats = run_stream(
-                self.tasks,
+            streamed = run_stream(
+                todo,
                 self.cfg,
-                stream_dir,
-                self.rejected_dir,
+                self.stream_dir,
+                self.stream_rejected_dir,
                 self.extra_filters,
                 cpus,
                 on_task=task_done,
             )
+        self.stats = sorted(
+            [*(finished[t.index] for t in self.tasks if t.index in finished), *streamed],
+            key=lambda s: s["task"],
+        )
         self.seconds["stream"] = time.perf_counter() - self.t0
 
     def finish(self) -> dict:
         """Dedup the streamed documents, write shards and the report; returns the report."""
-        staging = sorted(glob.glob(os.path.join(self.work_dir, "stream", "*.parquet")))
+        staging = sorted(glob.glob(os.path.join(self.stream_dir, "*.parquet")))
+        for name in sorted(os.listdir(self.stream_rejected_dir)):  # copied: a killed output
+            shutil.copyfile(  # step finds them still there
+                os.path.join(self.stream_rejected_dir, name),
+                os.path.join(self.rejected_dir, name),
+            )
         dedup = self._dedup(staging)
         cut_rows = self._cut_repeats(staging, dedup)
         t = time.perf_counter()
@@ -190,6 +235,12 @@ class Curation:
             cfg.stream,
         )
         report["docs_per_s"] = n_in / seconds["total"] if seconds["total"] else 0.0
+        resumed = self.resumed_tasks
+        report["tasks"] = {
+            "total": len(self.tasks),
+            "resumed": resumed,
+            "processed": len(self.tasks) - resumed,
+        }
         write_report(report, os.path.join(self.output_dir, "report.json"))
         if cfg.output.plot:
             plot_funnel(report, os.path.join(self.output_dir, "funnel.png"))
@@ -205,6 +256,22 @@ class Curation:
             seconds["total"],
         )
         return report
+
+
+def _plan(cfg: CurateConfig, files: list[str], tasks: list, extra_filters: list) -> dict:
+    """What the streamed tasks depend on: a work folder left under another plan starts over."""
+    signature = [[os.path.abspath(f), *_stat(f)] for f in files]
+    return {
+        "config": cfg.model_dump(mode="json"),
+        "files": signature,
+        "tasks": [t.to_dict() for t in tasks],
+        "extra_filters": [repr(f) for f in extra_filters],
+    }
+
+
+def _stat(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 def task_bytes(task: ReadTask) -> int:
@@ -226,14 +293,16 @@ def curate(
     output_dir: str,
     extra_filters: list[DocumentFilter] = (),
     runtime: Runtime | None = None,
+    work_dir: str | None = None,
 ) -> dict:
     """Curate `cfg.input` into `output_dir` (shards, rejected/, report.json, funnel.png).
 
     Both steps in one call on `runtime` (default: the session's Ray, else an embedded one that
-    is started for streaming and shut down before dedup on Dask threads)."""
+    is started for streaming and shut down before dedup on Dask threads). A killed run's streamed
+    tasks stay in `work_dir` (default `<output_dir>/_work`): the next call streams the rest."""
     own = runtime is None
     runtime = runtime or Runtime()
-    cur = Curation.prepare(cfg, output_dir, extra_filters)
+    cur = Curation.prepare(cfg, output_dir, extra_filters, work_dir)
     stream_needs, dedup_needs = step_needs(cur.cfg)
     try:
         runtime.provide(stream_needs, "curate.stream")

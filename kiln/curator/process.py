@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from kiln.curator.clean import Cleaner
 from kiln.curator.config import CurateConfig
+from kiln.curator.dedup.gpu import CudfMinHasher
 from kiln.curator.dedup.minhash import MinHasher
 from kiln.curator.filters import DocBatch, DocumentFilter, Language, build_filters
 from kiln.curator.filters.japanese import JapaneseSegmenter
@@ -54,9 +55,7 @@ class ChunkProcessor:
         self.pii_counts = PiiCounts()  # summed over every batch; the stream reads and resets it
         self.language = next((f for f in self.filters if isinstance(f, Language)), None)
         fz = cfg.dedup.fuzzy
-        hasher = MinHasher
-        if fz.enabled and cfg.backend == "cudf":
-            from kiln.curator.dedup.gpu import CudfMinHasher as hasher
+        hasher = CudfMinHasher if cfg.backend == "cudf" else MinHasher
         self.minhasher = (
             hasher(fz.ngram, fz.bands, fz.rows, fz.seed, fz.signature) if fz.enabled else None
         )

@@ -9,10 +9,15 @@ from typing import ClassVar
 
 from kiln.curator.classify.stages import ClassifyStage
 from kiln.curator.config import CurateConfig
+from kiln.curator.generate.stages import GenerateStage
+from kiln.curator.pipeline import Curation, step_needs
+from kiln.curator.readers import expand_inputs
+from kiln.platform.artifact import parquet_files
+from kiln.platform.errors import ConfigError
 from kiln.platform.stage import Stage, StageContext, Step, run_steps
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
-__all__ = ["ClassifyStage", "CurateStage"]
+__all__ = ["ClassifyStage", "CurateStage", "GenerateStage"]
 
 
 class CurateStage(Stage):
@@ -26,7 +31,6 @@ class CurateStage(Stage):
 
     def extra_fingerprint(self) -> str:
         """Input files' names, sizes and mtimes: a changed input invalidates the cache."""
-        from kiln.curator.readers import expand_inputs
 
         h = hashlib.sha256()
         if not self.config.input:  # only an upstream Corpus: its fingerprint covers it
@@ -43,7 +47,6 @@ class CurateStage(Stage):
     def steps(self) -> list[Step]:
         """Stream (Ray Data when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
         the platform shuts an embedded Ray down between them when dedup runs on Dask threads."""
-        from kiln.curator.pipeline import step_needs
 
         stream_needs, dedup_needs = step_needs(self.config)
         return [
@@ -52,10 +55,6 @@ class CurateStage(Stage):
         ]
 
     def _stream(self, ctx: StageContext) -> None:
-        from kiln.curator.pipeline import Curation
-        from kiln.platform.artifact import parquet_files
-        from kiln.platform.errors import ConfigError
-
         cfg: CurateConfig = self.config  # type: ignore[assignment]
         if "corpus" in ctx.inputs:  # an upstream Corpus joins the configured paths
             cfg = cfg.model_copy(
@@ -65,7 +64,8 @@ class CurateStage(Stage):
             raise ConfigError(
                 f"{self.name}.input: expected files, folders or globs (or an upstream Corpus)"
             )
-        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path)
+        work = str(ctx.work_dir) if ctx.work_dir is not None else None  # a killed run resumes
+        self._curation = Curation.prepare(cfg, ctx.outputs["corpus"].path, work_dir=work)
         self._curation.stream(ctx.runtime)
 
     def _finish(self, ctx: StageContext) -> dict:
@@ -83,4 +83,6 @@ class CurateStage(Stage):
             "kept": report["kept"],
             "rejected": report["rejected"],
             "seconds": report["seconds"]["total"],
+            "tasks_processed": report["tasks"]["processed"],
+            "tasks_resumed": report["tasks"]["resumed"],
         }

@@ -1,5 +1,8 @@
 """The streamed per-document stage: read tasks run on Ray Data actors (or inline), each batch is
-processed and written straight to Parquet, so memory stays bounded by one batch per actor."""
+processed and written straight to Parquet, so memory stays bounded by one batch per actor.
+
+A task's files are written first and its counts recorded in the stream folder's ledger last, so
+a killed run's next attempt runs only the unrecorded tasks (`run_stream(..., finished=...)`)."""
 
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kiln.curator.config import CurateConfig
+from kiln.curator.ledger import Ledger
 from kiln.curator.process import ChunkProcessor
 from kiln.curator.readers import ReadTask, read_task
 
 
 def run_task(task: ReadTask, proc: ChunkProcessor, work_dir: str, rejected_dir: str) -> dict:
-    """Read, process and write one task; returns its counts (documents in, reasons)."""
+    """Read, process and write one task, then record it in `work_dir`'s ledger; returns its
+    counts (documents in, reasons)."""
     cfg = proc.cfg
     records = read_task(task, cfg.read)
     n_in, reasons, chunk, ordinal = 0, Counter(), 0, 0
@@ -43,7 +48,19 @@ def run_task(task: ReadTask, proc: ChunkProcessor, work_dir: str, rejected_dir: 
         ordinal += len(batch)
         chunk += 1
     pii = proc.take_pii_counts().to_dict()
-    return {"task": task.index, "in": n_in, "reasons": dict(reasons), "pii": pii}
+    counts = {"task": task.index, "in": n_in, "reasons": dict(reasons), "pii": pii}
+    Ledger(work_dir).record(task.index, counts)
+    return counts
+
+
+def clear_unfinished(tasks: list[ReadTask], work_dir: str, rejected_dir: str) -> None:
+    """Remove what killed attempts of `tasks` left (some of their chunks): they run again."""
+    for task in tasks:
+        prefix = f"part-{task.index:05d}-"
+        for folder, head in ((work_dir, prefix), (rejected_dir, f"stream-{prefix}")):
+            for name in os.listdir(folder):
+                if name.startswith(head):
+                    os.remove(os.path.join(folder, name))
 
 
 class TaskActor:

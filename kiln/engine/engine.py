@@ -25,11 +25,12 @@ import queue
 import threading
 from collections.abc import Collection, Iterator
 from contextlib import nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from kiln.engine.grammar import GrammarCompiler
 from kiln.engine.kv_cache_manager import DEFAULT_BLOCK_SIZE, KVCacheManager, blocks_for
 from kiln.engine.model_runner import ModelRunner
 from kiln.engine.request import EngineRequest, Listener
@@ -56,6 +57,7 @@ class DecodingTarget(Protocol):
     device: torch.device
     max_seq_len: int
     eos_token_ids: Collection[int]
+    tokenizer: Any  # a `tokenizers.Tokenizer`: structured output compiles grammars over it
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -85,6 +87,8 @@ class Engine:
             raise InputError("engine: max_slots, prefill_chunk and block_size must be >= 1")
         model = target.model
         self.device = target.device
+        self.target = target
+        self._grammars: GrammarCompiler | None = None
         self.max_len = min(target.max_seq_len, model.cfg.max_seq_len)
         self.stop_rule = StopRule(target.eos_token_ids, target.max_seq_len, target.decode)
         dtype = model.tok_embeddings.weight.dtype
@@ -146,7 +150,8 @@ class Engine:
         cache_salt: str | None = None,
     ) -> EngineRequest:
         """Queue one sequence; `listener` gets its events on the engine thread. Raises
-        InputError here (nothing queued) for an empty prompt or one that fills the context.
+        InputError here (nothing queued) for an empty prompt, one that fills the context, or a
+        grammar that cannot be built.
         Token ids are the caller's to check (LocalBackend.prepare does): one outside the
         vocabulary fails its own prefill, and only that request. Requests share cached
         prefixes only with requests of the same `cache_salt` (an adapter, a tenant)."""
@@ -156,9 +161,21 @@ class Engine:
         if len(ids) >= self.max_len:
             raise InputError(f"prompt has {len(ids)} tokens; the model's context is {self.max_len}")
         seq = Sequence(ids, params, make_generator(params, self.device))
+        if params.grammar is not None:
+            seq.grammar = self.grammars.matcher(params.grammar)
         request = EngineRequest(seq, listener, cache_salt=cache_salt)
         self._inbox.put(request)
         return request
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Grammars over the target's tokenizer, built at the first structured request."""
+        if self._grammars is None:
+            vocab = int(self.target.model.tok_embeddings.weight.shape[0])
+            self._grammars = GrammarCompiler(
+                self.target.tokenizer, self.target.eos_token_ids, vocab
+            )
+        return self._grammars
 
     def cancel(self, request: EngineRequest) -> None:
         request.cancelled = True  # the loop frees its blocks at the next iteration
@@ -308,7 +325,11 @@ class Engine:
         for request, token in zip(rows, tokens, strict=True):
             if token is None or request.finished:
                 continue
-            self.stop_rule.push(request.seq, token)
+            try:
+                self.stop_rule.push(request.seq, token)
+            except InputError as e:  # its grammar allows no token here: this request only
+                request.fail(e)
+                continue
             request.emit("finish" if request.seq.done else "token")
 
     @staticmethod
@@ -318,4 +339,5 @@ class Engine:
             [s.params for s in seqs],
             [s.rng for s in seqs],
             [(s.prompt_ids, s.token_ids) for s in seqs],
+            [s.grammar for s in seqs],
         ).tolist()

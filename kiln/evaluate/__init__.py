@@ -8,6 +8,9 @@ The `evaluate` stage and `kiln eval` are thin wrappers over `evaluate` (kiln.eva
 """
 
 from kiln.evaluate.config import EvaluateConfig, PerplexityConfig
-from kiln.evaluate.run import evaluate
+from kiln.platform.imports import lazy_exports
 
-__all__ = ["EvaluateConfig", "PerplexityConfig", "evaluate"]
+EXPORTS = {"evaluate": "kiln.evaluate.run:evaluate"}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+
+__all__ = ["EvaluateConfig", "PerplexityConfig", *EXPORTS]

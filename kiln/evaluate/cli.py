@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 
@@ -41,44 +40,4 @@ def register(subparsers) -> None:
         "--out", "--output", default=None, help="results folder (default runs/eval/<time>)"
     )
     p.add_argument("--address", help="Ray address when an endpoint is started (default: embedded)")
-    p.set_defaults(func=_eval)
-
-
-def _eval(args: argparse.Namespace) -> int:
-    import time
-    from pathlib import Path
-
-    from kiln.evaluate.config import EvaluateConfig
-    from kiln.evaluate.run import evaluate
-    from kiln.platform.errors import ConfigError, format_validation_error
-    from kiln.platform.runtime import Runtime
-
-    fields: dict = {
-        "api": args.api,
-        "limit": args.limit,
-        "num_fewshot": args.num_fewshot,
-        "num_concurrent": args.num_concurrent,
-        "perplexity": {"split": args.split, "seq_len": args.seq_len},
-    }
-    if args.tasks is not None:
-        fields["tasks"] = [] if args.tasks == ["none"] else args.tasks
-    try:
-        cfg = EvaluateConfig.model_validate(fields)
-    except Exception as e:  # pydantic's ValidationError: one line naming the option
-        raise ConfigError(format_validation_error(e, "eval")) from None
-    out = Path(args.out or f"runs/eval/{time.strftime('%Y%m%d-%H%M%S')}")
-    runtime = Runtime(address=args.address)
-    try:
-        evaluate(
-            cfg,
-            out,
-            url=args.url,
-            model_dir=args.model_dir,
-            tokens_dir=args.tokens,
-            api_key=args.api_key,
-            ensure_ray=runtime.ensure,
-        )
-    finally:
-        runtime.shutdown()
-    print(f"results: {out.resolve()}/metrics.json (report.md, lm_eval.log)")
-    return 0
+    p.set_defaults(handler="kiln.evaluate.commands:eval_command")

@@ -17,7 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kiln.engine.generator import Generator
 from kiln.platform.errors import InputError
+from kiln.text import indexed_dataset
 
 # the default window: the model's context, but no longer than this (logits are [B, S, vocab])
 DEFAULT_MAX_WINDOW = 1024
@@ -48,7 +50,6 @@ class Perplexity:
 
 def split_tokens(dataset_dir: str | Path, split: str, max_tokens: int | None = None) -> np.ndarray:
     """All tokens of one split of a TokenDataset, in document order (at most `max_tokens`)."""
-    from kiln.text import indexed_dataset
 
     prefix = Path(dataset_dir) / split
     if not indexed_dataset.exists(prefix):
@@ -106,7 +107,6 @@ def dataset_perplexity(
     max_tokens: int | None = None,
 ) -> Perplexity:
     """Load the model (exported HF folder, ExportedModel or kiln checkpoint) and score a split."""
-    from kiln.engine.generator import Generator
 
     model = Generator.load(model_dir).model
     seq_len = seq_len or min(model.cfg.max_seq_len, DEFAULT_MAX_WINDOW)

@@ -21,6 +21,7 @@ from kiln.evaluate.harness import (
     run_harness,
     task_scores,
 )
+from kiln.evaluate.perplexity import dataset_perplexity
 from kiln.evaluate.report import console_lines, flat_metrics, write_report
 from kiln.evaluate.task_files import prepare_tasks
 from kiln.model.formats.hf import find_hf_dir
@@ -125,8 +126,6 @@ def evaluate(
             tasks=task_scores(raw, tasks),
         )
     if cfg.perplexity is not None and tokens_dir:
-        from kiln.evaluate.perplexity import dataset_perplexity
-
         p = cfg.perplexity
         result["perplexity"] = dataset_perplexity(
             model_dir,  # type: ignore[arg-type]  (checked above)

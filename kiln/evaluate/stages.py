@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from kiln.evaluate.config import EvaluateConfig
 from kiln.evaluate.harness import require_harness
+from kiln.evaluate.run import api_key_from_env, evaluate, summary
 from kiln.platform.stage import Stage, StageContext
 
 
@@ -45,8 +46,6 @@ class EvaluateStage(Stage):
         return f"url@{time.time_ns()}" if self.config.url else ""
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.evaluate.run import api_key_from_env, evaluate, summary
-
         cfg: EvaluateConfig = self.config  # type: ignore[assignment]
         inputs = ctx.inputs
         url = cfg.url or (inputs["endpoint"].meta["url"] if "endpoint" in inputs else None)

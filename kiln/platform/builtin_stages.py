@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from kiln.platform.artifact import parquet_files
 from kiln.platform.errors import InputError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
@@ -105,8 +106,6 @@ class TextStats(Stage):
 
         import pyarrow.parquet as pq
         import ray
-
-        from kiln.platform.artifact import parquet_files
 
         ctx.ray()
         texts = [

@@ -1,6 +1,7 @@
 """The `kiln` command line. Each area adds its subcommands through a `register(subparsers)`
-function in its own `cli` module, which the composition root (kiln/cli.py) lists; handlers
-import heavy libraries only when they run."""
+function in its own `cli` module, which the composition root (kiln/cli.py) lists. A command names
+its handler by import path (`set_defaults(handler="kiln.area.commands:run")`), imported only when
+that command runs: building the parser imports argparse code alone, so `kiln --help` stays fast."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import argparse
 import importlib
 import sys
 
+from kiln.platform import console
 from kiln.platform.errors import KilnError
+from kiln.platform.imports import import_object
+from kiln.platform.signals import exit_code
+from kiln.platform.suggest import did_you_mean
+from kiln.platform.version import __version__
 
 COMMAND_MODULES = [
     "kiln.platform.commands",
     "kiln.platform.reference",
-    "kiln.platform.runs",
+    "kiln.platform.runs_cli",
 ]
 
 
@@ -23,8 +29,6 @@ class KilnParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
-            from kiln.platform.suggest import did_you_mean
-
             command = _subparsers(self).get(getattr(namespace, "command", None) or "")
             options = _option_strings(command or self)
             hints = (did_you_mean(x.split("=")[0], options) for x in extras if x.startswith("-"))
@@ -34,8 +38,6 @@ class KilnParser(argparse.ArgumentParser):
 
     def _check_value(self, action, value):
         if action.choices is not None and value not in action.choices:
-            from kiln.platform.suggest import did_you_mean
-
             hint = did_you_mean(value, action.choices)
             choices = ", ".join(map(str, action.choices))
             raise argparse.ArgumentError(
@@ -84,8 +86,6 @@ def register_command_modules(modules: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kiln.platform.version import __version__
-
     parser = KilnParser(prog="kiln", description="Raw text to a served language model, on Ray.")
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -105,20 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from kiln.platform import console
 
     console.configure(verbose=args.verbose)  # quiet terminal; the rest in <run>/logs/ (-v: all)
-    if not getattr(args, "func", None):
+    handler = getattr(args, "handler", None)
+    if not handler:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        func = import_object(handler) if isinstance(handler, str) else handler
+        return int(func(args) or 0)
     except KilnError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from kiln.platform.signals import exit_code
-
         print("kiln: interrupted", file=sys.stderr)
         return exit_code(e)  # 130 for SIGINT, 143 for SIGTERM, as a shell reports them
 

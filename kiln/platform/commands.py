@@ -6,6 +6,13 @@ import argparse
 import os
 import sys
 
+from kiln.platform import jobs
+from kiln.platform.errors import ConfigError
+from kiln.platform.runtime import Runtime
+from kiln.platform.signals import stop_on_signals
+from kiln.platform.spec import load_pipeline
+from kiln.platform.stage_help import print_stages
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a pipeline spec (YAML) on an embedded or existing Ray")
@@ -33,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dashboard", action="store_true", help="start the Ray dashboard with the embedded Ray"
     )
-    p.set_defaults(func=_run)
+    p.set_defaults(handler="kiln.platform.commands:run_command")
 
     p = sub.add_parser("submit", help="submit a pipeline spec to a Ray cluster as a job")
     p.add_argument("spec")
@@ -54,26 +61,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--wait", action="store_true", help="stream logs and exit with the job's outcome"
     )
-    p.set_defaults(func=_submit)
+    p.set_defaults(handler="kiln.platform.commands:submit_command")
 
     for name, helptext in (("status", "a job's status"), ("logs", "a job's logs")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("job_id")
         p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"))
-        p.set_defaults(func=_status if name == "status" else _logs)
+        p.set_defaults(handler=f"kiln.platform.commands:{name}_command")
 
     p = sub.add_parser(
         "stages", help="list the stages a spec can name; one stage's fields and model presets"
     )
     p.add_argument("name", nargs="?", metavar="NAME", help="a stage: show its config fields")
-    p.set_defaults(func=_stages)
+    p.set_defaults(handler="kiln.platform.commands:stages_command")
 
 
-def _run(args) -> int:
-    from kiln.platform.runtime import Runtime
-    from kiln.platform.signals import stop_on_signals
-    from kiln.platform.spec import load_pipeline
-
+def run_command(args) -> int:
     stop_on_signals()  # SIGINT/SIGTERM: the stage is interrupted, the embedded Ray shut down
     pipeline = load_pipeline(args.spec, args.overrides, runs_dir=args.runs_dir)
     result = pipeline.run(
@@ -88,8 +91,6 @@ def _run(args) -> int:
 
 
 def _need_address(args) -> str:
-    from kiln.platform.errors import ConfigError
-
     if not args.address:
         raise ConfigError(
             "--address: expected the Ray dashboard URL (or set RAY_ADDRESS), e.g. http://127.0.0.1:8265"
@@ -97,9 +98,7 @@ def _need_address(args) -> str:
     return args.address
 
 
-def _submit(args) -> int:
-    from kiln.platform import jobs
-
+def submit_command(args) -> int:
     address = _need_address(args)
     job_id = jobs.submit(
         args.spec,
@@ -119,21 +118,15 @@ def _submit(args) -> int:
     return 0 if state == "SUCCEEDED" else 1
 
 
-def _status(args) -> int:
-    from kiln.platform import jobs
-
+def status_command(args) -> int:
     print(jobs.status(args.job_id, _need_address(args)))
     return 0
 
 
-def _logs(args) -> int:
-    from kiln.platform import jobs
-
+def logs_command(args) -> int:
     sys.stdout.write(jobs.logs(args.job_id, _need_address(args)))
     return 0
 
 
-def _stages(args) -> int:
-    from kiln.platform.stage_help import print_stages
-
+def stages_command(args) -> int:
     return print_stages(args.name)

@@ -25,14 +25,13 @@ import os
 import sys
 from pathlib import Path
 
+from kiln.platform.progress import PROGRESS_LOGGER, Progress, follow_metrics
+from kiln.platform.terminal import live_bars, verbose
+from kiln.platform.terminal import state as _state
+
 FULL_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_state = {"verbose": False}
 # Libraries whose INFO lines are theirs, not the user's: they reach the terminal only with -v.
 LIBRARY_LOGGERS = ("ray", "ray.data", "ray.train", "ray.serve", "ray.tune", "torch", "filelock")
-
-
-def verbose() -> bool:
-    return _state["verbose"]
 
 
 # kiln loggers whose INFO lines the terminal shows: stage start/end and training progress.
@@ -50,16 +49,12 @@ class _QuietFilter(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
-# Live progress bars on the terminal: a log line is written around them (clear, write, redraw).
-_live_bars: list = []
-
-
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is when a record comes (redirected or captured later)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
-        if not _live_bars:
+        if not live_bars:
             super().emit(record)
             return
         from tqdm import tqdm
@@ -271,10 +266,4 @@ def link_ray_logs(run_dir: Path) -> None:
     os.replace(fresh, link)
 
 
-def __getattr__(name: str):
-    # progress bars live in kiln.platform.progress (console.Progress, as callers name them)
-    if name in ("Progress", "follow_metrics", "PROGRESS_LOGGER"):
-        from kiln.platform import progress
-
-        return getattr(progress, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["PROGRESS_LOGGER", "Progress", "follow_metrics", "verbose"]

@@ -1,5 +1,8 @@
 """User-facing errors. The CLI prints `kiln: error: <message>` and exits 2 for any KilnError."""
 
+from kiln.platform.fields import submodel
+from kiln.platform.suggest import did_you_mean
+
 
 class KilnError(Exception):
     """A problem the user can fix: the message names the field or file and what was expected."""
@@ -23,7 +26,6 @@ class StageFailed(KilnError):
 
 def _field_names_at(model, path) -> list[str]:
     """The field names (and aliases) of the pydantic model found at `path` under `model`."""
-    from kiln.platform.fields import submodel  # pydantic: this module stays import-free
 
     for part in path:
         field = model.model_fields.get(part) or next(
@@ -45,7 +47,6 @@ def format_validation_error(
     With `model`, an unknown field gets "did you mean" its nearest sibling; `overrides` maps a
     field path (a tuple of `model`'s keys) to the `--set` item that put it there, which then
     takes the blame instead of `source` (the file, which prefixes the other errors)."""
-    from kiln.platform.suggest import did_you_mean
 
     blamed, parts = [], []
     for err in exc.errors():

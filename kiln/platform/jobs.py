@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from kiln.platform.errors import InputError, KilnError
+from kiln.platform.pipeline import local_runs_dir
 
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.egg-info", ".pytest_cache", "bench/out"]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -44,7 +45,6 @@ def submit(
     job_id: str | None = None,
 ) -> str:
     """Submit a pipeline spec as a Ray job; returns the job id."""
-    from kiln.platform.pipeline import local_runs_dir
 
     if runs_dir:
         local_runs_dir(runs_dir)  # a URI would fail on the cluster: say so before submitting

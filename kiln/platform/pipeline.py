@@ -24,6 +24,7 @@ from kiln.platform import console, signals
 from kiln.platform.artifact import MANIFEST, Artifact
 from kiln.platform.errors import ConfigError, KilnError, SpecError, StageFailed
 from kiln.platform.provenance import provenance
+from kiln.platform.report_html import write_report
 from kiln.platform.runtime import RayConfig, Runtime
 from kiln.platform.stage import Stage, StageContext, needs_ray, run_steps
 
@@ -362,7 +363,6 @@ class Pipeline:
     @staticmethod
     def _write_report(run_dir: Path) -> None:
         """report.html, also after a failure; a report that cannot be drawn never fails a run."""
-        from kiln.platform.report_html import write_report
 
         try:
             log.info("report: %s", write_report(run_dir))

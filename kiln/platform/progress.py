@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from kiln.platform.console import _live_bars, verbose
+from kiln.platform.terminal import live_bars, verbose
 
 # Progress off a terminal: run log only in quiet mode (a kiln.* logger below WARNING), shown by -v.
 PROGRESS_LOGGER = "kiln.progress"
@@ -58,7 +58,7 @@ class Progress:
                 delay=self.delay_s,
                 mininterval=self.refresh_s,
             )
-            _live_bars.append(self._bar)
+            live_bars.append(self._bar)
 
     def __enter__(self) -> Progress:
         return self
@@ -107,8 +107,8 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             bar, self._bar = self._bar, None
-            if bar in _live_bars:
-                _live_bars.remove(bar)
+            if bar in live_bars:
+                live_bars.remove(bar)
             bar.close()
 
 

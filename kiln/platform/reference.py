@@ -18,6 +18,7 @@ from pydantic_core import PydanticUndefined
 from kiln.platform.errors import KilnError
 from kiln.platform.fields import submodel
 from kiln.platform.registry import public_stages, stage_class
+from kiln.platform.runtime import RayConfig
 
 HEADER = """# YAML reference
 
@@ -113,8 +114,6 @@ def stage_section(name: str) -> str:
 
 
 def ray_section() -> str:
-    from kiln.platform.runtime import RayConfig
-
     lines = ["## The `ray:` block", "", (RayConfig.__doc__ or "").strip(), ""]
     lines += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
     return "\n".join([*lines, *_rows(RayConfig), ""])
@@ -140,10 +139,10 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write", metavar="FILE")
     g.add_argument("--check", metavar="FILE")
-    p.set_defaults(func=_cmd)
+    p.set_defaults(handler="kiln.platform.reference:reference_command")
 
 
-def _cmd(args) -> int:
+def reference_command(args) -> int:
     text = render()
     if args.write:
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 
 from kiln.platform.errors import SpecError
+from kiln.platform.imports import import_object
 from kiln.platform.stage import Stage
+from kiln.platform.suggest import did_you_mean
 
 BUILTIN_STAGES: dict[str, str] = {
     "text.read": "kiln.platform.builtin_stages:TextRead",
@@ -41,8 +43,7 @@ def component(name: str):
     target = _components.get(name)
     if target is None:
         raise SpecError(f"no {name!r} is available (kiln/stages.py registers the built-in ones)")
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return import_object(target)
 
 
 def register_stage(name: str):
@@ -76,7 +77,6 @@ def stage_class(name: str) -> type[Stage]:
         return _import(BUILTIN_STAGES[name], name)
     if ":" in name:
         return _import(name, name)
-    from kiln.platform.suggest import did_you_mean
 
     hint = did_you_mean(name, available_stages())
     known = ", ".join(public_stages())

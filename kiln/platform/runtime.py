@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.platform import console
 from kiln.platform.errors import ConfigError
 from kiln.platform.ray_shutdown import shutdown_ray
 
@@ -189,7 +190,6 @@ class Runtime:
 
         if ray.is_initialized():
             return self
-        from kiln.platform import console
 
         address = self.address or os.environ.get("RAY_ADDRESS")
         to_driver = console.verbose()  # quiet: workers' output stays in Ray's logs (<run>/logs/ray)

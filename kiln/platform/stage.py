@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from kiln.platform.artifact import Artifact
 from kiln.platform.errors import ConfigError, format_validation_error
 from kiln.platform.runtime import Resources, Runtime
+from kiln.platform.version import __version__
 
 
 class StageConfig(BaseModel):
@@ -112,8 +113,6 @@ class Stage:
         return ""
 
     def fingerprint(self, input_fingerprints: dict[str, str]) -> str:
-        from kiln.platform.version import __version__
-
         body = {
             "type": f"{type(self).__module__}.{type(self).__qualname__}",
             "config": self.config.model_dump(mode="json"),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import inspect
 
 from kiln.platform.errors import KilnError
-from kiln.platform.registry import component
+from kiln.platform.reference import field_rows
+from kiln.platform.registry import component, public_stages, stage_class
 
 
 def _plain(cell: str) -> str:
@@ -26,7 +27,6 @@ def _summary(cls) -> str:
 
 def stage_list() -> list[str]:
     """One line per user-facing stage: its name and what it does."""
-    from kiln.platform.registry import public_stages, stage_class
 
     lines = []
     for name in public_stages():
@@ -40,8 +40,6 @@ def stage_list() -> list[str]:
 
 def stage_detail(name: str) -> list[str]:
     """A stage's slots and a FIELD / TYPE / DEFAULT / DESCRIPTION table of its config."""
-    from kiln.platform.reference import field_rows
-    from kiln.platform.registry import stage_class
 
     cls = stage_class(name)
     ins = ", ".join(f"{s} ({k})" for s, k in cls.input_kinds.items()) or "none"

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 
 from kiln.serving.api.protocol import Limits
+from kiln.serving.api.server import create_api
 from kiln.serving.backends.backend import BatchingConfig
+from kiln.serving.backends.local import LocalBackend
+from kiln.serving.backends.triton import TritonBackend
 
 log = logging.getLogger("kiln")
 
@@ -99,10 +102,7 @@ class AppSettings(BaseModel):
 
 def make_backend(settings: AppSettings):
     if settings.backend == "local":
-        from kiln.serving.backends.local import LocalBackend
-
         return LocalBackend(settings.model_dir, settings.model_name, settings.batching)  # type: ignore[arg-type]
-    from kiln.serving.backends.triton import TritonBackend
 
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
 
@@ -117,8 +117,6 @@ class KilnServer:
         self.backend = make_backend(self.settings)
 
     def __serve_build_asgi_app__(self):
-        from kiln.serving.api.server import create_api
-
         return create_api(self.backend, self.settings.limits, self.settings.api_key)
 
     async def __del__(self):

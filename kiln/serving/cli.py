@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from kiln.serving.export import cli as export_cli
 
@@ -57,7 +56,7 @@ def _register_serve(subparsers) -> None:
     p.add_argument(
         "--address", help="Ray cluster address (default: RAY_ADDRESS or an embedded Ray)"
     )
-    p.set_defaults(func=_serve)
+    p.set_defaults(handler="kiln.serving.commands:serve_command")
 
     g = subparsers.add_parser("generate", help="complete a prompt with a running endpoint")
     g.add_argument("prompt", metavar="PROMPT")
@@ -82,92 +81,4 @@ def _register_serve(subparsers) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--stream", action="store_true", help="print text as it arrives")
-    g.set_defaults(func=_generate)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from kiln.platform.runtime import Runtime
-    from kiln.platform.signals import stop_on_signals
-    from kiln.serving.exposure import public_bind_warning
-    from kiln.serving.launch import launch
-
-    deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
-    if args.max_replicas:
-        deployment["autoscaling"] = {
-            "min_replicas": args.replicas,
-            "max_replicas": args.max_replicas,
-            "target_ongoing_requests": args.target_ongoing_requests,
-        }
-    settings = {
-        "backend": args.backend,
-        "model_name": args.model_name,
-        "api_key": args.api_key,
-        "triton_url": args.triton_url,
-        "triton_model": args.triton_model,
-        "limits": {"max_new_tokens": args.max_new_tokens},
-        "batching": {"max_batch_size": args.max_batch_size},
-        "deployment": deployment,
-    }
-    if warning := public_bind_warning(args.host, args.api_key):
-        print(warning, file=sys.stderr, flush=True)
-    stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored
-    runtime = Runtime(address=args.address).ensure()
-    try:
-        endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)
-        print(f"kiln: serving {endpoint.model_name!r} at {endpoint.url}", flush=True)
-        print(
-            f"  OpenAI:  {endpoint.url}/v1/completions, {endpoint.url}/v1/chat/completions\n"
-            f"  KServe v2: {endpoint.url}/v2/models/{endpoint.model_name}/infer",
-            flush=True,
-        )
-        print("  Ctrl-C to stop", flush=True)
-        endpoint.wait()
-    finally:
-        runtime.shutdown()
-    print(f"kiln: stopped serving at {endpoint.url} (replicas and Ray shut down)", flush=True)
-    return 0
-
-
-def _generate(args: argparse.Namespace) -> int:
-    import logging
-
-    from kiln.serving.client import KilnClient
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request log lines
-
-    fields = {
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "seed": args.seed,
-        "stop": args.stop,
-    }
-    with KilnClient(args.url, api_key=args.api_key, model=args.model) as client:
-        chat = (
-            args.chat
-            if args.chat is not None
-            else client.model_card().get("has_chat_template", False)
-        )
-        messages = [{"role": "user", "content": args.prompt}]
-        if args.stream:
-            deltas = (
-                client.stream_chat(messages, **fields)
-                if chat
-                else client.stream(args.prompt, **fields)
-            )
-            text = ""
-            for delta in deltas:
-                text += delta
-                sys.stdout.write(delta)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-        else:
-            text = (
-                client.chat(messages, **fields) if chat else client.complete(args.prompt, **fields)
-            )
-            print(text)
-    if not text.strip():
-        hint = "a chat model wants --chat" if not chat else "try another prompt or --max-tokens"
-        print(f"kiln: warning: the model returned no text ({hint})", file=sys.stderr)
-    return 0
+    g.set_defaults(handler="kiln.serving.commands:generate_command")

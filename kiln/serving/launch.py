@@ -14,6 +14,7 @@ from typing import Any
 from kiln.model.formats.hf import find_hf_dir
 from kiln.platform.errors import InputError
 from kiln.serving.app import DEFAULT_APP_NAME, AppSettings, deploy
+from kiln.serving.triton.server import TritonServer
 
 log = logging.getLogger("kiln")
 
@@ -128,8 +129,6 @@ def launch(
             repo, name = find_triton_repo(model_dir, settings.get("triton_model"))
             settings["triton_model"] = name
             if not settings.get("triton_url"):
-                from kiln.serving.triton.server import TritonServer
-
                 triton = TritonServer(repo, restart=True).start()  # restarted if it dies
                 settings["triton_url"] = triton.grpc_url
     app_settings = AppSettings.model_validate(settings)

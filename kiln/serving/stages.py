@@ -29,6 +29,7 @@ from kiln.serving.api.protocol import Limits
 from kiln.serving.app import DeploymentOptions
 from kiln.serving.backends.backend import BatchingConfig
 from kiln.serving.export.stages import ExportStage
+from kiln.serving.launch import launch
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
 __all__ = ["ExportStage", "ServeStage"]
@@ -87,8 +88,6 @@ class ServeStage(Stage):
         return cfg.api_key
 
     def run(self, ctx: StageContext) -> dict:
-        from kiln.serving.launch import launch
-
         cfg: ServeConfig = self.config  # type: ignore[assignment]
         ctx.ray()
         settings = cfg.model_dump(

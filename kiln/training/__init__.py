@@ -2,6 +2,9 @@
 post-training and the Ray Train glue. `train(cfg)` (launcher.py) runs a TrainConfig here or under
 torchrun."""
 
-from kiln.training.launcher import train
+from kiln.platform.imports import lazy_exports
 
-__all__ = ["train"]
+EXPORTS = {"train": "kiln.training.launcher:train"}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+
+__all__ = [*EXPORTS]

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kiln.platform.errors import KilnError
+from kiln.training.config import TrainConfig
+from kiln.training.parallel.dims import ParallelDims
+from kiln.training.trainer import Trainer
+
 if TYPE_CHECKING:
     from kiln.training.config import TrainConfig
 
@@ -17,10 +22,6 @@ def train(cfg: TrainConfig | dict, nproc: int | None = None) -> list[dict[str, A
     `nproc`: processes to launch (default: the fewest the layout runs on, dp_shard=-1 as 1).
     """
     import torch.distributed as dist
-
-    from kiln.training.config import TrainConfig
-    from kiln.training.parallel.dims import ParallelDims
-    from kiln.training.trainer import Trainer
 
     cfg = TrainConfig.model_validate(cfg) if isinstance(cfg, dict) else cfg
     nproc = ParallelDims.from_config(cfg.parallel, nproc).world_size  # validates the layout
@@ -36,8 +37,6 @@ def _launch_torchrun(cfg: TrainConfig, nproc: int) -> list[dict[str, Any]]:
     import subprocess
     import sys
     import tempfile
-
-    from kiln.platform.errors import KilnError
 
     with tempfile.TemporaryDirectory(prefix="kiln-train-") as tmp:
         metrics = cfg.metrics_file or os.path.join(tmp, "metrics.jsonl")

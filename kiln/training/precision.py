@@ -11,6 +11,7 @@ import importlib.util
 import torch
 from torch import nn
 
+from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -62,7 +63,6 @@ def fp8_linear_names(model: nn.Module) -> list[str]:
     counts, which TE's fp8 GEMMs refuse unless divisible by 8/16), and any Linear whose sizes are
     not multiples of 16 (TE's fp8 shape rule).
     """
-    from kiln.model.moe import MoE
 
     names = []
     for block_name, block in model.layers.items():

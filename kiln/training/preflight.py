@@ -12,6 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kiln.platform.errors import ConfigError
+from kiln.platform.runtime import default_cpus_per_worker
+from kiln.training.parallel.dims import ParallelDims
+from kiln.training.parallel.pipeline_shape import pipeline_microbatches, virtual_stages
+from kiln.training.precision import check_fp8_layout
 
 if TYPE_CHECKING:
     from kiln.training.config import TrainConfig
@@ -29,7 +33,6 @@ def launch_plan(
 
     `resources`: (CPUs, GPUs, whose) the workers can have (None: not known yet, layout only);
     `model_known`: False when the model's shape comes later (a base model not read yet)."""
-    from kiln.platform.runtime import default_cpus_per_worker
 
     try:
         dims = check_layout(cfg, options.num_workers, model_known)
@@ -54,13 +57,10 @@ def check_layout(
 ) -> ParallelDims:
     """The layout of `cfg` on `num_workers` ranks (None: the fewest it runs on), or the
     ConfigError its workers would raise while building the model."""
-    from kiln.training.parallel.dims import ParallelDims
 
     dims = ParallelDims.from_config(cfg.parallel, num_workers)
     cfg.grad_accum_steps(dims.dp_size)
     if cfg.precision == "fp8":
-        from kiln.training.precision import check_fp8_layout  # imports torch
-
         check_fp8_layout(cfg.parallel)
     if cfg.parallel.cp > 1 and cfg.seq_len % (2 * cfg.parallel.cp):
         raise ConfigError(
@@ -74,7 +74,6 @@ def check_layout(
 
 def _check_model_split(cfg: TrainConfig) -> None:
     """The model's heads, layers and experts divide over the parallel degrees."""
-    from kiln.training.parallel.pipeline_shape import pipeline_microbatches, virtual_stages
 
     p, m = cfg.parallel, cfg.model
     if m.n_heads % p.tp or m.n_kv_heads % p.tp:

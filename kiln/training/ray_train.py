@@ -27,6 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import ConfigError
+from kiln.platform.runtime import Runtime
+from kiln.training.checkpoint import latest_checkpoint, read_sidecar
 from kiln.training.checkpoint.resume import announce_resume
 from kiln.training.elastic import (
     GROW_MARK,
@@ -37,7 +39,10 @@ from kiln.training.elastic import (
     record_layout_change,
     valid_worker_counts,
 )
+from kiln.training.launch import process_group_backend
+from kiln.training.lean_trainer import LeanTorchTrainer
 from kiln.training.metrics_log import METRICS_FILE, MetricsWriter, plot_loss_curve, read_metrics
+from kiln.training.parallel.dims import ParallelDims
 from kiln.training.preflight import launch_plan
 from kiln.training.ray_report import POINTER_FILE, RayReporter, route_ray_train_log
 from kiln.training.worker_errors import worker_error
@@ -77,7 +82,6 @@ class RayOptions(BaseModel):
 
 def world_size(cfg, options: RayOptions) -> int:
     """Workers to start: `ray.num_workers`, or the fewest ranks the layout runs on."""
-    from kiln.training.parallel.dims import ParallelDims
 
     try:
         return ParallelDims.from_config(cfg.parallel, options.num_workers).world_size
@@ -92,7 +96,6 @@ def train_on_ray(
 ) -> dict[str, Any]:
     """Run `cfg` (a TrainConfig) on Ray Train; returns a summary (metrics, checkpoint, paths).
     `trainer` ('module:Class', a Trainer subclass taking cfg's config class) runs on each worker."""
-    from kiln.platform.runtime import Runtime
 
     options = options or RayOptions()
     runtime = runtime or Runtime()
@@ -141,7 +144,6 @@ def train_on_ray(
             n = change["to_workers"]
     history = read_metrics(run_dir)
     plot = plot_loss_curve(history, os.path.join(run_dir, "loss.png")) if history else None
-    from kiln.training.checkpoint import latest_checkpoint
 
     return {
         "final": result.metrics,
@@ -173,7 +175,6 @@ def ray_train_failure() -> type[Exception]:
 
 def _elastic_change(cfg, options, run_dir, n, cpus, use_gpu, exc) -> dict[str, Any]:
     """Re-plan after a failed attempt: the new worker count and why, recorded in the run."""
-    from kiln.training.checkpoint import latest_checkpoint, read_sidecar
 
     latest = latest_checkpoint(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
     new_n = plan_workers(cfg, options.elastic, cpus, use_gpu)
@@ -211,9 +212,6 @@ def _torch_trainer(
     """A TorchTrainer running `_train_loop` on n workers (gloo on CPU, NCCL on GPU)."""
     import ray.train
     from ray.train.torch import TorchConfig
-
-    from kiln.training.launch import process_group_backend
-    from kiln.training.lean_trainer import LeanTorchTrainer
 
     loop_config = {
         "train": cfg.model_dump(mode="json", by_alias=True),
@@ -327,7 +325,6 @@ def _worker_logging(rank: int, run_dir: str) -> None:
 
 def _resume_point(ckpt_root: str | None, ray_checkpoint) -> str | None:
     """The newer of Ray's latest reported checkpoint and the `latest` pointer in the root."""
-    from kiln.training.checkpoint import latest_checkpoint, read_sidecar
 
     candidates = []
     if ray_checkpoint is not None:

@@ -12,17 +12,22 @@ from pydantic import Field
 from kiln.model.config import ModelConfig
 from kiln.model.formats.checkpoint import read_sidecar, resolve
 from kiln.model.formats.checkpoint_tokenizer import copy_tokenizer
-from kiln.platform.errors import InputError
+from kiln.platform.console import follow_metrics
+from kiln.platform.errors import ConfigError, InputError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.checkpoint import latest_checkpoint
 from kiln.training.config import TrainConfig
 from kiln.training.data.stages import TokenizeStage
+from kiln.training.metrics_log import METRICS_FILE
 from kiln.training.post.stages import DPOStage, ImportModelStage, PrepareChatStage, SFTStage
-from kiln.training.ray_train import RayOptions
-from kiln.training.rl.stages import GRPOStage
+from kiln.training.preflight import launch_plan
+from kiln.training.ray_train import RayOptions, train_on_ray, world_size
+from kiln.training.rl.stages import DistillStage, GRPOStage
 
 # the area's stages, those of its sub-packages too (kiln/stages.py names them here)
 __all__ = [
+    "DistillStage",
     "DPOStage",
     "GRPOStage",
     "ImportModelStage",
@@ -73,7 +78,6 @@ class TrainStage(Stage):
 
     def needs(self) -> Resources:
         """Ray, and one GPU per worker when `ray.use_gpu` is set."""
-        from kiln.training.ray_train import world_size
 
         options = self.config.ray
         gpus = world_size(self.config.train_config(), options) if options.use_gpu else 0
@@ -81,8 +85,6 @@ class TrainStage(Stage):
 
     def preflight(self, runtime, wired: frozenset[str]) -> None:
         """The layout, the device and the workers' CPUs/GPUs (kiln.training.preflight)."""
-        from kiln.platform.errors import ConfigError
-        from kiln.training.preflight import launch_plan
 
         try:  # a `model` input brings its own shape: checked once it is read
             launch_plan(
@@ -95,9 +97,6 @@ class TrainStage(Stage):
             raise ConfigError(f"{self.name}.{exc}") from None
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.training.checkpoint import latest_checkpoint
-        from kiln.training.ray_train import train_on_ray
-
         cfg = self.config.train_config()
         if "tokens" in ctx.inputs:
             paths = [ctx.inputs["tokens"].path]
@@ -119,8 +118,6 @@ class TrainStage(Stage):
         options = self.config.ray
         if options.storage_path is None:
             options = options.model_copy(update={"storage_path": str(work / "ray")})
-        from kiln.platform.console import follow_metrics
-        from kiln.training.metrics_log import METRICS_FILE
 
         # quiet mode: the workers' step lines stay in their logs; progress comes from their JSONL
         with follow_metrics(str(ctx.stage_dir / METRICS_FILE), cfg.steps, self.name):

@@ -11,11 +11,15 @@ import argparse
 import logging
 import sys
 
+from kiln.platform.config import load_config as load
+from kiln.platform.errors import KilnError
+from kiln.training.config import TrainConfig
+from kiln.training.launch import init_process_group_from_env
+from kiln.training.trainer import Trainer
+
 
 def load_config(path: str):
     """A TrainConfig from a YAML/JSON file; errors name the file and the field."""
-    from kiln.platform.config import load_config as load
-    from kiln.training.config import TrainConfig
 
     return load(TrainConfig, path, block="train")
 
@@ -27,10 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     import torch.distributed as dist
-
-    from kiln.platform.errors import KilnError
-    from kiln.training.launch import init_process_group_from_env
-    from kiln.training.trainer import Trainer
 
     try:
         cfg = load_config(args.config)

@@ -16,6 +16,8 @@ from kiln.training.parallel.loss import cross_entropy_loss
 
 TokenLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ModelAdapter = Callable[[nn.Module], nn.Module]
+# (model, tokens, labels, reference log-probs table or None, pair rows) -> (loss, metrics)
+PairLoss = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,15 @@ class TrainSpec:
     accumulates_in_schedule: under pipeline parallelism, all grad_accum micro-batches go
         through one schedule step (one gradient reduction per optimizer step); False when the
         objective's own loop steps the schedule once per micro-batch.
+    pair_loss: a preference objective's loss over (chosen, rejected) rows, which needs each
+        row's reference log-probs and so cannot be a token loss (DPO); set, the post-trainer's
+        train and validation steps use it in place of `loss`.
     """
 
     loss: TokenLoss = cross_entropy_loss
     adapt_model: ModelAdapter | None = None
     accumulates_in_schedule: bool = True
+    pair_loss: PairLoss | None = None
 
 
 def pretraining_spec() -> TrainSpec:

@@ -20,8 +20,13 @@ import torch.distributed as dist
 from torch import nn
 
 from kiln.model import Transformer
-from kiln.platform.errors import ConfigError
+from kiln.model.meta import build_on_meta
+from kiln.model.moe import moe_aux_loss
+from kiln.platform.errors import ConfigError, KilnError
+from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
+from kiln.training.data import build_dataloader
+from kiln.training.launch import enable_tf32, local_cuda_index, resolve_auto_precision
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
 from kiln.training.optimizer import (
@@ -30,8 +35,13 @@ from kiln.training.optimizer import (
     clip_grads_,
     global_grad_norm,
 )
+from kiln.training.parallel.context_parallel import shard_for_context_parallel
 from kiln.training.parallel.dims import ParallelDims
+from kiln.training.parallel.expert_parallel import split_for_grad_norm
 from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
+from kiln.training.parallel.meta_init import materialize
+from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
+from kiln.training.parallel.pipeline_parallel import build_pipeline, pipeline_microbatches
 from kiln.training.precision import (
     LossScaler,
     autocast_context,
@@ -42,6 +52,7 @@ from kiln.training.precision import (
 )
 from kiln.training.train_spec import TrainSpec, pretraining_spec
 from kiln.training.train_state import TrainState
+from kiln.training.validation import Validator
 
 if TYPE_CHECKING:
     from kiln.training.checkpoint import CheckpointConfig, Checkpointer
@@ -59,8 +70,6 @@ class Trainer:
         dataloader=None,
         spec: TrainSpec | None = None,
     ):
-        from kiln.training.launch import resolve_auto_precision
-
         self.cfg = resolve_auto_precision(cfg, torch.cuda.is_available())
         self.on_step = on_step
         self.spec = spec or pretraining_spec()
@@ -103,9 +112,6 @@ class Trainer:
         return self
 
     def _build_validator(self):
-        from kiln.platform.errors import KilnError
-        from kiln.training.validation import Validator
-
         try:
             loader = self._build_eval_loader()
         except KilnError as e:
@@ -144,7 +150,6 @@ class Trainer:
         if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
             if not torch.cuda.is_available():
                 raise ConfigError("device=cuda but no CUDA device is visible")
-            from kiln.training.launch import enable_tf32, local_cuda_index
 
             index = local_cuda_index(
                 int(os.environ.get("LOCAL_RANK", "0")),
@@ -160,17 +165,12 @@ class Trainer:
         """Build on the meta device, carve this rank's pipeline stage(s), parallelize, then
         allocate and initialise only the local shards (torchtitan's order; the same weights as
         one process, see parallel/meta_init.py). Otherwise every rank builds the full model."""
-        from kiln.model.meta import build_on_meta
-        from kiln.training.parallel.meta_init import materialize
-        from kiln.training.parallel.parallelize import parallelize, use_loss_parallel
 
         cfg, dims = self.cfg, self.dims
         on_meta = self._builds_on_meta()
         model = build_on_meta(cfg.model) if on_meta else self._build_full_model()
         self.loss_parallel = self.distributed and use_loss_parallel(dims, cfg)
         if dims.pp_enabled:
-            from kiln.training.parallel.pipeline_parallel import build_pipeline
-
             self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
                 model,
                 dims.mesh("pp"),
@@ -219,7 +219,6 @@ class Trainer:
 
     def _loader_of(self, data):
         """The loader of `data` (a DataConfig) over this rank's DP share."""
-        from kiln.training.data import build_dataloader
 
         cfg = self.cfg
         return build_dataloader(
@@ -234,7 +233,6 @@ class Trainer:
 
     def build_checkpointer(self, ckpt_cfg: CheckpointConfig | None = None) -> Checkpointer:
         """A Checkpointer over this trainer's components (default settings: cfg.checkpoint)."""
-        from kiln.training.checkpoint import Checkpointer
 
         return Checkpointer(**self.checkpointer_args(ckpt_cfg))
 
@@ -260,8 +258,6 @@ class Trainer:
         return self.spec.loss(logits, labels) * self._pp_loss_scale()
 
     def _pp_loss_scale(self) -> float:
-        from kiln.training.parallel.pipeline_parallel import pipeline_microbatches
-
         return self.scaler.scale / (self.grad_accum * pipeline_microbatches(self.cfg))
 
     def _forward_backward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -278,8 +274,6 @@ class Trainer:
             loss = self.spec.loss(model(tokens), labels)
             total = loss
             if cfg.model.n_experts:
-                from kiln.model.moe import moe_aux_loss
-
                 # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
             (total * (self.scaler.scale / self.grad_accum)).backward()
@@ -326,8 +320,6 @@ class Trainer:
         for micro in range(rounds):
             tokens, labels = self._next_batch()
             if self.dims.cp_enabled:
-                from kiln.training.parallel.context_parallel import shard_for_context_parallel
-
                 tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
             self._set_grad_sync(micro == rounds - 1)
             loss_sum += self._forward_backward(tokens, labels).float()
@@ -344,7 +336,6 @@ class Trainer:
     def _clip_and_step(self) -> torch.Tensor:
         """Unscale, clip by the global norm, step the optimizers (unless fp16 overflowed) and
         the schedules; returns the global grad norm."""
-        from kiln.training.parallel.expert_parallel import split_for_grad_norm
 
         self._lr = self.lr_schedulers[0].get_last_lr()[0]  # the lr this step uses
         params = [p for part in self.model_parts for p in part.parameters()]
@@ -389,8 +380,6 @@ class Trainer:
         forward only; 0 off the last pipeline stage."""
         tokens, labels = (t.to(self.device) for t in batch[:2])
         if self.dims.cp_enabled:
-            from kiln.training.parallel.context_parallel import shard_for_context_parallel
-
             tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
         with (
             autocast_context(self.cfg.precision, self.device.type, self.distributed),

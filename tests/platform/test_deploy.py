@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from kiln.platform.cli import build_parser
+from kiln.platform.imports import import_object
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -47,7 +48,7 @@ def _check_kiln_command(command: str) -> None:
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "kiln"], command
     args = build_parser().parse_args(argv[3:])
-    assert callable(args.func)
+    assert callable(import_object(args.handler))
     if argv[3] == "run":
         from kiln.platform.spec import load_pipeline
 

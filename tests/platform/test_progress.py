@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.platform import console
+from kiln.platform import terminal as terminal_state
 
 
 class _Terminal(io.StringIO):
@@ -67,14 +68,14 @@ def test_a_terminal_gets_a_live_bar_with_eta_that_adds_no_line(terminal):
         progress.advance(1, "20 tokens")
         logging.getLogger("kiln").info("stage tokenize: a line while the bar runs")
         progress.update(4, "40 tokens")
-        assert console._live_bars  # noqa: SLF001 - the handler writes around it
+        assert terminal_state.live_bars  # the handler writes around it
     out = term.getvalue()
     assert "tokenize:" in out and "2/4" in out and "20 tokens" in out, out
     assert re.search(r"\[\d\d:\d\d<\d\d:\d\d", out), out  # elapsed<ETA
     # the one log line is the only newline: the bar redraws in place and clears at the end
     assert out.count("\n") == 1 and "a line while the bar runs\n" in out, out
     assert out.endswith("\r") and not out.split("\r")[-2].strip(), repr(out[-80:])  # cleared
-    assert not console._live_bars  # noqa: SLF001
+    assert not terminal_state.live_bars
 
 
 def test_off_a_terminal_progress_goes_to_the_run_log_only(capsys, tmp_path):

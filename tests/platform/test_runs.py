@@ -9,8 +9,10 @@ from typing import ClassVar
 import pytest
 
 from kiln.platform.errors import InputError, StageFailed
+from kiln.platform.imports import import_object
 from kiln.platform.pipeline import Pipeline
-from kiln.platform.runs import list_runs, register
+from kiln.platform.runs import list_runs
+from kiln.platform.runs_cli import register
 from kiln.platform.stage import Stage, StageConfig, StageContext
 
 
@@ -35,7 +37,7 @@ def kiln(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kiln")
     register(parser.add_subparsers())
     args = parser.parse_args(argv)
-    return args.func(args)
+    return import_object(args.handler)(args)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kiln.platform.imports import import_object
 from tests.conftest import free_port
 
 REQUESTS = 48
@@ -140,13 +141,13 @@ def test_kiln_triton_up_gives_up_with_one_error_line(tmp_path, triton_records, m
     """`kiln triton up` supervises its server as serve does: one console line per restart, and
     after `--max-restarts` quick failures one error line and exit code 1 (no `stopped` line)."""
     from kiln.platform.cli import build_parser
-    from kiln.serving.triton import server as triton_server
+    from kiln.serving.export import commands as export_commands
 
-    monkeypatch.setattr(triton_server, "TritonServer", dying_server(tmp_path))
+    monkeypatch.setattr(export_commands, "TritonServer", dying_server(tmp_path))
     args = build_parser().parse_args(["triton", "up", str(tmp_path), "--max-restarts", "1"])
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert args.func(args) == 1
+        assert import_object(args.handler)(args) == 1
     finally:
         for s, handler in handlers.items():  # `triton up` installs its own
             signal.signal(s, handler)

@@ -8,13 +8,12 @@ by threshold, top percentile or Pareto sampling.
 """
 
 from kiln.curator.classify.config import ClassifyConfig
-from kiln.curator.classify.fasttext_model import FastTextClassifier
+from kiln.platform.imports import lazy_exports
 
+EXPORTS = {
+    "FastTextClassifier": "kiln.curator.classify.fasttext_model:FastTextClassifier",
+    "classify": "kiln.curator.classify.run:classify",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
 
-def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
-    from kiln.curator.classify.run import classify as _classify
-
-    return _classify(cfg, output_dir)
-
-
-__all__ = ["ClassifyConfig", "FastTextClassifier", "classify"]
+__all__ = ["ClassifyConfig", *EXPORTS]

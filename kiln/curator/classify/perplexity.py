@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.model.formats.weights import build_model, read_weights
+from kiln.text.tokenizer import load_tokenizer
+
 BUCKETS = ("head", "middle", "tail")
 
 
@@ -13,9 +16,6 @@ class PerplexityScorer:
     """One model per process (a Ray Data actor holds one): batched, right-padded forward."""
 
     def __init__(self, model: str, tokenizer: str, max_tokens: int = 512, batch_size: int = 8):
-        from kiln.model.formats.weights import build_model, read_weights
-        from kiln.text.tokenizer import load_tokenizer
-
         _, cfg, state = read_weights(model)
         self.model = build_model(cfg, state)
         self.device = next(self.model.parameters()).device

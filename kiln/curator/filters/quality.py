@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.curator.classify.fasttext_model import FastTextClassifier
+from kiln.curator.classify.keep import pareto_keep
 from kiln.curator.filters.base import DocumentFilter
 from kiln.curator.filters.batch import DocBatch
 
@@ -14,8 +16,6 @@ class QualityFilter(DocumentFilter):
     name = "quality"
 
     def __init__(self, model_dir: str, threshold: float = 0.5, pareto_alpha: float | None = None):
-        from kiln.curator.classify.fasttext_model import FastTextClassifier
-
         self.clf = FastTextClassifier.load(model_dir)
         self.high = self.clf.labels.index("high") if "high" in self.clf.labels else 0
         self.threshold, self.alpha = threshold, pareto_alpha
@@ -27,6 +27,5 @@ class QualityFilter(DocumentFilter):
         score = self.scores(batch)
         if self.alpha is None:
             return score >= self.threshold
-        from kiln.curator.classify.keep import pareto_keep
 
         return pareto_keep(score, batch.texts, self.alpha, seed=0)

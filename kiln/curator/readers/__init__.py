@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kiln.curator.config import ReadConfig
+from kiln.curator.readers import base
 from kiln.curator.readers.base import ReadTask, expand_inputs, plan_tasks
+from kiln.curator.readers.jsonl import read_jsonl
+from kiln.curator.readers.parquet import read_parquet
+from kiln.curator.readers.text import read_text_files
+from kiln.curator.readers.warc import read_warc
 
 
 def read_task(task: ReadTask, cfg: ReadConfig) -> Iterator[dict]:
     """All records of one task, with size and emptiness checks applied."""
-    from kiln.curator.readers import base
-    from kiln.curator.readers.jsonl import read_jsonl
-    from kiln.curator.readers.parquet import read_parquet
-    from kiln.curator.readers.text import read_text_files
-    from kiln.curator.readers.warc import read_warc
 
     reader = {
         "jsonl": read_jsonl,

@@ -26,6 +26,12 @@ def _module_file(name: str) -> str | None:
     return spec.origin if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
+def _import_path_module(text: str) -> str:
+    """The module of a "kiln.x.y:attr" import path; "" for any other string."""
+    module, sep, attr = text.partition(":")
+    return module if sep and attr.isidentifier() and module.startswith("kiln.") else ""
+
+
 def kiln_imports(path: str, module: str) -> set[str]:
     """kiln modules `path` imports, anywhere in it but `if TYPE_CHECKING:` blocks."""
     with open(path) as f:
@@ -39,6 +45,8 @@ def kiln_imports(path: str, module: str) -> set[str]:
                 visit(node.orelse)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.add(_import_path_module(node.value))  # lazy_exports' "module:attr"
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:

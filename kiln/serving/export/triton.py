@@ -15,7 +15,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.model.formats.shared_weights import link_or_copy_weights
 from kiln.platform.errors import InputError
+from kiln.serving.export.hf import export_hf
+from kiln.serving.export.runtime import copy_runtime, kiln_imports
+from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
 # the TritonPythonModel: read as a file (it imports triton_python_backend_utils, which only
 # Triton's Python backend provides)
@@ -134,9 +138,6 @@ def export_triton(
 
     An already exported HF directory is copied as is. Returns the model directory.
     """
-    from kiln.serving.export.hf import export_hf
-    from kiln.serving.export.runtime import copy_runtime, kiln_imports
-    from kiln.text.chat_template import end_of_turn_markers, load_chat_config
 
     cfg = cfg.model_copy(update=fields) if cfg else TritonExportConfig(**fields)
     model_dir = os.path.join(repo_dir, cfg.model_name)
@@ -149,8 +150,6 @@ def export_triton(
         os.path.join(source, "config.json")
     )
     if is_hf_dir and tokenizer is None and os.path.exists(os.path.join(source, "tokenizer.json")):
-        from kiln.model.formats.shared_weights import link_or_copy_weights
-
         shutil.copytree(source, hf_dir, copy_function=link_or_copy_weights)
     else:
         export_hf(source, hf_dir, tokenizer=tokenizer, dtype=cfg.dtype, model_name=cfg.model_name)

@@ -31,6 +31,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 sys.path.insert(0, os.path.join(HERE, "runtime"))
 
+# the vendored kiln, found through the path set just above
+from kiln.engine import Engine  # noqa: E402
+from kiln.engine.detokenize import IncrementalText, hold_back  # noqa: E402
+from kiln.engine.generator import Generator  # noqa: E402
+from kiln.engine.sampler import SamplingParams  # noqa: E402
+from kiln.text.chat_template import ChatTemplate  # noqa: E402
+from kiln.text.tokenizer import vocabulary_ids  # noqa: E402
+
 OPTIONAL_INPUTS = {
     "max_tokens": ("max_new_tokens", int),
     "temperature": ("temperature", float),
@@ -86,9 +94,6 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from kiln.engine import Engine
-        from kiln.engine.generator import Generator
-
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.default_max_tokens = int(params.get("default_max_tokens", "64"))
@@ -116,8 +121,6 @@ class TritonPythonModel:
     def _chat_setup(self, hf_dir, end_of_turn):
         """The chat template (the model's, else ChatML) and its end-of-turn tokens, which end a
         completion as the end-of-text token does (as the REST local backend does)."""
-        from kiln.text.chat_template import ChatTemplate
-        from kiln.text.tokenizer import vocabulary_ids
 
         try:
             self.template = ChatTemplate.from_pretrained(hf_dir)
@@ -155,8 +158,6 @@ class TritonPythonModel:
         return _strings(text.as_numpy())
 
     def _rows(self, request):
-        from kiln.engine.sampler import SamplingParams
-
         prompts = self._prompts(request)
         fields = [{} for _ in prompts]
         for name, (field, cast) in OPTIONAL_INPUTS.items():
@@ -249,7 +250,6 @@ class TritonPythonModel:
 
     def _execute_decoupled(self, request):
         """Rows go to the engine; its thread sends the response(s) when they are ready."""
-        from kiln.engine.detokenize import IncrementalText, hold_back
 
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -1,23 +1,14 @@
 """Distributed checkpoints (torch.distributed.checkpoint) that reshard on load."""
 
+from kiln.platform.imports import lazy_exports
 from kiln.training.checkpoint.config import CheckpointConfig
 
-__all__ = [
-    "CheckpointConfig",
-    "Checkpointer",
-    "latest_checkpoint",
-    "load_model_state",
-    "read_sidecar",
-]
+EXPORTS = {
+    "Checkpointer": "kiln.training.checkpoint.checkpointer:Checkpointer",
+    "latest_checkpoint": "kiln.model.formats.checkpoint:latest_checkpoint",
+    "load_model_state": "kiln.model.formats.checkpoint:load_model_state",
+    "read_sidecar": "kiln.model.formats.checkpoint:read_sidecar",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
 
-
-def __getattr__(name):  # keep `import kiln.training.checkpoint` light (no torch) for config users
-    if name == "Checkpointer":
-        from kiln.training.checkpoint.checkpointer import Checkpointer
-
-        return Checkpointer
-    if name in ("latest_checkpoint", "load_model_state", "read_sidecar"):
-        from kiln.model.formats import checkpoint
-
-        return getattr(checkpoint, name)
-    raise AttributeError(name)
+__all__ = ["CheckpointConfig", *EXPORTS]

@@ -13,6 +13,7 @@ from kiln.training.parallel.activation_offload import (  # noqa: F401
     apply_activation_offload,
     worth_offloading,
 )
+from kiln.training.parallel.ring import inside_ring_blocks
 
 # Op-level selective recompute keeps the expensive outputs (matmuls, attention, collectives) and
 # recomputes the cheap element-wise work (norms, RoPE, SiLU) in the backward pass.
@@ -50,8 +51,6 @@ def save_ops() -> set:
 
 
 def _op_policy_context():
-    from kiln.training.parallel.ring import inside_ring_blocks
-
     keep = save_ops()
 
     def policy(ctx, op, *args, **kwargs):

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 from kiln.training.parallel.ring import local_positions, zigzag_shard
 from kiln.training.parallel.ring_attention import ring_attention
@@ -65,7 +66,6 @@ def apply_context_parallel(
     max_seq_len); batches must then be `seq_len` tokens long, sharded by
     `shard_for_context_parallel`.
     """
-    from kiln.model.moe import MoE
 
     group = cp_mesh.get_group()
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()

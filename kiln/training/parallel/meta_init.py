@@ -23,6 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from kiln.model import ModelConfig, Transformer
 from kiln.model.meta import build_on_meta
 from kiln.model.transformer import BASE_STD
+from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
 
 # Wrappers that recompute and compile put into parameter names; checkpoints strip them too.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -51,7 +52,6 @@ def materialize(
 
     `buffer_device`: where the RoPE tables go when the parameters live elsewhere (FSDP's CPU
     offload keeps sharded parameters on the CPU while the model computes on the GPU)."""
-    from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
 
     for part in parts:
         _allocate(part, cfg, device)

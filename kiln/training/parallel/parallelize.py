@@ -12,8 +12,10 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from kiln.training.config import TrainConfig
 from kiln.training.parallel.activation_checkpoint import apply_activation_offload, apply_recompute
+from kiln.training.parallel.context_parallel import apply_context_parallel
 from kiln.training.parallel.data_parallel import apply_fsdp, apply_replicate
 from kiln.training.parallel.dims import ParallelDims
+from kiln.training.parallel.expert_parallel import apply_expert_parallel, expert_parameters
 from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
 
 _PARAM_DTYPE = {
@@ -38,8 +40,6 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Mo
         if dims.ep_enabled:
             _apply_ep(model, dims)
         if dims.cp_enabled:
-            from kiln.training.parallel.context_parallel import apply_context_parallel
-
             apply_context_parallel(model, dims.mesh("cp"), seq_len=cfg.seq_len)
     apply_recompute(model, cfg.recompute, cfg.selective_recompute)
     if cfg.activation_offload:
@@ -59,7 +59,6 @@ def use_loss_parallel(dims: ParallelDims, cfg: TrainConfig) -> bool:
 def _apply_ep(model: nn.Module, dims: ParallelDims) -> None:
     """Shard experts over the ep ranks (the dp_shard ranks, or dp_shard x cp when ep spans both);
     their gradients are averaged over all data ranks (dp x cp)."""
-    from kiln.training.parallel.expert_parallel import apply_expert_parallel
 
     ep_mesh = dims.mesh("dp_shard") if dims.ep == dims.dp_shard else dims.mesh("dp_shard_cp")
     apply_expert_parallel(model, ep_mesh, dp_mesh=dims.mesh("dp_cp"))
@@ -77,8 +76,6 @@ def _apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: TrainConfig)
     mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     ignored = None
     if dims.ep_enabled:
-        from kiln.training.parallel.expert_parallel import expert_parameters
-
         ignored = expert_parameters(model)
     if not dims.fsdp_enabled and not cfg.optimizer_offload:
         apply_replicate(model, dims.mesh("dp_replicate"), mp_policy, ignored_params=ignored)

@@ -11,29 +11,16 @@ MoE layers route as planned (kiln.training.plan.moe): balanced, owners at the ca
 expert parallelism.
 """
 
-from kiln.training.plan.cli import add_arguments, main, register, run
-from kiln.training.plan.configs import cpu_stand_in, train_configs, world_size_of
+from kiln.platform.imports import lazy_exports
 
+EXPORTS = {
+    "cpu_stand_in": "kiln.training.plan.configs:cpu_stand_in",
+    "measure_step": "kiln.training.plan.memory:measure_step",
+    "plan_rank": "kiln.training.plan.memory:plan_rank",
+    "plan_step": "kiln.training.plan.memory:plan_step",
+    "train_configs": "kiln.training.plan.configs:train_configs",
+    "world_size_of": "kiln.training.plan.configs:world_size_of",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
 
-def __getattr__(name: str):
-    # memory imports torch: loaded on first use, so every `kiln` command (which registers
-    # `kiln plan` through this package) does not pay torch's import
-    if name in ("measure_step", "plan_rank", "plan_step"):
-        from kiln.training.plan import memory
-
-        return getattr(memory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [
-    "add_arguments",
-    "cpu_stand_in",
-    "main",
-    "measure_step",
-    "plan_rank",
-    "plan_step",
-    "register",
-    "run",
-    "train_configs",
-    "world_size_of",
-]
+__all__ = [*EXPORTS]

@@ -1,5 +1,5 @@
 import sys
 
-from kiln.training.plan.cli import main
+from kiln.training.plan.commands import main
 
 sys.exit(main())

@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kiln.platform.config import load_config, read_yaml
+from kiln.platform.spec import load_pipeline
+from kiln.training.config import TrainConfig
+from kiln.training.parallel.dims import ParallelDims
+from kiln.training.precision import check_fp8_layout
+
 if TYPE_CHECKING:
     from kiln.training.config import TrainConfig
 
 
 def world_size_of(cfg: TrainConfig) -> int:
     """The world size a layout names (dp_shard=-1 counts as 1)."""
-    from kiln.training.parallel.dims import ParallelDims
 
     return ParallelDims.from_config(cfg.parallel).world_size
 
@@ -19,15 +24,11 @@ def world_size_of(cfg: TrainConfig) -> int:
 def train_configs(path: str, overrides: list[str] = ()) -> list[tuple[str, TrainConfig]]:
     """(name, TrainConfig) for each train stage of a pipeline spec, or the one TrainConfig file;
     `overrides` are `kiln run`'s (`STAGE.FIELD=VALUE`) or `kiln train`'s (`FIELD=VALUE`)."""
-    from kiln.platform.config import load_config, read_yaml
 
     raw = read_yaml(path) or {}
     if isinstance(raw, dict) and "stages" in raw:
-        from kiln.platform.spec import load_pipeline
-
         stages = load_pipeline(path, overrides).stages
         return [(s.name, s.config.train_config()) for s in stages if s.type_name == "train"]
-    from kiln.training.config import TrainConfig
 
     return [(Path(path).stem, load_config(TrainConfig, path, block="train", overrides=overrides))]
 
@@ -38,8 +39,6 @@ def cpu_stand_in(cfg: TrainConfig, shrink: bool = False) -> TrainConfig:
     Layout rules of the hardware-only choices are still checked (fp8's, here). `shrink` keeps
     the heads, KV heads and stage count but makes every matrix small (a quick layout check)."""
     if cfg.precision == "fp8":
-        from kiln.training.precision import check_fp8_layout
-
         check_fp8_layout(cfg.parallel)
     model = cfg.model.model_copy(update={"attention_backend": "sdpa"})
     if shrink:

@@ -17,6 +17,14 @@ import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
+from kiln.training.metrics import flops_per_token
+from kiln.training.parallel.context_parallel import shard_for_context_parallel
+from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
+from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context
+from kiln.training.parallel.meta_init import _allocate
+from kiln.training.parallel.pipeline_parallel import pipeline_microbatches
+from kiln.training.plan.moe import planned_routing
+from kiln.training.precision import autocast_context
 from kiln.training.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -39,8 +47,6 @@ class FakeRankTrainer(Trainer):
 
     def _materialize(self, materialize, init_device: torch.device) -> None:
         """`to_empty` under fake mode: values do not matter here, only shapes and dtypes."""
-        from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
-        from kiln.training.parallel.meta_init import _allocate
 
         with self.fake_mode:
             for part in self.model_parts:
@@ -84,8 +90,6 @@ def micro_batch(trainer: Trainer, first_stage: bool) -> torch.Tensor:
     cfg, dims = trainer.cfg, trainer.dims
     batch = cfg.micro_batch_size
     if dims.pp_enabled:
-        from kiln.training.parallel.pipeline_parallel import pipeline_microbatches
-
         batch //= pipeline_microbatches(cfg)
     seq = cfg.seq_len // dims.cp
     if first_stage:
@@ -98,8 +102,6 @@ def micro_batch(trainer: Trainer, first_stage: bool) -> torch.Tensor:
 
 def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) -> list[int]:
     """One micro-batch through every local part; the bytes each part saved for backward."""
-    from kiln.training.parallel.loss import cross_entropy_loss, loss_parallel_context
-    from kiln.training.precision import autocast_context
 
     cfg, saved = trainer.cfg, []
     n_parts = len(trainer.model_parts)
@@ -128,8 +130,6 @@ def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) 
 
 def _stage_forward(trainer: Trainer, part: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     if trainer.dims.cp_enabled and part.tok_embeddings is not None:
-        from kiln.training.parallel.context_parallel import shard_for_context_parallel
-
         full = torch.cat([inputs] * trainer.dims.cp, dim=1)  # shard a full-length batch
         inputs, _ = shard_for_context_parallel(full, full, trainer.dims.mesh("cp"))
     return part(inputs)
@@ -247,9 +247,6 @@ def plan_step(cfg: TrainConfig, rank: int, world: int) -> tuple[dict[str, Any], 
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from kiln.training.metrics import flops_per_token
-    from kiln.training.plan.moe import planned_routing
 
     _clear_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

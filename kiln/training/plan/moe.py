@@ -22,7 +22,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from kiln.model.moe import MoE
+from kiln.model.moe import MoE, grouped_swiglu
+from kiln.training.parallel.expert_parallel import ExpertParallelMoE, _AllToAll
 
 
 def planned_counts(n_tokens: int, top_k: int, n_experts: int, capacity_factor: float | None):
@@ -56,8 +57,6 @@ def _assign(self: MoE, top_idx: torch.Tensor, top_w: torch.Tensor):
 def _run_experts_ep(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """ExpertParallelMoE.run_experts with the planned splits (no count exchange): the same
     all-to-alls, regrouping copies and expert GEMMs, on the planned number of rows."""
-    from kiln.model.moe import grouped_swiglu
-    from kiln.training.parallel.expert_parallel import _AllToAll
 
     ep = dist.get_world_size(self.ep_group)
     n_local = self.n_experts // ep
@@ -93,7 +92,6 @@ def _grouped_mm(x, w, offs=None, **_):
 @contextmanager
 def planned_routing() -> Iterator[None]:
     """Route every MoE layer as planned (see the module docstring) inside the block."""
-    from kiln.training.parallel.expert_parallel import ExpertParallelMoE
 
     patches = [
         (MoE, "assign", _assign),

@@ -10,6 +10,7 @@ from kiln.model.lora import LoRAConfig
 from kiln.platform.errors import ConfigError
 from kiln.training.config import TrainConfig
 from kiln.training.post.dpo import DPOConfig
+from kiln.training.post.logit_distill import LogitDistillConfig
 
 
 class PostTrainConfig(TrainConfig):
@@ -23,6 +24,9 @@ class PostTrainConfig(TrainConfig):
     )
     lora: LoRAConfig | None = Field(None, description="Train low-rank adapters only (None: full).")
     dpo: DPOConfig = Field(default_factory=DPOConfig, description="DPO settings (objective dpo).")
+    distill: LogitDistillConfig | None = Field(
+        None, description="SFT with a teacher's logits on the same data (logit distillation)."
+    )
 
     @model_validator(mode="after")
     def _check_layout(self) -> PostTrainConfig:
@@ -33,6 +37,14 @@ class PostTrainConfig(TrainConfig):
             raise ConfigError("dpo with parallel.cp > 1 is not supported (sequences are short)")
         if self.lora is not None and self.precision == "fp8":
             raise ConfigError("lora with precision fp8 is not supported")
+        if self.distill is not None:
+            if self.objective != "sft":
+                raise ConfigError("distill: logit distillation is an sft option (objective sft)")
+            if p.pp > 1 or p.cp > 1 or p.tp > 1:
+                raise ConfigError(
+                    "distill with parallel.pp, cp or tp > 1 is not supported (the teacher runs "
+                    "whole on every rank: use dp_shard / dp_replicate)"
+                )
         if self.dpo.reference == "adapters_disabled" and self.lora is None:
             raise ConfigError("dpo.reference adapters_disabled needs lora: (or use precomputed)")
         return self

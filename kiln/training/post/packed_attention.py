@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.attention import backend_available
+
 
 def varlen_boundaries(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(cu_seqlens int32 [N + 1], longest run) of the runs of equal document id in each row of
@@ -37,7 +39,6 @@ def varlen_boundaries(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def flash_varlen_usable(q: torch.Tensor) -> bool:
     """flash-attn's varlen kernel: CUDA, half precision and the package installed."""
-    from kiln.model.attention import backend_available
 
     return (
         q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and backend_available("flash_attn")

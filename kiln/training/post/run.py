@@ -16,7 +16,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kiln.model.config import ModelConfig
+from kiln.model.formats.adapter_checkpoint import check_base
+from kiln.model.formats.checkpoint import load_model_state, read_sidecar
+from kiln.model.formats.hub import local_model
+from kiln.model.formats.peft import export_peft_adapter
+from kiln.model.formats.weights import read_weights
+from kiln.model.lora import LORA_PARAMS
+from kiln.platform.config import load_body, override_paths, validate
+from kiln.platform.errors import ConfigError, KilnError
+from kiln.text.tokenizer import TOKENIZER_FILES
+from kiln.training.checkpoint.resume import announce_resume
+from kiln.training.launch import init_process_group_from_env
 from kiln.training.post.config import PostTrainConfig
+from kiln.training.post.lora_export import export_merged_hf
+from kiln.training.post.trainer import PostTrainer, chat_prefix
+from kiln.training.ray_train import train_on_ray
 
 
 def _full_state(trainer) -> dict[str, torch.Tensor]:
@@ -32,8 +47,6 @@ def _full_state(trainer) -> dict[str, torch.Tensor]:
 def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
     """Merged HF folder (+ PEFT adapter folder for LoRA) of a trained PostTrainer; rank 0 writes."""
     if trainer.dims.pp_enabled:
-        from kiln.platform.errors import ConfigError
-
         raise ConfigError("export after post-training with pp > 1: export the checkpoint instead")
     state = _full_state(trainer)
     if trainer.rank != 0:
@@ -43,17 +56,12 @@ def export_post(trainer, out_dir: str, chat_dir: str | None) -> dict[str, Any]:
 
 def export_checkpoint(cfg: PostTrainConfig, ckpt: str, out_dir: str, chat_dir: str | None):
     """The same export from a run's checkpoint (full, or adapter-only on its referenced base)."""
-    from kiln.model.formats.checkpoint import load_model_state, read_sidecar
-    from kiln.model.formats.weights import read_weights
 
     model_cfg, state = load_model_state(ckpt)
     ref = read_sidecar(ckpt).get("adapter_only")
     if ref:  # the adapters, on the base they were trained on
-        from kiln.model.formats.adapter_checkpoint import check_base
-
         check_base(read_sidecar(ckpt), ckpt, ref["base"])
         state = {**read_weights(ref["base"])[2], **state}
-    from kiln.model.config import ModelConfig
 
     cfg = cfg.model_copy(update={"model": ModelConfig(**model_cfg)})
     return export_state(cfg, state, out_dir, chat_dir)
@@ -61,9 +69,6 @@ def export_checkpoint(cfg: PostTrainConfig, ckpt: str, out_dir: str, chat_dir: s
 
 def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None) -> dict:
     """Write `<out>/hf` (adapters merged, chat template) and, for LoRA, `<out>/adapter`."""
-    from kiln.model.formats.peft import export_peft_adapter
-    from kiln.model.lora import LORA_PARAMS
-    from kiln.training.post.lora_export import export_merged_hf
 
     state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}
     summary: dict[str, Any] = {}
@@ -91,8 +96,6 @@ def export_state(cfg: PostTrainConfig, state, out_dir: str, chat_dir: str | None
         _add_chat_template(hf_dir, chat_dir, cfg.data.split)
     if lora is not None:  # `kiln serve out/adapter` (base + adapter) renders chats as hf/ does
         import shutil
-
-        from kiln.text.tokenizer import TOKENIZER_FILES
 
         for name in (*TOKENIZER_FILES, "generation_config.json"):
             if os.path.isfile(os.path.join(hf_dir, name)):
@@ -137,9 +140,6 @@ def _add_chat_template(hf_dir: str, chat_dir: str, split: str) -> None:
 
 def train_post(cfg: PostTrainConfig, export_dir: str | None = None, on_step=None) -> dict:
     """Train (resuming from cfg.checkpoint.dir when it holds a checkpoint) and export."""
-    from kiln.model.formats.hub import local_model
-    from kiln.training.checkpoint.resume import announce_resume
-    from kiln.training.post.trainer import PostTrainer, chat_prefix
 
     if cfg.base:  # a Hub id: its snapshot folder (downloaded once, here)
         cfg = cfg.model_copy(update={"base": local_model(cfg.base)})
@@ -164,9 +164,6 @@ def train_post_on_ray(
 ) -> dict:
     """The same run on Ray Train (one worker per rank, as `train` runs), then the export from
     its final checkpoint (in the driver: adapter-only checkpoints merge onto their base)."""
-    from kiln.model.formats.hub import local_model
-    from kiln.training.post.trainer import chat_prefix
-    from kiln.training.ray_train import train_on_ray
 
     absolute = {"paths": [os.path.abspath(p) for p in cfg.data.paths]}
     update: dict[str, Any] = {"data": cfg.data.model_copy(update=absolute)}
@@ -194,7 +191,6 @@ def train_post_on_ray(
 
 def load_config(path: str, overrides: list[str] | None = None, objective: str | None = None):
     """A PostTrainConfig from YAML (a `train:` block or the fields) with KEY=VALUE overrides."""
-    from kiln.platform.config import load_body, override_paths, validate
 
     body = load_body(path, block="train", overrides=overrides or [])
     if objective is not None:
@@ -206,9 +202,6 @@ def load_config(path: str, overrides: list[str] | None = None, objective: str | 
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun: every rank runs the same config."""
     import argparse
-
-    from kiln.platform.errors import KilnError
-    from kiln.training.launch import init_process_group_from_env
 
     parser = argparse.ArgumentParser(prog="python -m kiln.training.post.run")
     parser.add_argument("--config", required=True)

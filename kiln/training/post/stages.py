@@ -29,13 +29,15 @@ from kiln.model.formats.hub import local_model
 from kiln.model.formats.weights import build_model, read_model
 from kiln.platform.console import Progress, follow_metrics
 from kiln.platform.errors import ConfigError
-from kiln.platform.runtime import Resources
+from kiln.platform.runtime import Resources, visible_gpus
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.training.metrics_log import METRICS_FILE, MetricsWriter
 from kiln.training.post.config import PostTrainConfig
+from kiln.training.post.prepare import prepare_chat, prepare_preference
 from kiln.training.post.run import train_post, train_post_on_ray
 from kiln.training.post.trainer import chat_prefix
-from kiln.training.ray_train import RayOptions
+from kiln.training.preflight import check_device, check_layout, launch_plan
+from kiln.training.ray_train import RayOptions, world_size
 
 
 class ImportModelConfig(StageConfig):
@@ -118,8 +120,6 @@ class PrepareChatStage(Stage):
     resources: ClassVar[Resources] = Resources(ray=False)
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from kiln.training.post.prepare import prepare_chat, prepare_preference
-
         cfg: PrepareChatConfig = self.config
         model_hf = tokenizer_folder(ctx.inputs["model"].path) if "model" in ctx.inputs else None
         tokenizer = cfg.tokenizer or (
@@ -179,7 +179,6 @@ class _PostStage(Stage):
         options = self.config.ray
         if options is None:
             return self.resources
-        from kiln.training.ray_train import world_size
 
         cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
         return Resources(ray=True, gpus=world_size(cfg, options) if options.use_gpu else 0)
@@ -187,8 +186,6 @@ class _PostStage(Stage):
     def preflight(self, runtime, wired: frozenset[str]) -> None:
         """The layout and the device before any stage runs (kiln.training.preflight); a base
         model's shape is only known once it is read."""
-        from kiln.platform.runtime import visible_gpus
-        from kiln.training.preflight import check_device, check_layout, launch_plan
 
         cfg = PostTrainConfig.model_validate(self.config.model_dump(by_alias=True, exclude={"ray"}))
         model_known = cfg.base is None and "model" not in wired

@@ -20,14 +20,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model.formats.weights import read_weights
 from kiln.model.lora import LORA_PARAMS, adapters_disabled
 from kiln.platform.errors import ConfigError, InputError
+from kiln.text.tokenizer import find_tokenizer
+from kiln.training.data.loader import TokenLoader
+from kiln.training.parallel.context_parallel import shard_for_context_parallel
 from kiln.training.parallel.loss import loss_parallel_context, to_local_loss
-from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatSource
+from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
+from kiln.training.post.chat_dataset import IGNORE_INDEX, ChatDataset, ChatSource
 from kiln.training.post.config import PostTrainConfig
-from kiln.training.post.dpo import dpo_loss, split_pairs
+from kiln.training.post.dpo import split_pairs
+from kiln.training.post.logit_distill import logit_distill_loss
 from kiln.training.post.objectives import sequence_logps
 from kiln.training.post.packed_attention import document_masking
+from kiln.training.post.teacher import load_teacher
 from kiln.training.post.train_spec import PostTrainingAdapter, post_training_spec
 from kiln.training.precision import autocast_context, fp8_context
 from kiln.training.trainer import Trainer
@@ -55,18 +62,18 @@ class PostTrainer(Trainer):
     def __init__(self, cfg: PostTrainConfig, on_step=None, dataloader=None) -> None:
         base_state = None
         if cfg.base:
-            from kiln.model.formats.weights import read_weights
-
             _, base_cfg, base_state = read_weights(cfg.base)
             if base_cfg.max_seq_len < cfg.seq_len:
                 base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
             cfg = cfg.model_copy(update={"model": base_cfg})
-        spec = post_training_spec(PostTrainingAdapter(base_state, cfg.lora, self._packed))
+        adapter = PostTrainingAdapter(base_state, cfg.lora, self._packed)
+        spec = post_training_spec(adapter, cfg.dpo if cfg.objective == "dpo" else None)
         super().__init__(cfg, on_step=on_step, dataloader=dataloader, spec=spec)
         self._post_metrics: dict[str, float] = {}
         # DPO's precomputed reference log-probs (train and held-out rows), filled in setup()
         self._reference: torch.Tensor | None = None
         self._eval_reference: torch.Tensor | None = None
+        self.teacher: nn.Module | None = None  # logit distillation's (sft with distill:)
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -84,7 +91,6 @@ class PostTrainer(Trainer):
         """LoRA on a base: adapter-only checkpoints (the base is referenced, not copied)."""
         if self.cfg.lora is None or not self.cfg.base:
             return super().build_checkpointer(ckpt_cfg)
-        from kiln.training.post.adapter_checkpoint import AdapterCheckpointer
 
         return AdapterCheckpointer(
             **self.checkpointer_args(ckpt_cfg),
@@ -97,14 +103,10 @@ class PostTrainer(Trainer):
 
     def _chat_meta(self) -> dict:
         if not hasattr(self, "_meta"):
-            from kiln.training.post.chat_dataset import ChatDataset
-
             self._meta = ChatDataset(chat_prefix(self.cfg)).meta
         return self._meta
 
     def _build_dataloader(self):
-        from kiln.training.data.loader import TokenLoader
-
         cfg = self.cfg
         source = ChatSource(chat_prefix(cfg), seed=cfg.data.seed or cfg.seed)
         want = "preference" if cfg.objective == "dpo" else "sft"
@@ -131,7 +133,6 @@ class PostTrainer(Trainer):
 
     def _build_eval_loader(self):
         """The held-out split of the chat dataset, in order."""
-        from kiln.training.data.loader import TokenLoader
 
         cfg = self.cfg
         source = ChatSource(chat_prefix(cfg, cfg.eval_split), seed=cfg.seed, shuffle=False)
@@ -146,6 +147,8 @@ class PostTrainer(Trainer):
 
     def setup(self) -> PostTrainer:
         super().setup()
+        if self.cfg.distill is not None:
+            self.teacher = self._load_teacher()
         if self.cfg.objective == "dpo" and self.cfg.dpo.reference == "precomputed":
             self._reference = torch.from_numpy(self._reference_table()).to(self.device)
             if self.validator is not None:
@@ -153,6 +156,22 @@ class PostTrainer(Trainer):
                 table = self._reference_table(held_out, f"{self.cfg.eval_split}.{REFERENCE_FILE}")
                 self._eval_reference = torch.from_numpy(table).to(self.device)
         return self
+
+    def _load_teacher(self) -> nn.Module:
+        """The frozen teacher on this rank's device, checked against the chat data's tokenizer."""
+        try:
+            student_tok, _ = find_tokenizer(None, [os.path.dirname(chat_prefix(self.cfg))])
+        except InputError:
+            student_tok = None
+        teacher = load_teacher(
+            "distill.teacher",
+            self.cfg.distill.teacher,
+            self.cfg.model.vocab_size,
+            student_tok,
+            device=self.device,
+        )
+        log.info("logit distillation from %s (%s)", self.cfg.distill.teacher, self.cfg.distill)
+        return teacher
 
     # -- DPO reference ----------------------------------------------------------------------
 
@@ -202,8 +221,8 @@ class PostTrainer(Trainer):
         for micro in range(self.grad_accum):
             batch = [t.to(self.device) for t in next(self._batches)]
             self._set_grad_sync(micro == self.grad_accum - 1)
-            if self.cfg.objective == "dpo":
-                loss_sum += self._dpo_step(*batch).float()
+            if self.spec.pair_loss is not None:
+                loss_sum += self._pair_step(*batch).float()
             else:
                 loss_sum += self._sft_step(*batch).float()
         return loss_sum / self.grad_accum
@@ -232,6 +251,8 @@ class PostTrainer(Trainer):
         return self.spec.loss(head(hidden[trained])[None], labels[trained][None])
 
     def _sft_step(self, tokens, labels, positions, document_ids) -> torch.Tensor:
+        if self.teacher is not None:
+            return self._distill_step(tokens, labels, positions, document_ids)
         if self._head_on_trained_tokens():
             model = self.model_parts[0]
             packed = self._packed()
@@ -244,8 +265,6 @@ class PostTrainer(Trainer):
             return loss.detach()
         if not self._packed():  # plain rows: exactly pretraining's masked cross entropy
             if self.dims.cp_enabled:
-                from kiln.training.parallel.context_parallel import shard_for_context_parallel
-
                 tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
             return self._forward_backward(tokens, labels)
         model = self.model_parts[0]
@@ -255,34 +274,36 @@ class PostTrainer(Trainer):
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         return to_local_loss(loss).detach()
 
-    def _dpo_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
+    def _distill_step(self, tokens, labels, positions, document_ids) -> torch.Tensor:
+        """SFT's cross entropy mixed with the divergence to the teacher's logits on the same
+        tokens (packed rows: both models masked per document)."""
+        model, packed = self.model_parts[0], self._packed()
+        positions = positions if packed else None
+
+        def masking(m):
+            return document_masking(m, document_ids) if packed else contextlib.nullcontext()
+
+        with self._contexts():
+            with torch.no_grad(), masking(self.teacher):
+                teacher_logits = self.teacher(tokens, positions=positions)
+            with masking(model):
+                student_logits = model(tokens, positions=positions)
+                loss, metrics = logit_distill_loss(
+                    student_logits, teacher_logits, labels, self.cfg.distill
+                )
+                (loss * (self.scaler.scale / self.grad_accum)).backward()
+        for k, v in metrics.items():
+            self._post_metrics[k] = self._post_metrics.get(k, 0.0) + v / self.grad_accum
+        return loss.detach()
+
+    def _pair_step(self, tokens, labels, positions, document_ids, rows) -> torch.Tensor:
         model = self.model_parts[0]
         with self._contexts():
-            loss, metrics = self._dpo_loss(model, tokens, labels, self._reference, rows)
+            loss, metrics = self.spec.pair_loss(model, tokens, labels, self._reference, rows)
             (loss * (self.scaler.scale / self.grad_accum)).backward()
         for k, v in metrics.items():
             self._post_metrics[k] = self._post_metrics.get(k, 0.0) + float(v) / self.grad_accum
         return loss.detach()
-
-    def _dpo_loss(self, model, tokens, labels, reference, rows):
-        """DPO's loss and reward metrics of a batch of pairs; the reference log-probs are the
-        precomputed table's `rows`, or the base's (adapters off, no gradient)."""
-        cfg = self.cfg
-        policy, n_tokens = sequence_logps(model(tokens), labels)
-        if cfg.dpo.reference == "precomputed":
-            ref = reference[rows].to(policy.dtype)
-            ref_chosen, ref_rejected = ref[:, 0], ref[:, 1]
-        else:
-            with torch.no_grad(), adapters_disabled(model):
-                ref_chosen, ref_rejected = split_pairs(sequence_logps(model(tokens), labels)[0])
-        return dpo_loss(
-            *split_pairs(policy),
-            ref_chosen,
-            ref_rejected,
-            *split_pairs(n_tokens),
-            beta=cfg.dpo.beta,
-            loss_type=cfg.dpo.loss_type,
-        )
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -290,17 +311,17 @@ class PostTrainer(Trainer):
         """SFT: the held-out masked loss; DPO: the held-out DPO loss and reward accuracy."""
         tokens, labels, positions, document_ids, *rows = (t.to(self.device) for t in batch)
         model = self.model_parts[0]
-        if self.cfg.objective == "dpo":
-            return self._dpo_eval(model, tokens, labels, rows[0])
+        if self.spec.pair_loss is not None:
+            return self._pair_eval(model, tokens, labels, rows[0])
         if not self._packed():  # plain rows: pretraining's held-out loss (pp, cp included)
             return super().eval_batch((tokens, labels))
         with self._contexts(), document_masking(model, document_ids):
             loss = self.spec.loss(model(tokens, positions=positions), labels)
         return {"val_loss": to_local_loss(loss)}
 
-    def _dpo_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
+    def _pair_eval(self, model, tokens, labels, rows) -> dict[str, torch.Tensor]:
         with self._contexts():
-            loss, metrics = self._dpo_loss(model, tokens, labels, self._eval_reference, rows)
+            loss, metrics = self.spec.pair_loss(model, tokens, labels, self._eval_reference, rows)
         return {
             "val_loss": loss,
             "val_rewards/accuracies": metrics["rewards/accuracies"],

@@ -1,10 +1,9 @@
-"""`kiln grpo`: GRPO-family RL on Kiln's engine from a YAML (+ --set), one line per step."""
+"""`kiln grpo` (GRPO-family RL) and `kiln distill` (on-policy distillation), rollouts on Kiln's
+engine, from a YAML (+ --set), one line per step."""
 
 from __future__ import annotations
 
 import argparse
-
-from kiln.platform import console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,27 +13,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="YAML: GRPORunConfig fields (or a grpo: block)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
-    p.set_defaults(func=_grpo)
+    p.set_defaults(handler="kiln.training.rl.commands:grpo_command")
 
-
-def _grpo(args) -> int:
-    # the run pulls in torch and the engine (~7 s): only `kiln grpo` pays that, not every
-    # command's start (as kiln/training/post/cli.py's `sft`)
-    from kiln.training.rl.grpo import format_step
-    from kiln.training.rl.run import load_config, run_grpo
-
-    cfg = load_config(args.config, args.overrides)
-    summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
-    final = summary["final"]
-    console.summary(
-        [
-            ("steps", summary["steps"]),
-            ("first reward", summary["first_reward"]),
-            ("final reward", final["reward"]),
-            ("held-out reward before", summary["eval_reward_before"]),
-            ("held-out reward after", summary["eval_reward_after"]),
-            ("seconds", round(summary["seconds"], 1)),
-            ("checkpoint", args.out),
-        ]
+    p = sub.add_parser(
+        "distill", help="on-policy distillation: the student samples, a teacher scores its tokens"
     )
-    return 0
+    p.add_argument(
+        "--config", required=True, help="YAML: DistillRunConfig fields (or a distill: block)"
+    )
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
+    p.set_defaults(handler="kiln.training.rl.commands:distill_command")

@@ -1,5 +1,6 @@
-"""GRPOConfig: the options of the GRPO loop (rollouts, objective, optimizer), TRL's names where
-they exist (num_generations is `group_size`, epsilon is `epsilon_low`)."""
+"""The options of the on-policy loops: what every loop that samples from the policy shares
+(`OnPolicyConfig`: sampling, optimizer, LoRA, where the rollouts run) and GRPO's own, TRL's
+names where they exist (num_generations is `group_size`, epsilon is `epsilon_low`)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,35 @@ from kiln.training.config import OptimizerConfig
 from kiln.training.rl.rewards import RewardSpec
 
 
-class GRPOConfig(BaseModel):
+class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rewards: list[RewardSpec] = Field(..., min_length=1, description="Weighted rewards, summed.")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="Rollout workers as Ray actors, each holding an engine (0: the engine runs "
+        "in this process and refit is an in-place copy).",
+    )
+    cpus_per_worker: float = Field(
+        0.5, gt=0, description="Ray CPUs each rollout actor reserves (fractional on small hosts)."
+    )
+    max_retries: int = Field(
+        3, ge=0, description="A dead rollout actor is replaced and its share retried this often."
+    )
+    verify_refit: bool = Field(
+        True,
+        description="After each refit, compare a checksum of every actor's weights with the "
+        "trainer's (Ray workers only; an in-process engine is copied in place).",
+    )
+
+
+class OnPolicyConfig(BaseModel):
+    """What every loop that samples from the policy it trains shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
     steps: int = Field(20, ge=1, description="Policy updates (each on a fresh batch).")
     prompts_per_step: int = Field(4, ge=1, description="Prompts sampled per step.")
-    group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
     max_new_tokens: int = Field(64, ge=1, description="Completion length limit.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus of the rollouts' sampling.")
@@ -31,6 +54,21 @@ class GRPOConfig(BaseModel):
         description="AdamW (lr 1e-5, no weight decay unless set).",
     )
     lora: LoRAConfig | None = Field(None, description="Train LoRA adapters (None: full model).")
+    max_batch_size: int = Field(64, ge=1, description="Engine KV-cache slots for rollouts.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Where the rollout engines run (Ray actors)."
+    )
+    checkpoint_interval: int = Field(
+        0,
+        ge=0,
+        description="Save the loop's state (policy, optimizer, prompt order, metrics) every N "
+        "steps; a run started again on the same output resumes from it (0: never).",
+    )
+
+
+class GRPOConfig(OnPolicyConfig):
+    rewards: list[RewardSpec] = Field(..., min_length=1, description="Weighted rewards, summed.")
+    group_size: int = Field(8, ge=2, description="Completions per prompt (G).")
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL to the reference model.")
     epsilon_low: float = Field(0.2, ge=0, description="Clip: ratio >= 1 - epsilon_low.")
     epsilon_high: float = Field(0.2, ge=0, description="Clip: ratio <= 1 + epsilon_high (DAPO).")
@@ -53,7 +91,6 @@ class GRPOConfig(BaseModel):
     tis_cap: float | None = Field(
         2.0, gt=0, description="Truncated importance sampling cap (None: off)."
     )
-    max_batch_size: int = Field(64, ge=1, description="Engine KV-cache slots for rollouts.")
 
 
 class GRPORunConfig(GRPOConfig):

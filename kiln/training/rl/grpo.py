@@ -1,9 +1,10 @@
-"""The GRPO loop, one process: rollouts on Kiln's engine -> rewards -> group advantages ->
-`num_iterations` clipped-ratio updates of the policy -> refit of the engine's weights.
+"""The GRPO loop: rollouts on Kiln's engine (in this process or on Ray actors: on_policy.py) ->
+rewards -> group advantages -> `num_iterations` clipped-ratio updates of the policy -> refit of
+the engines' weights.
 
 The policy is a kiln `Transformer` (full fine-tuning, or LoRA adapters via kiln/model/lora.py).
 Reference log-probs come from the frozen base: the same model with its adapters disabled under
-LoRA, a frozen copy only for full fine-tuning with beta > 0. The engine decodes from its own
+LoRA, a frozen copy only for full fine-tuning with beta > 0. Each engine decodes from its own
 plain copy of the weights (the engine lays out the LM head for decoding, and LoRA is merged
 into it at each refit), so a step's rollouts always use the latest policy.
 """
@@ -11,18 +12,14 @@ into it at each refit), so a step's rollouts always use the latest policy.
 from __future__ import annotations
 
 import copy
-import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from kiln.engine.generator import Generator
-from kiln.engine.sampler import SamplingParams
-from kiln.model.lora import adapters_disabled, apply_lora
-from kiln.training.optimizer import build_optimizer
+from kiln.model.lora import adapters_disabled
 from kiln.training.rl.config import GRPOConfig
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.objectives import (
@@ -32,15 +29,15 @@ from kiln.training.rl.objectives import (
     overlong_filter,
     tis_weights,
 )
-from kiln.training.rl.prompts import render_prompt
+from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.rewards import RewardSet
-from kiln.training.rl.rollout import Rollout, generate_rollouts, refit
-
-SEEDS_PER_STEP = 1 << 20  # completion seeds of step k: seed + k * SEEDS_PER_STEP + index
+from kiln.training.rl.rollout import Rollout
 
 
-class GRPO:
+class GRPO(OnPolicyLoop):
     """`run()` trains `policy` in place; `metrics` holds one dict per step."""
+
+    cfg: GRPOConfig
 
     def __init__(
         self,
@@ -52,77 +49,28 @@ class GRPO:
         chat_template=None,
         eos_token_ids: Sequence[int] | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.rows = list(rows)
+        super().__init__(
+            policy, tokenizer, rows, cfg, chat_template=chat_template, eos_token_ids=eos_token_ids
+        )
         self.rewards = RewardSet.from_specs(cfg.rewards)
-        self.tokenizer = tokenizer
-        self.prompts = [render_prompt(r, chat_template, cfg.prompt_format) for r in self.rows]
-        self.generator = Generator(
-            copy.deepcopy(policy).eval().requires_grad_(False),
-            tokenizer,
-            eos_token_ids=eos_token_ids,
-        )
-        self.prompt_ids = [self.generator.encode(p) for p in self.prompts]
         self.reference = None
-        if cfg.lora is not None:
-            apply_lora(policy, cfg.lora)
-        elif cfg.beta > 0:
+        if cfg.lora is None and cfg.beta > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
-        self.policy = policy.train()
-        self.optimizer = build_optimizer(policy, cfg.optimizer)
-        self.params = SamplingParams(
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
-        )
-        self.metrics: list[dict] = []
-        self._order: list[int] = []
-        self._rng = random.Random(cfg.seed)
 
-    def run(self, on_step: Callable[[dict], None] | None = None) -> list[dict]:
-        for step in range(len(self.metrics), self.cfg.steps):
-            m = self.step(step)
-            if on_step is not None:
-                on_step(m)
-        return self.metrics
-
-    def evaluate(self, rows: Sequence[dict], chat_template=None) -> float:
+    def evaluate(self, rows: Sequence[dict]) -> float:
         """Mean reward of greedy completions of `rows` under the engine's current weights."""
-        prompts = [render_prompt(r, chat_template, self.cfg.prompt_format) for r in rows]
-        greedy = self.params.model_copy(update={"temperature": 0.0})
-        rollouts = generate_rollouts(
-            self.generator,
-            [self.generator.encode(p) for p in prompts],
-            1,
-            greedy,
-            seed=self.cfg.seed,
-            max_batch_size=self.cfg.max_batch_size,
-        )
-        texts = [self.generator.decode(r.completion_ids) for r in rollouts]
+        prompts, rollouts = self.greedy(rows)
+        texts = [self.decode(r.completion_ids) for r in rollouts]
         results = self.rewards.score(prompts, texts, list(rows))
         return statistics.fmean(r.total for r in results)
 
-    def _next_prompts(self) -> list[int]:
-        picked = []
-        while len(picked) < self.cfg.prompts_per_step:
-            if not self._order:
-                self._order = list(range(len(self.rows)))
-                self._rng.shuffle(self._order)
-            picked.append(self._order.pop())
-        return picked
-
     def step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
-        picked = self._next_prompts()
-        rollouts = generate_rollouts(
-            self.generator,
-            [self.prompt_ids[i] for i in picked],
-            cfg.group_size,
-            self.params,
-            seed=cfg.seed + step * SEEDS_PER_STEP,
-            max_batch_size=cfg.max_batch_size,
-        )
+        picked = self.next_prompts()
+        rollouts = self.sample(picked, cfg.group_size, step)
         rollout_s = time.perf_counter() - started
         rows = [self.rows[picked[r.prompt_index]] for r in rollouts]
-        texts = [self.generator.decode(r.completion_ids) for r in rollouts]
+        texts = [self.decode(r.completion_ids) for r in rollouts]
         results = self.rewards.score(
             [self.prompts[picked[r.prompt_index]] for r in rollouts], texts, rows
         )
@@ -137,7 +85,7 @@ class GRPO:
             m.update(self._update([r for r, k in zip(rollouts, keep, strict=True) if k],
                                   advantages[keep]))  # fmt: skip
         train_s = time.perf_counter() - train_started
-        m["refit_s"] = refit(self.policy, self.generator.model)
+        m.update(self.refit())
         generated = sum(len(r.completion_ids) for r in rollouts)
         m["rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
         m["train_tokens_per_s"] = (

@@ -30,16 +30,19 @@ class SequenceScores:
     entropy: torch.Tensor  # [B, T] float64, detached
 
 
-def completion_logprobs(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    completions: Sequence[Sequence[int]],
-    temperature: float,
-) -> SequenceScores:
+@dataclass
+class CompletionLogits:
+    logits: torch.Tensor  # [N, V]: the logits predicting each completion token, row by row
+    targets: torch.Tensor  # [N]: those tokens
+    place: tuple[torch.Tensor, torch.Tensor]  # (row, completion position) of each of the N
+
+
+def completion_logits(
+    model: nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+) -> CompletionLogits:
     """One `Transformer.forward` over each prompt + completion (right-padded: causal attention
-    never looks at the padding), the completion tokens' log-probs and the sampler's entropy."""
+    never looks at the padding), the logits at the positions that predict completion tokens."""
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    steps = max(1, max(len(c) for c in completions))
     device = next(model.parameters()).device
     tokens = torch.zeros(len(prompts), width, dtype=torch.long)
     rows, cols, targets = [], [], []
@@ -51,16 +54,37 @@ def completion_logprobs(
             targets.append(token)
     index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
     logits = model(tokens.to(device), logits_positions=index)
-    flat = token_logprobs(logits, torch.tensor(targets, device=device), temperature)
-    with torch.no_grad():
-        scaled = torch.log_softmax(logits.detach().double() / (temperature or 1.0), dim=-1)
-        flat_entropy = -(scaled.exp() * scaled).sum(-1)
     place = (index[0], torch.tensor([j for c in completions for j in range(len(c))]))
-    logp = torch.zeros(len(prompts), steps, dtype=torch.float64, device=device)
-    logp = logp.index_put(place, flat)
-    entropy = torch.zeros_like(logp).index_put(place, flat_entropy)
-    mask = torch.zeros_like(logp).index_put(place, torch.ones_like(flat_entropy))
-    return SequenceScores(logp, mask, entropy)
+    return CompletionLogits(logits, torch.tensor(targets, device=device), place)
+
+
+def per_completion(values: torch.Tensor, out: CompletionLogits, rows: int) -> torch.Tensor:
+    """[N] values laid out [rows, longest completion] (0 past each completion's end)."""
+    steps = max(1, int(out.place[1].max()) + 1) if out.place[1].numel() else 1
+    grid = torch.zeros(rows, steps, dtype=values.dtype, device=values.device)
+    return grid.index_put(out.place, values)
+
+
+def completion_logprobs(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+) -> SequenceScores:
+    """The completion tokens' log-probs (one forward, `completion_logits`) and the sampler's
+    entropy."""
+    out = completion_logits(model, prompts, completions)
+    flat = token_logprobs(out.logits, out.targets, temperature)
+    with torch.no_grad():
+        scaled = torch.log_softmax(out.logits.detach().double() / (temperature or 1.0), dim=-1)
+        flat_entropy = -(scaled.exp() * scaled).sum(-1)
+    n = len(prompts)
+    logp = per_completion(flat, out, n)
+    return SequenceScores(
+        logp,
+        per_completion(torch.ones_like(flat_entropy), out, n),
+        per_completion(flat_entropy, out, n),
+    )
 
 
 def mismatch(

@@ -3,23 +3,20 @@ the sampler drew every token with (kiln/training/rl/logprobs.py says which distr
 
 The engine is the one that serves (continuous batching over KV-cache slots, per-request
 temperature/top-p/seed); `RolloutEngine` only records, at each sampling step, the chosen token's
-log-prob from the logits the engine sampled from. Refit copies the policy's weights into the
-engine's model in place (same process: no serialisation).
+log-prob from the logits the engine sampled from. Where the engines run and how the
+policy's weights reach them: local_rollouts.py (this process), ray_rollouts.py (Ray actors).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence as EngineSequence
-from kiln.model.lora import lora_layers, merged_state_dict
 from kiln.training.rl.logprobs import token_logprobs
 
 
@@ -93,23 +90,3 @@ def generate_rollouts(
 
 def _unheard(event) -> None:
     """Rollouts read each request's sequence themselves."""
-
-
-@torch.no_grad()
-def merged_policy_state(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """The policy as a plain model's state dict (LoRA adapters merged into their weights)."""
-    state = policy.state_dict()
-    scaling = {name: layer.scaling for name, layer in lora_layers(policy)}
-    return merged_state_dict(state, scaling) if scaling else state
-
-
-@torch.no_grad()
-def refit(policy: nn.Module, engine_model: nn.Module) -> float:
-    """Copy the policy's weights (LoRA adapters merged) into the engine's model in place;
-    returns the seconds it took."""
-    start = time.perf_counter()
-    state = merged_policy_state(policy)
-    target = engine_model.state_dict()
-    for name, tensor in target.items():
-        tensor.copy_(state[name])
-    return time.perf_counter() - start

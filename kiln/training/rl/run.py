@@ -1,14 +1,17 @@
 """A GRPO run from a config: read the model and prompts, train, write a Checkpoint (weights,
 LoRA merged, plus the tokenizer files) that `export` and `Generator.load` read, and `run.json`
-with every step's metrics."""
+with every step's metrics. The reading and writing helpers serve `distill` too."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
+
+from torch import nn
 
 from kiln.model.formats.weights import build_model, read_weights, write_model_checkpoint
 from kiln.platform.config import load_body, override_paths, validate
@@ -17,10 +20,13 @@ from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.grpo import GRPO
+from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.prompts import load_prompts
-from kiln.training.rl.rollout import merged_policy_state
+from kiln.training.rl.refit import merged_policy_state
 
 RUN_FILE = "run.json"
+RESUME_DIR, STATE_FILE = "resume", "loop_state.pt"
+log = logging.getLogger("kiln.training.rl")
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
@@ -30,7 +36,7 @@ def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
     return validate(GRPORunConfig, body, prefix="grpo", source=path, overrides=blame)
 
 
-def _chat_template(spec: str | None, tok_dir: str | None) -> ChatTemplate | None:
+def chat_template(spec: str | None, tok_dir: str | None) -> ChatTemplate | None:
     if spec is not None:
         return ChatTemplate.resolve(spec)
     if tok_dir is None:
@@ -41,37 +47,71 @@ def _chat_template(spec: str | None, tok_dir: str | None) -> ChatTemplate | None
         return None
 
 
+def load_policy(base: str) -> tuple[nn.Module, object, str | None]:
+    """The model at `base` (checkpoint, HF folder, export), its tokenizer and tokenizer folder."""
+    path, model_cfg, state = read_weights(base)
+    tok, tok_dir = find_tokenizer(None, search=[path, os.path.dirname(path.rstrip("/"))])
+    return build_model(model_cfg, state, device="cpu"), tok, tok_dir
+
+
+def write_policy(out_dir: str, policy: nn.Module, tok_dir: str | None, step: int) -> None:
+    """The policy (LoRA merged) as a Checkpoint, its tokenizer files beside the weights."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_model_checkpoint(out_dir, policy.cfg, merged_policy_state(policy), step=step)
+    for name in TOKENIZER_FILES:  # the tokenizer (and chat template) travel with the weights
+        if tok_dir is not None and os.path.exists(os.path.join(tok_dir, name)):
+            shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+
+
+def resume_state(loop: OnPolicyLoop, out_dir: str, state_dir: str | None) -> str | None:
+    """The loop's state file (None without checkpoint_interval), loaded if it exists."""
+    if not loop.cfg.checkpoint_interval:
+        return None
+    path = os.path.join(state_dir or os.path.join(out_dir, RESUME_DIR), STATE_FILE)
+    if loop.resume(path):
+        log.info("resumed from %s after step %d", path, len(loop.metrics))
+    return path
+
+
+def write_run(out_dir: str, cfg, summary: dict) -> None:
+    with open(os.path.join(out_dir, RUN_FILE), "w") as f:
+        json.dump({"config": cfg.model_dump(mode="json"), **summary}, f, indent=1)
+
+
 def run_grpo(
-    cfg: GRPORunConfig, out_dir: str, on_step: Callable[[dict], None] | None = None
+    cfg: GRPORunConfig,
+    out_dir: str,
+    on_step: Callable[[dict], None] | None = None,
+    state_dir: str | None = None,
 ) -> dict:
+    """Train and write the Checkpoint to `out_dir`. With `checkpoint_interval`, the loop's state
+    goes to `state_dir` (default `<out_dir>/resume/`, removed once the run succeeds) and a run
+    started again with the same folder resumes from it."""
     if cfg.base is None:
         raise ConfigError("grpo.base: name the model to train (an ExportedModel or checkpoint)")
     if cfg.prompts is None:
         raise ConfigError("grpo.prompts: name the prompt file (.jsonl or .parquet)")
     started = time.perf_counter()
-    path, model_cfg, state = read_weights(cfg.base)
-    tok, tok_dir = find_tokenizer(None, search=[path, os.path.dirname(path.rstrip("/"))])
-    policy = build_model(model_cfg, state, device="cpu")
-    template = _chat_template(cfg.chat_template, tok_dir)
+    policy, tok, tok_dir = load_policy(cfg.base)
     loop = GRPO(
         policy,
         tok,
         load_prompts(cfg.prompts),
         cfg,
-        chat_template=template,
+        chat_template=chat_template(cfg.chat_template, tok_dir),
         eos_token_ids=end_of_text_ids(tok, tok_dir),
     )
     held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
-    before = loop.evaluate(held_out, template) if held_out else None
-    train_started = time.perf_counter()
-    metrics = loop.run(on_step)
-    train_s = time.perf_counter() - train_started
-    after = loop.evaluate(held_out, template) if held_out else None
-    os.makedirs(out_dir, exist_ok=True)
-    write_model_checkpoint(out_dir, policy.cfg, merged_policy_state(policy), step=cfg.steps)
-    for name in TOKENIZER_FILES:  # the tokenizer (and chat template) travel with the weights
-        if tok_dir is not None and os.path.exists(os.path.join(tok_dir, name)):
-            shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    try:
+        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
+        state = resume_state(loop, out_dir, state_dir)
+        train_started = time.perf_counter()
+        metrics = loop.run(on_step, state_file=state)
+        train_s = time.perf_counter() - train_started
+        after = loop.evaluate(held_out) if held_out else None
+    finally:
+        loop.close()
+    write_policy(out_dir, policy, tok_dir, cfg.steps)
     summary = {
         "steps": len(metrics),
         "first_reward": metrics[0]["reward"],
@@ -82,6 +122,7 @@ def run_grpo(
         "seconds": time.perf_counter() - started,
         "metrics": metrics,
     }
-    with open(os.path.join(out_dir, RUN_FILE), "w") as f:
-        json.dump({"config": cfg.model_dump(mode="json"), **summary}, f, indent=1)
+    write_run(out_dir, cfg, summary)
+    if state is not None and state_dir is None:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
     return summary

@@ -3,13 +3,7 @@ prompt files (JSONL, ready for the `grpo` stage's prompts)."""
 
 from __future__ import annotations
 
-import argparse
-
-from pydantic import ValidationError
-
-from kiln.platform import console
-from kiln.platform.errors import ConfigError, format_validation_error
-from kiln.training.rl.tasks.arithmetic import ArithmeticConfig, write_splits
+from kiln.training.rl.tasks.arithmetic import ArithmeticConfig
 
 
 def register(subparsers) -> None:
@@ -30,27 +24,4 @@ def register(subparsers) -> None:
     )
     a.add_argument("--train", type=int, default=defaults.train, help="training problems")
     a.add_argument("--held-out", type=int, default=defaults.held_out, help="held-out problems")
-    a.set_defaults(func=_arithmetic)
-
-
-def _arithmetic(args: argparse.Namespace) -> int:
-    fields = {
-        "seed": args.seed,
-        "digits": args.digits,
-        "terms": args.terms,
-        "operations": list(args.operations),
-        "train": args.train,
-        "held_out": args.held_out,
-    }
-    try:
-        cfg = ArithmeticConfig.model_validate(fields)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, prefix="rl-task arithmetic")) from None
-    paths = write_splits(cfg, args.out)
-    console.summary(
-        [
-            ("train", f"{cfg.train} prompts  {paths['train']}"),
-            ("held_out", f"{cfg.held_out} prompts  {paths['held_out']}"),
-        ]
-    )
-    return 0
+    a.set_defaults(handler="kiln.training.rl.commands:arithmetic_command")

@@ -3,6 +3,7 @@ adapters-disabled one, FSDP (dp_shard=2) equals one process, unsupported layouts
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -110,6 +111,27 @@ def test_dpo_precomputed_reference_equals_adapters_disabled(data, tmp_path):
     first, last = runs["precomputed"][0], runs["precomputed"][-1]
     assert first["loss"] == pytest.approx(0.6931, abs=1e-3)  # B = 0: policy == reference
     assert last["rewards/accuracies"] == 1.0 and last["rewards/margins"] > 0
+
+
+def test_dpo_loss_comes_from_the_train_spec_pair_loss_hook(data, tmp_path):
+    """DPO's loss is its TrainSpec's `pair_loss` (none for SFT): a hook that scales it is what
+    the trainer reports."""
+    cfg = _cfg(data, "dpo", steps=1, checkpoint={"dir": str(tmp_path / "dpo")})
+    plain = PostTrainer(cfg)
+    assert plain.spec.pair_loss is not None and PostTrainer(_cfg(data)).spec.pair_loss is None
+    [reference] = plain.train()
+    trainer = PostTrainer(_cfg(data, "dpo", steps=1, checkpoint={"dir": str(tmp_path / "x")}))
+    dpo, seen = trainer.spec.pair_loss, []
+
+    def tripled(*args):
+        loss, metrics = dpo(*args)
+        seen.append(float(loss))
+        return 3 * loss, metrics
+
+    trainer.spec = dataclasses.replace(trainer.spec, pair_loss=tripled)
+    [hooked] = trainer.train()
+    assert len(seen) == 2  # global 4 / micro 2: both micro-batches through the hook
+    assert hooked["loss"] == pytest.approx(3 * reference["loss"], rel=1e-5)
 
 
 def _lora_sft_run(data: dict, dp_shard: int) -> list[float]:

@@ -6,7 +6,7 @@ import pytest
 
 from kiln.platform.errors import ConfigError, InputError
 from kiln.platform.registry import stage_class
-from kiln.training.cli import load_config
+from kiln.training.commands import load_config
 from kiln.training.ray_train import RayOptions, world_size
 
 

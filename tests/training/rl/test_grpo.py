@@ -48,7 +48,7 @@ def test_lora_with_kl_and_two_iterations_per_batch():
         steps=3, lora={"rank": 4, "alpha": 8}, beta=0.04, num_iterations=2, epsilon_high=0.28
     )
     base = {k: v for k, v in loop.policy.state_dict().items() if "lora" not in k}
-    engine = loop.generator.model.state_dict()
+    engine = loop.rollouts.generator.model.state_dict()
     # KL is reported from each batch's last pass, after the first update moved the adapters
     # away from zero; a reference that were the trained policy itself would give 0
     assert all(m["kl"] > 0.0 for m in metrics)

@@ -8,6 +8,7 @@ import torch
 
 from kiln.engine.generator import Generator
 from kiln.model.formats.hf import write_hf_dir
+from kiln.platform.imports import import_object
 from kiln.training.rl import cli
 from tests.engine.tiny import tiny_model, train_tokenizer
 
@@ -30,7 +31,7 @@ def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     args = parser.parse_args(
         ["grpo", "--config", str(config), "--set", "steps=2", "--out", str(out)]
     )
-    assert args.func(args) == 0
+    assert import_object(args.handler)(args) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
     assert len(lines) == 2 and "lp-mismatch" in lines[0]  # --set overrode the file's steps
     run = json.loads((out / "run.json").read_text())

@@ -9,7 +9,8 @@ import torch
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
-from kiln.training.rl.rollout import generate_rollouts, refit
+from kiln.training.rl.refit import refit
+from kiln.training.rl.rollout import generate_rollouts
 from tests.engine.tiny import tiny_model, train_tokenizer
 
 PARAMS = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9)

@@ -1,0 +1,92 @@
+"""The handlers of kiln.serving.cli's commands (imported only when one runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kiln.platform.runtime import Runtime
+from kiln.platform.signals import stop_on_signals
+from kiln.serving.client import KilnClient
+from kiln.serving.exposure import public_bind_warning
+from kiln.serving.launch import launch
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
+    if args.max_replicas:
+        deployment["autoscaling"] = {
+            "min_replicas": args.replicas,
+            "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.target_ongoing_requests,
+        }
+    settings = {
+        "backend": args.backend,
+        "model_name": args.model_name,
+        "api_key": args.api_key,
+        "triton_url": args.triton_url,
+        "triton_model": args.triton_model,
+        "limits": {"max_new_tokens": args.max_new_tokens},
+        "batching": {"max_batch_size": args.max_batch_size},
+        "deployment": deployment,
+    }
+    if warning := public_bind_warning(args.host, args.api_key):
+        print(warning, file=sys.stderr, flush=True)
+    stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored
+    runtime = Runtime(address=args.address).ensure()
+    try:
+        endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)
+        print(f"kiln: serving {endpoint.model_name!r} at {endpoint.url}", flush=True)
+        print(
+            f"  OpenAI:  {endpoint.url}/v1/completions, {endpoint.url}/v1/chat/completions\n"
+            f"  KServe v2: {endpoint.url}/v2/models/{endpoint.model_name}/infer",
+            flush=True,
+        )
+        print("  Ctrl-C to stop", flush=True)
+        endpoint.wait()
+    finally:
+        runtime.shutdown()
+    print(f"kiln: stopped serving at {endpoint.url} (replicas and Ray shut down)", flush=True)
+    return 0
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request log lines
+
+    fields = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
+    with KilnClient(args.url, api_key=args.api_key, model=args.model) as client:
+        chat = (
+            args.chat
+            if args.chat is not None
+            else client.model_card().get("has_chat_template", False)
+        )
+        messages = [{"role": "user", "content": args.prompt}]
+        if args.stream:
+            deltas = (
+                client.stream_chat(messages, **fields)
+                if chat
+                else client.stream(args.prompt, **fields)
+            )
+            text = ""
+            for delta in deltas:
+                text += delta
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+        else:
+            text = (
+                client.chat(messages, **fields) if chat else client.complete(args.prompt, **fields)
+            )
+            print(text)
+    if not text.strip():
+        hint = "a chat model wants --chat" if not chat else "try another prompt or --max-tokens"
+        print(f"kiln: warning: the model returned no text ({hint})", file=sys.stderr)
+    return 0

@@ -1,0 +1,88 @@
+"""An on-policy distillation run from a config: read the student, the teacher and the prompts,
+train, write a Checkpoint (weights, LoRA merged, plus the tokenizer files) and `run.json` with
+every step's metrics and the held-out reverse KL before and after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+from kiln.platform.config import load_body, override_paths, validate
+from kiln.platform.errors import ConfigError
+from kiln.text.tokenizer import end_of_text_ids
+from kiln.training.post.teacher import load_teacher
+from kiln.training.rl.distill import OnPolicyDistill
+from kiln.training.rl.distill_config import DistillRunConfig
+from kiln.training.rl.prompts import load_prompts
+from kiln.training.rl.run import (
+    chat_template,
+    load_policy,
+    resume_state,
+    write_policy,
+    write_run,
+)
+
+
+def load_distill_config(path: str, overrides: list[str] | None = None) -> DistillRunConfig:
+    """A DistillRunConfig from YAML (a `distill:` block or the fields) with KEY=VALUE overrides."""
+    body = load_body(path, block="distill", overrides=overrides or [])
+    blame = override_paths(overrides or [])
+    return validate(DistillRunConfig, body, prefix="distill", source=path, overrides=blame)
+
+
+def run_distill(
+    cfg: DistillRunConfig,
+    out_dir: str,
+    on_step: Callable[[dict], None] | None = None,
+    state_dir: str | None = None,
+) -> dict:
+    """Train and write the Checkpoint to `out_dir`. With `checkpoint_interval`, the loop's state
+    goes to `state_dir` (default `<out_dir>/resume/`, removed once the run succeeds) and a run
+    started again with the same folder resumes from it."""
+    for field, what in (
+        ("base", "the student (an ExportedModel, HF folder or checkpoint)"),
+        ("teacher", "the teacher (a checkpoint, HF folder or export with the student's tokenizer)"),
+        ("prompts", "the prompt file (.jsonl or .parquet)"),
+    ):
+        if getattr(cfg, field) is None:
+            raise ConfigError(f"distill.{field}: name {what}")
+    started = time.perf_counter()
+    student, tok, tok_dir = load_policy(cfg.base)
+    teacher = load_teacher("distill.teacher", cfg.teacher, student.cfg.vocab_size, tok)
+    loop = OnPolicyDistill(
+        student,
+        teacher,
+        tok,
+        load_prompts(cfg.prompts),
+        cfg,
+        chat_template=chat_template(cfg.chat_template, tok_dir),
+        eos_token_ids=end_of_text_ids(tok, tok_dir),
+    )
+    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
+    try:
+        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
+        state = resume_state(loop, out_dir, state_dir)
+        train_started = time.perf_counter()
+        metrics = loop.run(on_step, state_file=state)
+        train_s = time.perf_counter() - train_started
+        after = loop.evaluate(held_out) if held_out else None
+    finally:
+        loop.close()
+    write_policy(out_dir, student, tok_dir, cfg.steps)
+    summary = {
+        "steps": len(metrics),
+        "first_reverse_kl": metrics[0]["reverse_kl"],
+        "final": metrics[-1],
+        "eval_reverse_kl_before": before,
+        "eval_reverse_kl_after": after,
+        "train_seconds": train_s,
+        "steps_per_s": len(metrics) / max(train_s, 1e-9),
+        "seconds": time.perf_counter() - started,
+        "metrics": metrics,
+    }
+    write_run(out_dir, cfg, summary)
+    if state is not None and state_dir is None:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
+    return summary

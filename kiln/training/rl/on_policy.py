@@ -1,0 +1,188 @@
+"""What every loop that samples from the policy it trains shares: prompts rendered and
+encoded once, the rollout engines (in this process or on Ray actors), LoRA or full fine-tuning,
+the optimizer, the prompt order, the refit after each update (timed, and on Ray checked by a
+checksum of every engine's weights against the trainer's), and the state a run resumes from.
+
+Resuming is exact: a step's completions are seeded by the step number, the prompt order by a
+saved RNG, and the policy and AdamW state are restored bit for bit, so on CPU a resumed run
+repeats the rewards and losses an uninterrupted one gets (tests/training/rl/test_resume.py)."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from kiln.engine.sampler import SamplingParams
+from kiln.model.lora import apply_lora
+from kiln.platform.errors import InputError, KilnError
+from kiln.text.tokenizer import end_of_text_ids
+from kiln.training.optimizer import build_optimizer
+from kiln.training.rl.config import OnPolicyConfig
+from kiln.training.rl.prompts import render_prompt
+from kiln.training.rl.refit import merged_policy_state, state_checksum
+from kiln.training.rl.rollout import Rollout
+from kiln.training.rl.rollouts import open_rollouts
+
+SEEDS_PER_STEP = 1 << 20  # completion seeds of step k: seed + k * SEEDS_PER_STEP + index
+
+
+class RefitMismatch(KilnError):
+    """A rollout engine's weights differ from the trainer's after a refit."""
+
+
+class OnPolicyLoop:
+    """`run()` trains `policy` in place, `step(k)` is the subclass's; `metrics` holds one dict
+    per step. Call `close()` when done (it stops Ray rollout actors)."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer,
+        rows: Sequence[dict],
+        cfg: OnPolicyConfig,
+        *,
+        chat_template=None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rows = list(rows)
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.eos_token_ids = list(
+            eos_token_ids if eos_token_ids is not None else end_of_text_ids(tokenizer)
+        )
+        self.prompts = [self.render(r) for r in self.rows]
+        self.prompt_ids = [self.encode(p) for p in self.prompts]
+        self.rollouts = open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
+        if cfg.lora is not None:  # adapters drawn from the run's seed: a run repeats
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                apply_lora(policy, cfg.lora)
+        self.policy = policy.train()
+        self.optimizer = build_optimizer(policy, cfg.optimizer)
+        self.params = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        )
+        self.metrics: list[dict] = []
+        self._order: list[int] = []
+        self._rng = random.Random(cfg.seed)
+
+    def step(self, step: int) -> dict:
+        raise NotImplementedError
+
+    def run(
+        self, on_step: Callable[[dict], None] | None = None, state_file: str | None = None
+    ) -> list[dict]:
+        """Steps from the first not yet taken to `steps`; with `state_file` and
+        `checkpoint_interval`, the loop's state saved there every that many steps."""
+        interval = self.cfg.checkpoint_interval
+        for step in range(len(self.metrics), self.cfg.steps):
+            m = self.step(step)
+            if state_file and interval and (step + 1) % interval == 0:
+                self.save(state_file)
+            if on_step is not None:
+                on_step(m)
+        return self.metrics
+
+    def close(self) -> None:
+        self.rollouts.close()
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def render(self, row: dict) -> str:
+        return render_prompt(row, self.chat_template, self.cfg.prompt_format)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt; an empty one starts from the end-of-text token."""
+        ids = self.tokenizer.encode(text).ids
+        if ids:
+            return ids
+        if not self.eos_token_ids:
+            raise InputError("a prompt is empty and the tokenizer has no end-of-text token")
+        return [min(self.eos_token_ids)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def next_prompts(self) -> list[int]:
+        """The next `prompts_per_step` rows, a seeded shuffle of all rows per epoch."""
+        picked = []
+        while len(picked) < self.cfg.prompts_per_step:
+            if not self._order:
+                self._order = list(range(len(self.rows)))
+                self._rng.shuffle(self._order)
+            picked.append(self._order.pop())
+        return picked
+
+    def sample(self, picked: list[int], group_size: int, step: int) -> list[Rollout]:
+        return self.rollouts.generate(
+            [self.prompt_ids[i] for i in picked],
+            group_size,
+            self.params,
+            seed=self.cfg.seed + step * SEEDS_PER_STEP,
+        )
+
+    def greedy(self, rows: Sequence[dict]) -> tuple[list[str], list[Rollout]]:
+        """Each row's rendered prompt and its greedy completion under the engines' weights."""
+        prompts = [self.render(r) for r in rows]
+        params = self.params.model_copy(update={"temperature": 0.0})
+        ids = [self.encode(p) for p in prompts]
+        return prompts, self.rollouts.generate(ids, 1, params, seed=self.cfg.seed)
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything the next step depends on: the policy (adapters included), the optimizer,
+        the prompt order and its RNG, the metrics so far (their count is the next step)."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "order": list(self._order),
+            "rng": self._rng.getstate(),
+            "metrics": self.metrics,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._order = list(state["order"])
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self.metrics = list(state["metrics"])
+        self.rollouts.refit(merged_policy_state(self.policy))
+
+    def save(self, path: str) -> None:
+        """The state to `path`, replaced atomically (a crash mid-write keeps the last one)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(self.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def resume(self, path: str) -> bool:
+        """Load the state at `path` if there is one; True when it did."""
+        if not os.path.isfile(path):
+            return False
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return True
+
+    # -- refit --------------------------------------------------------------------------------
+
+    def refit(self) -> dict:
+        """The updated policy's weights into every rollout engine: seconds, replaced actors."""
+        state = merged_policy_state(self.policy)
+        m = {"refit_s": self.rollouts.refit(state)}
+        if self.cfg.rollout.workers and self.cfg.rollout.verify_refit:
+            if not self.engines_match(state):
+                raise RefitMismatch("a rollout actor's weights differ from the trainer's")
+            m["refit_verified"] = 1.0
+        m["rollout_restarts"] = float(self.rollouts.restarts)
+        return m
+
+    def engines_match(self, state: dict | None = None) -> bool:
+        """Every engine's weight checksum equals the trainer's (LoRA merged)."""
+        state = merged_policy_state(self.policy) if state is None else state
+        trainer = state_checksum(state, self.rollouts.engine_names())
+        return all(c == trainer for c in self.rollouts.checksums())

@@ -1,0 +1,196 @@
+"""Rollouts on Ray: N actors, each holding an engine over its own copy of the policy.
+
+A step's prompts are split into N contiguous shards (whole groups), each shard sampled by one
+actor with the seeds the in-process engine would give those completions, so the rollouts are
+the same wherever they ran. Refit puts the merged weights into Ray's object store once and every
+actor loads them from there (refit.py: numpy buffers, no pickled tensor bytes). An actor that
+dies is replaced by a fresh one built from the latest weights in the object store and its shard
+is sampled again: the step loses nothing.
+
+Ray is imported here only when a pool starts, so `kiln.training` imports without it (the lent
+GPU image has no Ray).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
+from kiln.model.config import ModelConfig
+from kiln.model.formats.weights import build_model
+from kiln.platform.errors import KilnError
+from kiln.training.rl.config import RolloutConfig
+from kiln.training.rl.refit import copy_state, from_wire, state_checksum, to_wire
+from kiln.training.rl.rollout import Rollout, generate_rollouts
+
+log = logging.getLogger("kiln.training.rl")
+
+
+class RolloutWorkerLost(KilnError):
+    """A rollout actor kept dying after `rollout.max_retries` replacements."""
+
+
+class RolloutWorker:
+    """The body of one rollout actor: an engine over a model built from the wire weights."""
+
+    def __init__(
+        self,
+        model_cfg: dict,
+        weights,
+        tokenizer_json: str,
+        eos_token_ids: list[int],
+        max_batch_size: int,
+        dtype: str,
+    ) -> None:
+        model = build_model(
+            ModelConfig(**model_cfg), from_wire(weights), device="cpu", dtype=getattr(torch, dtype)
+        )
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.generator = Generator(model, tokenizer, eos_token_ids=eos_token_ids)
+        self.max_batch_size = max_batch_size
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        seed: int,
+    ) -> list[Rollout]:
+        return generate_rollouts(
+            self.generator, prompt_ids, group_size, params, seed, self.max_batch_size
+        )
+
+    def load(self, weights) -> float:
+        """The wire weights written into the engine's model in place; seconds."""
+        start = time.perf_counter()
+        copy_state(from_wire(weights), self.generator.model)
+        return time.perf_counter() - start
+
+    def checksum(self) -> str:
+        return state_checksum(self.generator.model.state_dict())
+
+    def names(self) -> list[str]:
+        return list(self.generator.model.state_dict())
+
+
+def shards(n_prompts: int, n_workers: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) prompt ranges, as even as possible, none empty."""
+    n = min(n_prompts, n_workers)
+    bounds = [round(i * n_prompts / n) for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+class RayRollouts:
+    """`rollout.workers` rollout actors; the same methods as LocalRollouts."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        state: dict[str, torch.Tensor],
+        model_cfg: ModelConfig,
+        tokenizer,
+        eos_token_ids: Sequence[int],
+        max_batch_size: int,
+    ) -> None:
+        import ray
+
+        self.cfg = cfg
+        self.restarts = 0
+        dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
+        self._actor = ray.remote(num_cpus=cfg.cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self._weights = ray.put(to_wire(state))
+        self._args = (
+            model_cfg.model_dump(mode="json"),
+            tokenizer.to_str(),
+            list(eos_token_ids),
+            max_batch_size,
+            dtype,
+        )
+        self.workers = [self._start() for _ in range(cfg.workers)]
+        self._names = ray.get(self.workers[0].names.remote())
+
+    def _start(self):
+        model_cfg, tokenizer_json, eos, slots, dtype = self._args
+        return self._actor.remote(model_cfg, self._weights, tokenizer_json, eos, slots, dtype)
+
+    def _replace(self, i: int, error: Exception) -> None:
+        import ray
+
+        log.warning("rollout actor %d died (%s): replaced, its share retried", i, error)
+        ray.kill(self.workers[i], no_restart=True)
+        self.workers[i] = self._start()
+        self.restarts += 1
+
+    def _each(self, call, items: Sequence) -> list:
+        """call(worker, item) on worker i for item i, every result; a dead worker is replaced
+        and its item sent again (up to rollout.max_retries times each)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        futures = [call(self.workers[i], item) for i, item in enumerate(items)]
+        results = []
+        for i, item in enumerate(items):
+            for attempt in range(self.cfg.max_retries + 1):
+                try:
+                    results.append(ray.get(futures[i]))
+                    break
+                except RayActorError as e:
+                    if attempt == self.cfg.max_retries:
+                        raise RolloutWorkerLost(
+                            f"rollout.workers: actor {i} died {attempt + 1} times in one step "
+                            f"(rollout.max_retries {self.cfg.max_retries}): {e}"
+                        ) from None
+                    self._replace(i, e)
+                    futures[i] = call(self.workers[i], item)
+        return results
+
+    def generate(
+        self,
+        prompt_ids: Sequence[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        seed: int,
+    ) -> list[Rollout]:
+        parts = shards(len(prompt_ids), len(self.workers))
+
+        def call(worker, part):
+            start, end = part
+            ids = [list(p) for p in prompt_ids[start:end]]
+            # completion k of the batch has seed + k, whichever actor samples it
+            return worker.generate.remote(ids, group_size, params, seed + start * group_size)
+
+        out = []
+        for (start, _), rollouts in zip(parts, self._each(call, parts), strict=True):
+            for r in rollouts:
+                r.prompt_index += start
+            out.extend(rollouts)
+        return out
+
+    def refit(self, state: dict[str, torch.Tensor]) -> float:
+        """The merged policy `state` put into the object store once, every actor loading it;
+        seconds until the last has."""
+        import ray
+
+        start = time.perf_counter()
+        self._weights = ray.put(to_wire({name: state[name] for name in self._names}))
+        self._each(lambda worker, _: worker.load.remote(self._weights), self.workers[:])
+        return time.perf_counter() - start
+
+    def checksums(self) -> list[str]:
+        return self._each(lambda worker, _: worker.checksum.remote(), self.workers[:])
+
+    def engine_names(self) -> list[str]:
+        return list(self._names)
+
+    def close(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        self.workers = []
