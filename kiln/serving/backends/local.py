@@ -10,6 +10,8 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+import torch
+
 from kiln.engine import Engine, complete, stream_events
 from kiln.engine.detokenize import IncrementalText, hold_back
 from kiln.engine.generator import Generator
@@ -30,9 +32,19 @@ log = logging.getLogger("kiln")
 
 class LocalBackend:
     def __init__(
-        self, model_dir: str, model_name: str | None = None, batching: BatchingConfig | None = None
+        self,
+        model_dir: str,
+        model_name: str | None = None,
+        batching: BatchingConfig | None = None,
+        *,
+        quantize: str | None = None,
+        quantize_group_size: int = 32,
     ):
-        self.generator = Generator.load(model_dir)
+        # fp8's kernels are CUDA's: that model lives on the replica's GPU (Ray sets its device)
+        device = "cuda" if quantize == "fp8" and torch.cuda.is_available() else None
+        self.generator = Generator.load(
+            model_dir, device=device, quantize=quantize, quantize_group_size=quantize_group_size
+        )
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len
         self.vocab_size = int(self.generator.model.tok_embeddings.weight.shape[0])
