@@ -17,6 +17,7 @@ from kiln.model.config import MLAConfig, ModelConfig
 from kiln.model.formats.hf import read_hf_dir, write_hf_dir
 from kiln.model.formats.weights import build_model
 from kiln.model.kv_cache import KVCache
+from kiln.model.paged_kv_cache import PagedKVCache
 from kiln.model.transformer import Transformer
 
 VOCAB = 96
@@ -186,6 +187,10 @@ def test_mla_cache_holds_the_latent_only(capsys):
     full_cfg = ModelConfig.preset("tiny", n_heads=4, n_kv_heads=4, head_dim=MLA.qk_head_dim)
     full = KVCache.for_model(full_cfg, batch=1, max_len=8).bytes_per_token()
     assert full == cfg.n_layers * 2 * 4 * MLA.qk_head_dim * 4
+    # the engine's paged cache holds the same numbers per token, in blocks of 16
+    paged = PagedKVCache.for_model(cfg, num_blocks=2, block_size=16)
+    assert paged.k[0].shape == (2, 16, 1, 16) and paged.v[0].shape == (2, 16, 1, 8)
+    assert PagedKVCache.bytes_per_block(cfg, 16, torch.float32) == 16 * per_token
     print(f"KV cache bytes/token: MLA {per_token}, full attention {full}")
     assert "MLA 384" in capsys.readouterr().out
 

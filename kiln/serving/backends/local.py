@@ -54,12 +54,7 @@ class LocalBackend:
         batching = batching or BatchingConfig()
         # one model, one forward at a time: the engine's steps and scoring never interleave
         self._lock = threading.Lock()
-        self._engine = Engine(
-            self.generator,
-            max_slots=batching.max_batch_size,
-            prefill_chunk=batching.prefill_chunk,
-            lock=self._lock,
-        ).start()
+        self._engine = Engine(self.generator, **batching.engine_options(), lock=self._lock).start()
         self._inferences = 0  # jobs completed
 
     def _stop_at_end_of_turn(self) -> None:
@@ -229,6 +224,10 @@ class LocalBackend:
             return None
         scheduler = self._engine.scheduler  # read from another thread: a moment's counts
         return len(scheduler.running), len(scheduler.waiting)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's prefix-cache, preemption and KV-block counts (Engine.stats)."""
+        return self._engine.stats()
 
     def stats(self) -> dict[str, int]:
         return {"inference_count": self._inferences, "execution_count": self._engine.steps}
