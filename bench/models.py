@@ -1,10 +1,17 @@
-"""Training tokens/s of kiln's model vs transformers' on the same small config, per
-architecture (Llama 3.2, Qwen3, Gemma 3): the same HF folder loaded by both, the same
-batches, the same loop (forward, cross-entropy, backward, AdamW step), fp32 on CPU with the
-same threads, steps interleaved (median step time). Prints kiln's figure, transformers' and
-the ratio (target >= 1.0).
+"""Per architecture (Llama 3.2, Qwen3, Qwen3-MoE, Gemma 3), on the same small config loaded by
+both from one HF folder, fp32 on CPU with the same threads:
+
+- training tokens/s of kiln's model vs transformers' in the same loop (forward, cross-entropy,
+  backward, AdamW step; the same batches; steps interleaved, median step time; target >= 1.0);
+- decode tokens/s of kiln's engine (`Generator.generate_ids`: KV-cache slots, batched greedy
+  decoding) vs `transformers.generate` (its dynamic cache, greedy), the same prompts and new
+  tokens, fresh copies of the same weights, runs interleaved (median), and whether both
+  decoded the same tokens.
+
+Prints kiln's figure, transformers' and the ratio for each.
 
     .venv/bin/python bench/models.py [--threads 2] [--steps 8] [--seq 256] [--batch 4]
+        [--decode-batch 4] [--prompt 32] [--new-tokens 64] [--decode-runs 3]
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
 from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
 
@@ -32,8 +41,11 @@ SHAPE = {
 }
 
 
+ARCHITECTURES = ("llama3.2", "qwen3", "qwen3_moe", "gemma3")
+
+
 def _hf_config(arch: str):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     if arch == "llama3.2":
         scaling = {
@@ -48,6 +60,9 @@ def _hf_config(arch: str):
         )
     if arch == "qwen3":
         return Qwen3Config(**SHAPE, tie_word_embeddings=True)
+    if arch == "qwen3_moe":  # 8 experts of a quarter width, 2 per token: the dense FLOPs / 2
+        moe = {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}
+        return Qwen3MoeConfig(**SHAPE, moe_intermediate_size=SHAPE["intermediate_size"] // 4, **moe)
     kinds = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
     return Gemma3TextConfig(**SHAPE, sliding_window=64, layer_types=kinds)
 
@@ -82,6 +97,35 @@ def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float]:
     return tuple(n / statistics.median(t) for t in times)
 
 
+def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
+    """(kiln tok/s, transformers tok/s, same tokens) for greedy decoding of `new` tokens after
+    each prompt row; one untimed warm-up each, then `runs` interleaved runs (median)."""
+    gen = Generator(kiln, None, eos_token_ids=[])
+    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    rows = prompts.tolist()
+    hf.generation_config.pad_token_id = 0
+
+    def ours():
+        return gen.generate_ids(rows, params)
+
+    def theirs():
+        out = hf.generate(
+            prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
+        )
+        return out[:, prompts.shape[1] :].tolist()
+
+    same = ours() == theirs()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(runs):
+        for run, record in ((ours, times[0]), (theirs, times[1])):
+            start = time.perf_counter()
+            run()
+            record.append(time.perf_counter() - start)
+    n = prompts.shape[0] * new
+    kiln_rate, hf_rate = (n / statistics.median(t) for t in times)
+    return kiln_rate, hf_rate, same
+
+
 def main() -> None:
     from transformers import AutoModelForCausalLM
 
@@ -90,6 +134,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--decode-batch", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--decode-runs", type=int, default=3)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -97,20 +145,35 @@ def main() -> None:
         torch.randint(0, SHAPE["vocab_size"], (args.batch, args.seq + 1), generator=g)
         for _ in range(args.steps + 1)
     ]
-    print(f"threads={args.threads} batch={args.batch} seq={args.seq} steps={args.steps} fp32")
-    for arch in ("llama3.2", "qwen3", "gemma3"):
+    prompts = torch.randint(0, SHAPE["vocab_size"], (args.decode_batch, args.prompt), generator=g)
+    print(
+        f"threads={args.threads} fp32; train: batch={args.batch} seq={args.seq} "
+        f"steps={args.steps}; decode: batch={args.decode_batch} prompt={args.prompt} "
+        f"new={args.new_tokens} runs={args.decode_runs}"
+    )
+    for arch in ARCHITECTURES:
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             hf = AutoModelForCausalLM.from_config(_hf_config(arch), attn_implementation="sdpa")
             hf.save_pretrained(tmp)
             _, cfg, state = read_hf_dir(tmp)
-        kiln = build_model(cfg, state, device="cpu")
-        ours, theirs = _tokens_per_s(
-            _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
+            kiln = build_model(cfg, state, device="cpu")
+            ours, theirs = _tokens_per_s(
+                _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
+            )
+            print(
+                f"{arch:9s} train  tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
+                f"ratio {ours / theirs:.2f}"
+            )
+            # decoding: fresh copies of the saved weights (training moved both models)
+            hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
+            kiln = build_model(cfg, read_hf_dir(tmp)[2], device="cpu").eval()
+        ours, theirs, same = _decode_tokens_per_s(
+            kiln, hf, prompts, args.new_tokens, args.decode_runs
         )
         print(
-            f"{arch:9s} train tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
-            f"ratio {ours / theirs:.2f}"
+            f"{arch:9s} decode tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
+            f"ratio {ours / theirs:.2f}  same tokens: {'yes' if same else 'no'}"
         )
 
 
