@@ -38,11 +38,6 @@ _KILN_TO_GGUF_TOP = {kiln: gguf for gguf, kiln in TOP_NAMES.items()}
 _KILN_TO_GGUF_LAYER = {kiln: gguf for gguf, kiln in LAYER_NAMES.items()}
 
 
-def gguf_architecture(cfg: ModelConfig) -> str:
-    """llama.cpp's architecture name for `cfg`, or a ConfigError naming what it cannot hold."""
-    return export_architecture(cfg)
-
-
 def gguf_name(kiln_name: str) -> str:
     """kiln parameter name -> llama.cpp tensor name."""
     if kiln_name in _KILN_TO_GGUF_TOP:
@@ -107,7 +102,7 @@ def write_gguf(
 
     if gguf_type not in GGUF_TYPES:
         raise ConfigError(f"gguf_type {gguf_type!r}: expected one of {', '.join(GGUF_TYPES)}")
-    arch = gguf_architecture(cfg)
+    arch = export_architecture(cfg)  # or a ConfigError naming the field it cannot hold
     head_dim = cfg.head_dim or cfg.dim // cfg.n_heads
     n_kv_heads = cfg.n_kv_heads or cfg.n_heads
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
