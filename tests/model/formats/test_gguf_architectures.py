@@ -126,6 +126,26 @@ def test_hf_gguf_kiln_hf_round_trip_is_byte_identical(arch, tmp_path):
         assert tensor.numpy().tobytes() == after[name].numpy().tobytes(), name
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma3"])
+def test_q8_0_weights_within_its_rounding(arch, tmp_path):
+    """Q8_0 (int8 per 32 values of a row, times an f16 scale): every weight of every matrix,
+    the stacked experts among them, within half a step (1/254 of the block's largest) plus the
+    scale's f16 rounding (1/2048 of it) of the source; norms stay F32 and come back exact."""
+    _random_hf(arch, str(tmp_path / "hf"))
+    _, cfg, state = read_hf_dir(str(tmp_path / "hf"))
+    write_gguf(cfg, state, str(tmp_path / "m.gguf"), gguf_type="q8_0")
+    _, back, _ = read_gguf(str(tmp_path / "m.gguf"))
+    assert sorted(back) == sorted(state)
+    for name, source in state.items():
+        if source.ndim == 1:
+            assert torch.equal(back[name], source), name
+            continue
+        blocks = source.reshape(-1, 32).abs().amax(dim=1, keepdim=True)
+        error = (back[name] - source).reshape(-1, 32).abs()
+        assert (error <= blocks * (1 / 254 + 1 / 2048)).all(), name
+        assert not torch.equal(back[name], source), name  # quantised, not stored F32
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
