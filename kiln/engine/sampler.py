@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.engine.grammar import Grammar, GrammarMatcher, apply_grammar_masks
+
 TEMPERATURE_MIN = 1e-5  # 0 < temperature < this would overflow logits / temperature
 SEED_MAX = 2**63 - 1
 
@@ -33,6 +35,9 @@ class SamplingParams(BaseModel):
     frequency_penalty: float = Field(0.0, description="OpenAI's: minus this per occurrence.")
     repetition_penalty: float = Field(
         1.0, gt=0.0, description="CTRL's (as transformers): >1 discourages seen tokens."
+    )
+    grammar: Grammar | None = Field(
+        None, description="Structured output: every token must keep the text in this grammar."
     )
 
     @property
@@ -118,10 +123,16 @@ def sample_next(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    grammars: Sequence[GrammarMatcher | None] | None = None,
 ) -> torch.Tensor:
     """Pick one token per row of `logits` [B, V] with that row's parameters; returns [B] int64.
-    `histories` ((prompt ids, output ids) per row) feed the penalties of rows that ask for them."""
+    `histories` ((prompt ids, output ids) per row) feed the penalties of rows that ask for them;
+    `grammars` (a matcher or None per row) mask each constrained row to the tokens its grammar
+    allows, before greedy and sampled rows alike pick."""
     logits = logits.float()
+    if grammars is not None and any(g is not None for g in grammars):
+        logits = logits.clone()  # masked here; the caller's logits stay the model's
+        apply_grammar_masks(logits, list(grammars))
     out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         row = logits[i]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kiln.engine.grammar import GrammarMatcher
 from kiln.engine.sampler import SamplingParams
 
 
@@ -18,6 +19,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     text: str | None = None  # set when a stop string cut the text
     finish_reason: str | None = None
+    grammar: GrammarMatcher | None = None  # structured output: where the text stands in it
 
     @property
     def done(self) -> bool:
@@ -26,8 +28,9 @@ class Sequence:
 
 @dataclass
 class StopRule:
-    """When a sequence ends: an end-of-text token, a stop string in its text (`decode` gives the
-    text of token ids), its `max_new_tokens`, or a full context."""
+    """When a sequence ends: an end-of-text token, a complete text under its grammar, a stop
+    string in its text (`decode` gives the text of token ids), its `max_new_tokens`, or a full
+    context."""
 
     eos_token_ids: Collection[int]
     max_seq_len: int
@@ -39,6 +42,11 @@ class StopRule:
             seq.finish_reason = "stop"
             return
         seq.token_ids.append(token)
+        if seq.grammar is not None:
+            seq.grammar.advance(token)
+            if seq.grammar.complete:  # nothing may follow: done, even on its last allowed token
+                seq.finish_reason = "stop"
+                return
         if seq.params.stop:
             text = self.decode(seq.token_ids)
             cuts = [i for i in (text.find(s) for s in seq.params.stop if s) if i >= 0]

@@ -20,13 +20,15 @@ def render_chat(
     template: str | None,
     special: dict[str, str],
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for `messages` ([{role, content}]) under `template` (ChatML if None)."""
+    """The prompt text for `messages` ([{role, content}]) under `template` (ChatML if None),
+    with `tools` passed to the template as transformers passes them."""
     from jinja2 import TemplateError
 
     try:
         return ChatTemplate(template or CHATML, special).render(
-            messages, add_generation_prompt=add_generation_prompt
+            messages, add_generation_prompt=add_generation_prompt, tools=tools
         )
     except (TemplateError, ConfigError) as e:
         raise RequestError(f"chat template: {e}", param="messages") from None

@@ -157,12 +157,19 @@ class ChatTemplate:
             "nor a directory with tokenizer_config.json"
         )
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False, **kwargs) -> str:
-        """The conversation as text, as `apply_chat_template(..., tokenize=False)` renders it."""
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+        **kwargs,
+    ) -> str:
+        """The conversation as text, as `apply_chat_template(..., tokenize=False)` renders it;
+        `tools` (OpenAI's `{"type": "function", "function": {...}}` entries) as its `tools=`."""
         variables = {**self.special_tokens, **kwargs}
         return self._compiled.render(
             messages=messages,
-            tools=None,
+            tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **variables,
@@ -181,6 +188,11 @@ def load_chat_config(tokenizer_dir: str | None) -> tuple[str | None, dict[str, s
     if isinstance(template, list):  # named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     return (template if isinstance(template, str) else None), special
+
+
+def reads_tools(template: str | None) -> bool:
+    """Whether a template shows tool definitions itself (reads the `tools` variable)."""
+    return template is not None and "tools" in template
 
 
 def end_of_turn_markers(template: str | None, special: dict[str, str]) -> list[str]:

@@ -30,8 +30,8 @@ from kiln.model.formats.gguf_arch import (
     LAYER_NAMES,
     TOP_NAMES,
     architecture_fields,
+    experts_to_kiln,
     norm_offset,
-    split_experts,
 )
 from kiln.platform.errors import ConfigError, InputError
 
@@ -206,6 +206,7 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
     llama = arch == "llama"
     buf = np.memmap(path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, torch.Tensor]] = {}  # layer -> ffn_*_exps, joined at the end
     for gguf_name, shape, kind, offset in infos:
         layer, _, short = gguf_name.removeprefix("blk.").partition(".")
         name = None if short in EXPERT_NAMES else kiln_name(gguf_name)
@@ -222,7 +223,7 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
         array = dequantize(raw, qtype).reshape(shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))
         if name is None:
-            state.update(split_experts(short, layer, weight))
+            experts.setdefault(layer, {})[short] = weight
             continue
         if llama and name.endswith("attention.wq.weight"):
             weight = unpermute(weight, cfg.n_heads)
@@ -231,6 +232,10 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
         if offset_by := norm_offset(arch, name):
             weight = weight - offset_by
         state[name] = weight
+    for layer, stacked in experts.items():
+        if sorted(stacked) != sorted(EXPERT_NAMES):
+            raise InputError(f"{path}: GGUF layer {layer} lacks one of {EXPERT_NAMES}")
+        state.update(experts_to_kiln(layer, stacked))
     if cfg.tie_embeddings:
         state["output.weight"] = state["tok_embeddings.weight"]
     return cfg, state, meta

@@ -53,13 +53,10 @@ TOP_NAMES = {
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
 }
-# one GGUF tensor per layer holds every expert's matrix: kiln's experts.{j}.w1/w2/w3
-EXPERT_NAMES = {
-    "ffn_gate_exps.weight": "w1",
-    "ffn_down_exps.weight": "w2",
-    "ffn_up_exps.weight": "w3",
-}
-_EXPERT = re.compile(r"layers\.(\d+)\.moe\.experts\.(\d+)\.(w[123])\.weight")
+# one GGUF tensor per layer and projection holds every expert's matrix [E, out, in]; kiln's
+# GroupedExperts holds w13 [E, 2H, D] (gate rows, then up rows) and w2 [E, D, H]
+EXPERT_NAMES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+_GROUPED = re.compile(r"layers\.(\d+)\.moe\.experts\.(w13|w2)")
 
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_THETA = 10_000.0
@@ -71,30 +68,27 @@ def norm_offset(arch: str, kiln_name: str) -> float:
     return 1.0 if arch == "gemma3" and kiln_name.endswith("norm.weight") else 0.0
 
 
-def split_experts(gguf_name: str, layer: str, stacked: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A stacked `ffn_*_exps` tensor as kiln's per-expert weights."""
-    w = EXPERT_NAMES[gguf_name]
-    return {
-        f"layers.{layer}.moe.experts.{j}.{w}.weight": expert.contiguous()
-        for j, expert in enumerate(stacked)
-    }
+def experts_to_kiln(layer: str, stacked: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's `ffn_{gate,up,down}_exps` as kiln's `experts.w13` and `experts.w2`."""
+    gate, up, down = (stacked[name] for name in EXPERT_NAMES)
+    prefix = f"layers.{layer}.moe.experts"
+    return {f"{prefix}.w13": torch.cat([gate, up], dim=1), f"{prefix}.w2": down}
 
 
-def stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """kiln's state with each layer's per-expert weights stacked under llama.cpp's names
+def experts_to_gguf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """kiln's state with each layer's `experts.w13` / `experts.w2` under llama.cpp's names
     (`blk.{i}.ffn_gate_exps.weight`, ...); every other entry kept."""
     out: dict[str, torch.Tensor] = {}
-    groups: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
     for name, tensor in state.items():
-        m = _EXPERT.fullmatch(name)
+        m = _GROUPED.fullmatch(name)
         if m is None:
             out[name] = tensor
+        elif m.group(2) == "w2":
+            out[f"blk.{m.group(1)}.ffn_down_exps.weight"] = tensor
         else:
-            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = tensor
-    by_w = {w: gguf for gguf, w in EXPERT_NAMES.items()}
-    for (layer, w), experts in groups.items():
-        stacked = torch.stack([experts[j] for j in range(len(experts))])
-        out[f"blk.{layer}.{by_w[w]}"] = stacked
+            gate, up = tensor.chunk(2, dim=1)
+            out[f"blk.{m.group(1)}.ffn_gate_exps.weight"] = gate
+            out[f"blk.{m.group(1)}.ffn_up_exps.weight"] = up
     return out
 
 

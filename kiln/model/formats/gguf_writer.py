@@ -23,9 +23,9 @@ from kiln.model.config import ModelConfig
 from kiln.model.formats.gguf_arch import (
     LAYER_NAMES,
     TOP_NAMES,
+    experts_to_gguf,
     export_architecture,
     norm_offset,
-    stack_experts,
 )
 from kiln.model.formats.gguf_tokenizer import tokenizer_metadata
 from kiln.model.rope import inverse_frequencies
@@ -42,7 +42,7 @@ def gguf_name(kiln_name: str) -> str:
     """kiln parameter name -> llama.cpp tensor name."""
     if kiln_name in _KILN_TO_GGUF_TOP:
         return _KILN_TO_GGUF_TOP[kiln_name]
-    if kiln_name.startswith("blk."):  # stacked experts, named by stack_experts
+    if kiln_name.startswith("blk."):  # stacked experts, named by experts_to_gguf
         return kiln_name
     _, layer, rest = kiln_name.split(".", 2)
     if rest not in _KILN_TO_GGUF_LAYER:
@@ -127,7 +127,7 @@ def write_gguf(
         _add_tokenizer(writer, tokenizer_metadata(tok, tok_config or {}, cfg.vocab_size))
 
     tensors = 0
-    for kiln_name, weight in stack_experts(state).items():
+    for kiln_name, weight in experts_to_gguf(state).items():
         if kiln_name == "output.weight" and cfg.tie_embeddings:
             continue  # llama.cpp reuses token_embd when there is no output tensor
         weight = weight.detach().to("cpu", torch.float32)

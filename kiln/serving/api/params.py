@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from kiln.engine.grammar import Grammar
 from kiln.engine.sampler import SamplingParams
 from kiln.serving.api.protocol import Limits, RequestError, SamplingFields
 from kiln.serving.backends.backend import Backend, Job, Prompt
@@ -56,6 +57,7 @@ def sampling_params(
     default_temperature: float = 0.0,
     field: str = "max_tokens",
     minimum: int = 1,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """Apply the route's defaults and the deployment's limits (fields are already range-checked)."""
     default = min(default_max_tokens, limits.max_new_tokens)
@@ -71,6 +73,7 @@ def sampling_params(
         presence_penalty=fields.presence_penalty or 0.0,
         frequency_penalty=fields.frequency_penalty or 0.0,
         repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
+        grammar=grammar,
     )
 
 

@@ -89,6 +89,8 @@ class TritonBackend:
             )
         if params.penalized:
             raise RequestError(f"penalties {LOCAL_ONLY}", param="presence_penalty")
+        if params.grammar is not None:
+            raise RequestError(f"structured output {LOCAL_ONLY}", param=params.grammar.field)
         return Job(prompt, params)
 
     async def score(self, ids: list[int], top: int) -> list[TokenScore]:

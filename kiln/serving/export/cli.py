@@ -1,4 +1,4 @@
-"""`kiln export`, `kiln import-hf` and `kiln triton up`."""
+"""`kiln export`, `kiln import-hf`, `kiln convert`, `kiln compare-models` and `kiln triton up`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--model-name", default="kiln", help="served model name (default: kiln)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int4", "fp8"],
+        help="the Triton model quantizes its weights as it loads (GGUF: --gguf-type q8_0)",
+    )
     p.add_argument("--max-batch-size", type=int, default=8, help="Triton max_batch_size")
     p.add_argument(
         "--instance-kind", default="cpu", choices=["cpu", "gpu"], help="Triton instance_group kind"
@@ -41,8 +46,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "import-hf",
-        help="turn a Hugging Face Llama/Mistral/Mixtral/Qwen2 model (a folder or a Hub id) or a "
-        "GGUF into a kiln checkpoint",
+        help="turn a Hugging Face model (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Gemma 3; a "
+        "folder or a Hub id) or a GGUF into a kiln checkpoint",
     )
     p.add_argument(
         "hf_dir",

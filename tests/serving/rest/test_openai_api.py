@@ -150,11 +150,11 @@ def test_unsupported_fields_are_400(client, endpoint):
 
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="tiny", prompt="x", suffix="y")
-    with pytest.raises(openai.BadRequestError, match="tools"):
+    with pytest.raises(openai.BadRequestError, match="functions"):  # the legacy form of tools
         client.chat.completions.create(
             model="tiny",
             messages=MESSAGES,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            extra_body={"functions": [{"name": "f", "parameters": {}}]},
         )
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.completions.create(model="tiny", prompt="x", logit_bias={"5": 10})

@@ -24,12 +24,25 @@ from kiln.serving.api.openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    FunctionCall,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
     OpenAIRequest,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
+)
+from kiln.serving.api.openai.structured import requested_grammar
+from kiln.serving.api.openai.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
+from kiln.serving.api.openai.tools import (
+    active_tools,
+    forced_tools,
+    template_messages,
+    template_tools,
+    tool_call_grammar,
 )
 from kiln.serving.api.params import (
     SSE_HEADERS,
@@ -43,7 +56,7 @@ from kiln.serving.api.params import (
 from kiln.serving.api.protocol import RequestError, openai_error
 from kiln.serving.backends.backend import Backend, Job, Result
 from kiln.serving.chat_template import render_chat
-from kiln.text.chat_template import end_of_turn_markers
+from kiln.text.chat_template import end_of_turn_markers, reads_tools
 
 router = APIRouter(prefix="/v1")
 
@@ -103,7 +116,14 @@ async def completions(req: CompletionRequest, request: Request):
         )
     # max_tokens 0 scores the prompt (echo + logprobs) without generating, as OpenAI allowed
     minimum = 0 if req.echo and not req.stream else 1
-    params = sampling_params(limits, prompts, req, default_temperature=1.0, minimum=minimum)
+    params = sampling_params(
+        limits,
+        prompts,
+        req,
+        default_temperature=1.0,
+        minimum=minimum,
+        grammar=requested_grammar(req),
+    )
     if req.stream and (len(prompts) != 1 or best_of != 1 or req.logprobs is not None):
         raise RequestError("stream=true takes one prompt, n=1 and no logprobs", param="stream")
     jobs = await prepare_jobs(
@@ -230,25 +250,41 @@ def _stream_usage(base, job: Job, deltas: int) -> str:
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     backend, limits = backend_of(request), limits_of(request)
     _check_common(request, req)
-    if req.response_format not in (None, {"type": "text"}):
-        raise RequestError(
-            "only response_format {'type': 'text'} is supported", param="response_format"
-        )
+    tools = active_tools(req)
+    grammar = requested_grammar(req)
+    forced = forced_tools(req, tools)
+    if forced:
+        if grammar is not None:
+            raise RequestError(
+                f"tool_choice {req.tool_choice!r} forces a tool call; {grammar.field} cannot "
+                "constrain the same answer",
+                param="tool_choice",
+            )
+        grammar = tool_call_grammar(forced, req.parallel_tool_calls)
     if req.top_logprobs and not req.logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     if req.stream and req.logprobs:
         raise RequestError("stream=true with logprobs is not supported", param="logprobs")
     if req.n > limits.max_prompts_per_request:
         raise RequestError(f"n must be at most {limits.max_prompts_per_request}", param="n")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    in_template = reads_tools(backend.chat_template)
     prompt = render_chat(
-        messages, backend.chat_template, backend.special_tokens, req.add_generation_prompt
+        template_messages(req.messages, tools, in_template),
+        backend.chat_template,
+        backend.special_tokens,
+        req.add_generation_prompt,
+        tools=template_tools(tools) if tools and in_template else None,
     )
     ends = end_of_turn_markers(backend.chat_template, backend.special_tokens)
     max_tokens = req.resolved_max_tokens()
     fields = req.model_copy(update={"max_tokens": max_tokens, "stop": req.stops() + ends})
     params = sampling_params(
-        limits, [prompt], fields, default_max_tokens=limits.max_new_tokens, default_temperature=1.0
+        limits,
+        [prompt],
+        fields,
+        default_max_tokens=limits.max_new_tokens,
+        default_temperature=1.0,
+        grammar=grammar,
     )
     jobs = await prepare_jobs(
         backend,
@@ -260,7 +296,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
-        return _sse(_chat_stream(backend, jobs[0], req, deltas))
+        return _sse(_chat_stream(backend, jobs[0], req, deltas, bool(tools)))
     results = await backend.complete(jobs)
     choices = []
     for i, r in enumerate(results):
@@ -268,17 +304,33 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         if req.logprobs:
             scores = await _score(backend, r, req.top_logprobs or 0)
             lp = _chat_logprobs(backend, scores[len(r.prompt_ids or []) :])
-        choices.append(
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=r.text),
-                logprobs=lp,
-                finish_reason=r.finish_reason,
-            )
-        )
+        message, reason = AssistantMessage(content=r.text), r.finish_reason
+        if tools:
+            message, reason = _tool_message(r.text, reason, req.parallel_tool_calls)
+        choices.append(ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason))
     return ChatCompletionResponse(
         model=backend.model_name, choices=choices, usage=_usage(results, 1)
     )
+
+
+def _tool_message(text: str, reason: str, parallel: bool) -> tuple[AssistantMessage, str]:
+    """The message with the calls parsed out of `text`; finish reason `tool_calls` when the
+    model stopped after calling (a call cut short by max_tokens stays text, and `length`)."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return AssistantMessage(content=text), reason
+    if not parallel:
+        calls = calls[:1]
+    tool_calls = [_tool_call(c) for c in calls]
+    return AssistantMessage(content=content, tool_calls=tool_calls), _calls_finish(reason)
+
+
+def _tool_call(call: ParsedCall) -> ToolCall:
+    return ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
+
+
+def _calls_finish(reason: str) -> str:
+    return "tool_calls" if reason == "stop" else reason
 
 
 def _chat_logprobs(backend: Backend, scores) -> ChoiceLogprobs:
@@ -301,8 +353,10 @@ async def _chat_stream(
     job: Job,
     req: ChatCompletionRequest,
     stream: AsyncIterator[str] | None = None,
+    with_tools: bool = False,
 ) -> AsyncIterator[str]:
     base = ChatCompletionChunk(model=backend.model_name, choices=[])
+    calls = ToolCallStream() if with_tools else None
 
     def chunk(delta: ChatDelta, reason=None) -> str:
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=reason)
@@ -312,12 +366,36 @@ async def _chat_stream(
         del event["choices"][0]["logprobs"]
         return json.dumps(event, ensure_ascii=False)
 
+    sent = 0  # calls sent: the index of the next one
+
+    def pieces(items: list[str | ParsedCall]) -> list[ChatDelta]:
+        nonlocal sent
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                out.append(ChatDelta(content=item))
+                continue
+            if sent and not req.parallel_tool_calls:
+                continue  # one call asked for: as the non-streamed answer keeps the first
+            function = FunctionCallDelta(name=item.name, arguments=item.arguments)
+            call = ToolCallDelta(index=sent, id=item.id, type="function", function=function)
+            out.append(ChatDelta(tool_calls=[call]))
+            sent += 1
+        return out
+
     yield chunk(ChatDelta(role="assistant", content=""))
     deltas = 0
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
-        yield chunk(ChatDelta(content=delta))
-    yield chunk(ChatDelta(), _stream_finish(job, deltas))
+        for piece in pieces(calls.feed(delta)) if calls is not None else [ChatDelta(content=delta)]:
+            yield chunk(piece)
+    if calls is not None:
+        for piece in pieces(calls.finish()):
+            yield chunk(piece)
+    reason = _stream_finish(job, deltas)
+    if sent:
+        reason = _calls_finish(reason)
+    yield chunk(ChatDelta(), reason)
     if req.stream_options and req.stream_options.include_usage:
         yield _stream_usage(base, job, deltas)
 
