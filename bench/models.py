@@ -1,15 +1,19 @@
-"""Training tokens/s of kiln's model vs transformers' on the same small config, per
-architecture (Llama 3.2, Qwen3, Gemma 3, DeepSeek-V3): the same HF folder loaded by both, the
-same batches, the same loop (forward, cross-entropy, backward, AdamW step), fp32 on CPU with the
-same threads, steps interleaved (median step time). Prints kiln's figure, transformers' and
-the ratio (target >= 1.0); then greedy decode tokens/s through kiln's engine (its KV cache)
-vs `transformers.generate` (4 prompts of 32 tokens, 32 new tokens each, the best of three
-interleaved runs). Then KV-cache bytes per token of MLA (the latent and the RoPE key)
-against full attention of the same widths (every head's key and value), for the bench's
-DeepSeek shape and the real DeepSeek-V3 one.
+"""Per architecture (Llama 3.2, Qwen3, Qwen3-MoE, Gemma 3, DeepSeek-V3), on the same small
+config loaded by both from one HF folder, fp32 on CPU with the same threads:
+
+- training tokens/s of kiln's model vs transformers' in the same loop (forward, cross-entropy,
+  backward, AdamW step; the same batches; steps interleaved, median step time; target >= 1.0);
+- decode tokens/s of kiln's engine (`Generator.generate_ids`: KV-cache slots, batched greedy
+  decoding) vs `transformers.generate` (its dynamic cache, greedy), the same prompts and new
+  tokens, fresh copies of the same weights, runs interleaved (median), and whether both
+  decoded the same tokens.
+
+Prints kiln's figure, transformers' and the ratio for each; then KV-cache bytes per token of MLA
+(the latent and the RoPE key) against full attention of the same widths (every head's key and
+value), for the bench's DeepSeek shape and the real DeepSeek-V3 one.
 
     .venv/bin/python bench/models.py [--threads 2] [--steps 8] [--seq 256] [--batch 4]
-        [--arch deepseek_v3 ...]
+        [--decode-batch 4] [--prompt 32] [--new-tokens 64] [--decode-runs 3] [--arch qwen3 ...]
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ SHAPE = {
 }
 
 
-ARCHS = ("llama3.2", "qwen3", "gemma3", "deepseek_v3")
+ARCHITECTURES = ("llama3.2", "qwen3", "qwen3_moe", "gemma3", "deepseek_v3")
 # MLA, YaRN, 8 experts of 192 (top 2 in 1 of 2 groups) plus a shared one, first layer dense.
 DEEPSEEK = {
     "kv_lora_rank": 64,
@@ -69,7 +73,13 @@ DEEPSEEK = {
 
 
 def _hf_config(arch: str):
-    from transformers import DeepseekV3Config, Gemma3TextConfig, LlamaConfig, Qwen3Config
+    from transformers import (
+        DeepseekV3Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     if arch == "deepseek_v3":
         shape = {**SHAPE, "num_key_value_heads": SHAPE["num_attention_heads"]}
@@ -89,6 +99,9 @@ def _hf_config(arch: str):
         )
     if arch == "qwen3":
         return Qwen3Config(**SHAPE, tie_word_embeddings=True)
+    if arch == "qwen3_moe":  # 8 experts of a quarter width, 2 per token: the dense FLOPs / 2
+        moe = {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}
+        return Qwen3MoeConfig(**SHAPE, moe_intermediate_size=SHAPE["intermediate_size"] // 4, **moe)
     kinds = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
     return Gemma3TextConfig(**SHAPE, sliding_window=64, layer_types=kinds)
 
@@ -123,6 +136,35 @@ def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float]:
     return tuple(n / statistics.median(t) for t in times)
 
 
+def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
+    """(kiln tok/s, transformers tok/s, same tokens) for greedy decoding of `new` tokens after
+    each prompt row; one untimed warm-up each, then `runs` interleaved runs (median)."""
+    gen = Generator(kiln, None, eos_token_ids=[])
+    params = SamplingParams(max_new_tokens=new, temperature=0.0)
+    rows = prompts.tolist()
+    hf.generation_config.pad_token_id = 0
+
+    def ours():
+        return gen.generate_ids(rows, params)
+
+    def theirs():
+        out = hf.generate(
+            prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
+        )
+        return out[:, prompts.shape[1] :].tolist()
+
+    same = ours() == theirs()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(runs):
+        for run, record in ((ours, times[0]), (theirs, times[1])):
+            start = time.perf_counter()
+            run()
+            record.append(time.perf_counter() - start)
+    n = prompts.shape[0] * new
+    kiln_rate, hf_rate = (n / statistics.median(t) for t in times)
+    return kiln_rate, hf_rate, same
+
+
 def main() -> None:
     from transformers import AutoModelForCausalLM
 
@@ -131,7 +173,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
+    p.add_argument("--decode-batch", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--decode-runs", type=int, default=3)
+    p.add_argument("--arch", nargs="+", choices=ARCHITECTURES, default=list(ARCHITECTURES))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -139,52 +185,39 @@ def main() -> None:
         torch.randint(0, SHAPE["vocab_size"], (args.batch, args.seq + 1), generator=g)
         for _ in range(args.steps + 1)
     ]
-    print(f"threads={args.threads} batch={args.batch} seq={args.seq} steps={args.steps} fp32")
+    prompts = torch.randint(0, SHAPE["vocab_size"], (args.decode_batch, args.prompt), generator=g)
+    print(
+        f"threads={args.threads} fp32; train: batch={args.batch} seq={args.seq} "
+        f"steps={args.steps}; decode: batch={args.decode_batch} prompt={args.prompt} "
+        f"new={args.new_tokens} runs={args.decode_runs}"
+    )
     for arch in args.arch:
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             hf = AutoModelForCausalLM.from_config(_hf_config(arch), attn_implementation="sdpa")
             hf.save_pretrained(tmp)
             _, cfg, state = read_hf_dir(tmp)
-        kiln = build_model(cfg, state, device="cpu")
-        ours, theirs = _tokens_per_s(
-            _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
+            kiln = build_model(cfg, state, device="cpu")
+            ours, theirs = _tokens_per_s(
+                _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
+            )
+            print(
+                f"{arch:9s} train  tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
+                f"ratio {ours / theirs:.2f}"
+            )
+            # decoding: fresh copies of the saved weights (training moved both models)
+            hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
+            kiln = build_model(cfg, read_hf_dir(tmp)[2], device="cpu").eval()
+        ours, theirs, same = _decode_tokens_per_s(
+            kiln, hf, prompts, args.new_tokens, args.decode_runs
         )
         print(
-            f"{arch:9s} train tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
-            f"ratio {ours / theirs:.2f}"
-        )
-        ours, theirs = _decode_tokens_per_s(kiln, hf, g)
-        print(
-            f"{arch:9s} decode tokens/s kiln {ours:8.0f}  transformers {theirs:8.0f}  "
-            f"ratio {ours / theirs:.2f}"
+            f"{arch:9s} decode tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
+            f"ratio {ours / theirs:.2f}  same tokens: {'yes' if same else 'no'}"
         )
         if arch == "deepseek_v3":
             _print_cache_bytes("bench shape", cfg)
     _print_cache_bytes("DeepSeek-V3 (671B)", ModelConfig.preset("deepseek_v3"))
-
-
-def _decode_tokens_per_s(kiln, hf, g: torch.Generator, new: int = 32) -> tuple[float, float]:
-    """Greedy decode tokens/s of kiln's engine and of transformers.generate, the same prompts
-    (equal lengths: no padding on either side), the best of three interleaved runs each."""
-    prompts = torch.randint(0, SHAPE["vocab_size"], (4, 32), generator=g)
-    gen = Generator(kiln.eval(), None, eos_token_ids=[])
-    params = SamplingParams(max_new_tokens=new, temperature=0.0)
-    hf.eval()
-
-    def ours() -> None:
-        gen.generate_ids(prompts.tolist(), params)
-
-    def theirs() -> None:
-        hf.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(3):  # interleaved, so both see the same machine load
-        for run, record in ((ours, times[0]), (theirs, times[1])):
-            start = time.perf_counter()
-            run()
-            record.append(time.perf_counter() - start)
-    return tuple(prompts.shape[0] * new / min(t) for t in times)
 
 
 def _print_cache_bytes(name: str, cfg: ModelConfig) -> None:

@@ -5,7 +5,8 @@
 The `gguf` library (llama.cpp's own reader) dequantises every type it knows (Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, K-quants, F16, F32...) to float32. llama.cpp's converter permutes the rows of the
 Llama q/k projections (its RoPE rotates adjacent pairs, HF's and kiln's rotate halves); that
-permutation is undone here, so the weights are HF's again. The tokenizer lives in
+permutation is undone here, so the weights are HF's again. Each architecture's names and
+conventions (llama, qwen2, qwen3, qwen3moe, gemma3) are `gguf_arch.py`'s; the tokenizer lives in
 `gguf_tokenizer.py`.
 """
 
@@ -23,29 +24,16 @@ import numpy as np
 import torch
 
 from kiln.model.config import ModelConfig
+from kiln.model.formats.gguf_arch import (
+    ARCHITECTURES,
+    EXPERT_NAMES,
+    LAYER_NAMES,
+    TOP_NAMES,
+    architecture_fields,
+    experts_to_kiln,
+    norm_offset,
+)
 from kiln.platform.errors import ConfigError, InputError
-
-_ARCHITECTURES = ("llama", "qwen2")  # qwen2: q/k/v biases, no q/k permutation
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "attention_norm.weight",
-    "attn_q.weight": "attention.wq.weight",
-    "attn_k.weight": "attention.wk.weight",
-    "attn_v.weight": "attention.wv.weight",
-    "attn_q.bias": "attention.wq.bias",
-    "attn_k.bias": "attention.wk.bias",
-    "attn_v.bias": "attention.wv.bias",
-    "attn_output.weight": "attention.wo.weight",
-    "ffn_norm.weight": "ffn_norm.weight",
-    "ffn_gate.weight": "feed_forward.w1.weight",
-    "ffn_down.weight": "feed_forward.w2.weight",
-    "ffn_up.weight": "feed_forward.w3.weight",
-}
-_TOP_NAMES = {
-    "token_embd.weight": "tok_embeddings.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "output.weight",
-}
 
 
 def resolve_gguf(source: str) -> str:
@@ -149,49 +137,51 @@ def _parse(cur: _Cursor, path: str):
 def gguf_config(meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
     """The model's shape from llama.cpp's `<arch>.*` metadata keys."""
     arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ConfigError(f"GGUF general.architecture {arch!r} is not one of {_ARCHITECTURES}")
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"GGUF general.architecture {arch!r} is not one of {ARCHITECTURES}")
+    missing = object()
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: Any = missing) -> Any:
         value = meta.get(f"{arch}.{key}", default)
-        if value is None:
+        if value is missing:
             raise ConfigError(f"GGUF metadata has no {arch}.{key}")
         if isinstance(value, list):
             raise ConfigError(f"GGUF {arch}.{key} varies per layer; kiln needs one value")
         return value
 
-    if meta.get(f"{arch}.expert_count"):
-        raise ConfigError(f"GGUF {arch}.expert_count: mixture-of-experts GGUFs are not supported")
     if "rope_freqs.weight" in tensor_names or meta.get(f"{arch}.rope.scaling.type"):
         raise ConfigError("GGUF rope_freqs / rope.scaling: scaled RoPE GGUFs are not supported")
     n_heads = get("attention.head_count")
     dim = get("embedding_length")
-    head_dim = get("rope.dimension_count", dim // n_heads)
-    if head_dim != dim // n_heads:
+    head_dim = get("attention.key_length", dim // n_heads)
+    if get("rope.dimension_count", head_dim) != head_dim:
         raise ConfigError(f"GGUF {arch}.rope.dimension_count: partial RoPE is not supported")
+    if get("attention.value_length", head_dim) != head_dim:
+        raise ConfigError(f"GGUF {arch}.attention.value_length: must equal key_length")
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    return ModelConfig(
-        vocab_size=vocab,
-        dim=dim,
-        n_layers=get("block_count"),
-        n_heads=n_heads,
-        n_kv_heads=get("attention.head_count_kv", n_heads),
-        ffn_hidden_dim=get("feed_forward_length"),
-        norm_eps=get("attention.layer_norm_rms_epsilon"),
-        rope_theta=get("rope.freq_base", 10000.0),
-        max_seq_len=get("context_length"),
-        tie_embeddings="output.weight" not in tensor_names,
-        qkv_bias=arch == "qwen2",
-    )
+    fields = {
+        "vocab_size": vocab,
+        "dim": dim,
+        "n_layers": get("block_count"),
+        "n_heads": n_heads,
+        "n_kv_heads": get("attention.head_count_kv", n_heads),
+        "head_dim": head_dim,
+        "ffn_hidden_dim": get("feed_forward_length"),
+        "norm_eps": get("attention.layer_norm_rms_epsilon"),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "max_seq_len": get("context_length"),
+        "tie_embeddings": "output.weight" not in tensor_names,
+    }
+    return ModelConfig(**{**fields, **architecture_fields(arch, meta, get)})
 
 
 def kiln_name(gguf_name: str) -> str:
     """llama.cpp tensor name -> kiln parameter name."""
-    if gguf_name in _TOP_NAMES:
-        return _TOP_NAMES[gguf_name]
+    if gguf_name in TOP_NAMES:
+        return TOP_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in LAYER_NAMES:
+        return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
     raise InputError(f"GGUF tensor {gguf_name!r} has no kiln parameter")
 
 
@@ -212,11 +202,14 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
 
     meta, infos = read_header(path)
     cfg = gguf_config(meta, {name for name, *_ in infos})
-    llama = meta["general.architecture"] == "llama"
+    arch = meta["general.architecture"]
+    llama = arch == "llama"
     buf = np.memmap(path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[str, torch.Tensor]] = {}  # layer -> ffn_*_exps, joined at the end
     for gguf_name, shape, kind, offset in infos:
-        name = kiln_name(gguf_name)
+        layer, _, short = gguf_name.removeprefix("blk.").partition(".")
+        name = None if short in EXPERT_NAMES else kiln_name(gguf_name)
         qtype = GGMLQuantizationType(kind)
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         row_bytes = shape[-1] // block * block_bytes
@@ -229,11 +222,20 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str
         raw = buf[offset : offset + rows * row_bytes].reshape(*shape[:-1], row_bytes)
         array = dequantize(raw, qtype).reshape(shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))
+        if name is None:
+            experts.setdefault(layer, {})[short] = weight
+            continue
         if llama and name.endswith("attention.wq.weight"):
             weight = unpermute(weight, cfg.n_heads)
         elif llama and name.endswith("attention.wk.weight"):
             weight = unpermute(weight, cfg.n_kv_heads)
+        if offset_by := norm_offset(arch, name):
+            weight = weight - offset_by
         state[name] = weight
+    for layer, stacked in experts.items():
+        if sorted(stacked) != sorted(EXPERT_NAMES):
+            raise InputError(f"{path}: GGUF layer {layer} lacks one of {EXPERT_NAMES}")
+        state.update(experts_to_kiln(layer, stacked))
     if cfg.tie_embeddings:
         state["output.weight"] = state["tok_embeddings.weight"]
     return cfg, state, meta

@@ -2,10 +2,11 @@
 
     write_gguf(cfg, state, "model.gguf", tok=tok, tok_config=config, gguf_type="q8_0")
 
-Llama and Mistral are written as llama.cpp's `llama` architecture, Qwen2 as `qwen2`. Kiln's RoPE
-rotates halves (HF's convention) and llama.cpp's `llama` rotates adjacent pairs, so the q/k rows
-are permuted as llama.cpp's convert_hf_to_gguf.py does (`permute`, the inverse of
-`gguf.unpermute`); `qwen2` uses the halves convention already. Q8_0 quantises the 2-D weights
+Llama and Mistral are written as llama.cpp's `llama` architecture, Qwen2 as `qwen2`, Qwen3 and
+Qwen3-MoE as `qwen3` / `qwen3moe`, Gemma 3 as `gemma3` (names and conventions: gguf_arch.py).
+Kiln's RoPE rotates halves (HF's convention) and llama.cpp's `llama` rotates adjacent pairs, so
+the q/k rows are permuted as llama.cpp's convert_hf_to_gguf.py does (`permute`, the inverse of
+`gguf.unpermute`); the others use the halves convention already. Q8_0 quantises the 2-D weights
 whose rows are a multiple of its 32-value block; norms, biases and the rest stay F32, as
 llama.cpp's converter keeps them.
 """
@@ -19,7 +20,13 @@ import numpy as np
 import torch
 
 from kiln.model.config import ModelConfig
-from kiln.model.formats.gguf import _LAYER_NAMES, _TOP_NAMES
+from kiln.model.formats.gguf_arch import (
+    LAYER_NAMES,
+    TOP_NAMES,
+    experts_to_gguf,
+    export_architecture,
+    norm_offset,
+)
 from kiln.model.formats.gguf_tokenizer import tokenizer_metadata
 from kiln.model.rope import inverse_frequencies
 from kiln.platform.errors import ConfigError
@@ -27,38 +34,16 @@ from kiln.platform.errors import ConfigError
 GgufType = Literal["f32", "f16", "bf16", "q8_0"]
 GGUF_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0")
 
-_KILN_TO_GGUF_TOP = {kiln: gguf for gguf, kiln in _TOP_NAMES.items()}
-_KILN_TO_GGUF_LAYER = {kiln: gguf for gguf, kiln in _LAYER_NAMES.items()}
-
-
-def gguf_architecture(cfg: ModelConfig) -> str:
-    """llama.cpp's architecture name for `cfg`, or a ConfigError naming what it cannot hold."""
-    unsupported = {
-        "n_experts": cfg.n_experts > 0,
-        "qk_norm": cfg.qk_norm,
-        "sandwich_norm": cfg.sandwich_norm,
-        "norm_unit_offset": cfg.norm_unit_offset,
-        "embed_scale": cfg.embed_scale,
-        "ffn_activation": cfg.ffn_activation != "silu",
-        # llama.cpp's llama/qwen2 attend to the whole context: a narrower window would change
-        # the logits past it
-        "sliding_window": cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len,
-        "sliding_window_pattern": cfg.sliding_window_pattern is not None,
-        "attn_logit_softcap": cfg.attn_logit_softcap is not None,
-        "final_logit_softcap": cfg.final_logit_softcap is not None,
-    }
-    bad = [field for field, on in unsupported.items() if on]
-    if bad:
-        raise ConfigError(
-            f"GGUF export: model field {bad[0]} is not supported (Llama, Mistral and Qwen2 only)"
-        )
-    return "qwen2" if cfg.qkv_bias else "llama"
+_KILN_TO_GGUF_TOP = {kiln: gguf for gguf, kiln in TOP_NAMES.items()}
+_KILN_TO_GGUF_LAYER = {kiln: gguf for gguf, kiln in LAYER_NAMES.items()}
 
 
 def gguf_name(kiln_name: str) -> str:
     """kiln parameter name -> llama.cpp tensor name."""
     if kiln_name in _KILN_TO_GGUF_TOP:
         return _KILN_TO_GGUF_TOP[kiln_name]
+    if kiln_name.startswith("blk."):  # stacked experts, named by experts_to_gguf
+        return kiln_name
     _, layer, rest = kiln_name.split(".", 2)
     if rest not in _KILN_TO_GGUF_LAYER:
         raise ConfigError(f"GGUF export: parameter {kiln_name!r} has no llama.cpp tensor")
@@ -117,7 +102,7 @@ def write_gguf(
 
     if gguf_type not in GGUF_TYPES:
         raise ConfigError(f"gguf_type {gguf_type!r}: expected one of {', '.join(GGUF_TYPES)}")
-    arch = gguf_architecture(cfg)
+    arch = export_architecture(cfg)  # or a ConfigError naming the field it cannot hold
     head_dim = cfg.head_dim or cfg.dim // cfg.n_heads
     n_kv_heads = cfg.n_kv_heads or cfg.n_heads
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -131,9 +116,10 @@ def write_gguf(
     writer.add_head_count(cfg.n_heads)
     writer.add_head_count_kv(n_kv_heads)
     writer.add_rope_dimension_count(head_dim)
-    if head_dim != cfg.dim // cfg.n_heads:
+    if head_dim != cfg.dim // cfg.n_heads or arch in ("qwen3", "qwen3moe", "gemma3"):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    _add_architecture_fields(writer, cfg, arch)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
@@ -141,10 +127,12 @@ def write_gguf(
         _add_tokenizer(writer, tokenizer_metadata(tok, tok_config or {}, cfg.vocab_size))
 
     tensors = 0
-    for kiln_name, weight in state.items():
+    for kiln_name, weight in experts_to_gguf(state).items():
         if kiln_name == "output.weight" and cfg.tie_embeddings:
             continue  # llama.cpp reuses token_embd when there is no output tensor
         weight = weight.detach().to("cpu", torch.float32)
+        if offset := norm_offset(arch, kiln_name):
+            weight = weight + offset
         if arch == "llama" and kiln_name.endswith("attention.wq.weight"):
             weight = permute(weight, cfg.n_heads)
         elif arch == "llama" and kiln_name.endswith("attention.wk.weight"):
@@ -160,6 +148,19 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return {"architecture": arch, "gguf_type": gguf_type, "tensors": tensors}
+
+
+def _add_architecture_fields(writer, cfg: ModelConfig, arch: str) -> None:
+    """The metadata llama.cpp's converter writes for experts (qwen3moe) and Gemma 3."""
+    if arch == "qwen3moe":
+        writer.add_expert_count(cfg.n_experts)
+        writer.add_expert_used_count(cfg.top_k)
+        writer.add_expert_feed_forward_length(cfg.ffn_hidden_dim)
+    if arch == "gemma3":
+        if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
+            writer.add_sliding_window(cfg.sliding_window)
+        if cfg.final_logit_softcap is not None:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcap)
 
 
 def _add_tokenizer(writer, meta: dict[str, Any]) -> None:

@@ -8,8 +8,33 @@ from kiln.training.config import TrainConfig
 
 STEPS = 3  # the 3rd step's loss is the loss after 2 optimizer steps
 
+# The new architectures' switches on the tiny shape (2 layers; Gemma's window pattern 2 so both
+# kinds of layer are there)
+LLAMA32 = {
+    "rope_theta": 500_000.0,
+    "rope_scaling": {"factor": 32.0, "original_max_seq_len": 8},  # short: every band reached
+    "tie_embeddings": True,
+}
+QWEN3 = {"qk_norm": True, "head_dim": 32}
+QWEN3_MOE = {**QWEN3, "n_experts": 4, "top_k": 2, "norm_topk_prob": False}
+GEMMA3 = {
+    **QWEN3,
+    "norm_unit_offset": True,
+    "sandwich_norm": True,
+    "embed_scale": True,
+    "ffn_activation": "gelu_tanh",
+    "tie_embeddings": True,
+    "sliding_window": 8,
+    "sliding_window_pattern": 2,
+    "rope_local_theta": 100.0,
+    "query_pre_attn_scalar": 24.0,
+    "final_logit_softcap": 3.0,
+}
 
-def train_config(parallel: dict, model: dict, optimizer: dict | None = None) -> TrainConfig:
+
+def train_config(
+    parallel: dict, model: dict, optimizer: dict | None = None, checkpoint: dict | None = None
+) -> TrainConfig:
     return TrainConfig(
         model={"preset": "tiny", "n_layers": 2, **model},
         parallel=parallel,
@@ -22,6 +47,7 @@ def train_config(parallel: dict, model: dict, optimizer: dict | None = None) -> 
         precision="fp32",
         optimizer={"lr": 3e-3, **(optimizer or {})},
         data={"synthetic": True, "prefetch": 0},
+        checkpoint=checkpoint or {},
     )
 
 

@@ -7,23 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.training.distributed import run_distributed
-from tests.training.parallel._trainer_cases import train_losses
+from tests.training.parallel._trainer_cases import GEMMA3, QWEN3, QWEN3_MOE, train_losses
 
-QWEN3 = {"qk_norm": True, "head_dim": 32}
-QWEN3_MOE = {**QWEN3, "n_experts": 4, "top_k": 2, "norm_topk_prob": False}
-GEMMA3 = {
-    **QWEN3,
-    "norm_unit_offset": True,
-    "sandwich_norm": True,
-    "embed_scale": True,
-    "ffn_activation": "gelu_tanh",
-    "tie_embeddings": True,
-    "sliding_window": 8,
-    "sliding_window_pattern": 2,
-    "rope_local_theta": 100.0,
-    "query_pre_attn_scalar": 24.0,
-    "final_logit_softcap": 3.0,
-}
 LAYOUTS = [
     ("dp2-qwen3", {"dp_shard": 2}, QWEN3, {}),
     ("tp2-qwen3", {"tp": 2}, QWEN3, {}),
