@@ -70,8 +70,10 @@ def test_steps_do_not_wait_on_ray_and_log_once(ray_session, tmp_path, capfd):
     step_time = statistics.median(r["step_time_s"] for r in rows[1:])
     # short enough that Ray Train's ~2 s report wait, were it still per step, would show
     assert 0.03 < step_time < 1.5, step_time
+    # a gap of step_time + ~2 s (Ray's report wait) would be a ratio of 2 or more; 1.5 leaves
+    # room for a loaded machine's jitter between steps
     ratio = statistics.median(gaps) / step_time
-    assert abs(ratio - 1) <= 0.2, (ratio, gaps, [r["step_time_s"] for r in rows])
+    assert 0.8 <= ratio <= 1.5, (ratio, gaps, [r["step_time_s"] for r in rows])
 
     # Ray Train's own record loads (as it does to resume the run by name: every checkpoint it
     # names still exists) and its latest checkpoint points at the final one.
