@@ -32,6 +32,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.formats.checkpoint import write_checkpoint
 from kiln.model.transformer import Transformer
 from kiln.platform.artifact import Artifact
+from kiln.platform.errors import InputError
 from kiln.platform.pipeline import Pipeline
 from kiln.platform.spec import load_pipeline
 from tests.curator.quality_docs import high_quality, quality_mix
@@ -258,3 +259,13 @@ def test_the_stage_trains_on_its_labelled_corpus_input(inputs, local_run, tmp_pa
     assert art.counts["documents"] + art.counts["rejected"] == len(corpus)
     assert art.meta["labels"] == ["high", "low"]  # edu_score cut at 3
     assert art.counts["documents"] == local_run[1]["kept"]  # the same data as classify() above
+
+
+def test_labels_a_quality_classifier_cannot_use_are_named(inputs, tmp_path):
+    root, _ = inputs
+    words = tmp_path / "words.jsonl"
+    words.write_text('{"text": "a", "edu_score": "good"}\n{"text": "b", "edu_score": "bad"}\n')
+    with pytest.raises(InputError, match="label_threshold needs numeric 'edu_score'"):
+        classify(_cfg(root, labelled=str(words)), str(tmp_path / "a"))
+    with pytest.raises(InputError, match="needs labels high/low"):
+        classify(_cfg(root, labelled=str(words), label_threshold=None), str(tmp_path / "b"))
