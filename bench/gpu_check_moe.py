@@ -32,8 +32,8 @@ def _run(layer, x, dtype, grouped: bool, reps: int) -> tuple[float, Any, list]:
 
     from kiln.model import moe as moe_module
 
-    def fn(experts, h, counts, use_grouped=None):
-        return original(experts, h, counts, grouped)
+    def fn(w13, w2, h, counts, use_grouped=None):
+        return original(w13, w2, h, counts, grouped)
 
     original = moe_module.grouped_swiglu
     moe_module.grouped_swiglu = fn

@@ -19,7 +19,9 @@
    --gen-tokens new tokens) at batch 1 and 8 on a 125M-shaped Llama (dim 768, 12 layers, vocab
    32000, random weights), loaded by transformers from kiln's HF export.
 3. (--part steps only) what one 200-token prefill and one 64-row decode step of section 1's model
-   cost on one thread, in thread CPU time, and the attention / matmul share of each.
+   cost on one thread, in thread CPU time, and the attention / matmul share of each; the decode
+   step through the engine's paged KV cache (rows' blocks scattered over the pool, gathered per
+   layer) and through contiguous per-row `KVCache` rows.
 """
 
 from __future__ import annotations
@@ -225,9 +227,10 @@ def step_costs(repeats: int) -> None:
     import torch
     from torch.profiler import profile
 
-    from kiln.engine.kv_cache_manager import SlotPool
     from kiln.engine.model_runner import ModelRunner
     from kiln.model.config import ModelConfig
+    from kiln.model.kv_cache import KVCache
+    from kiln.model.paged_kv_cache import PagedKVCache
     from kiln.model.transformer import Transformer
 
     torch.set_num_threads(1)
@@ -242,23 +245,35 @@ def step_costs(repeats: int) -> None:
     )  # fmt: skip  (make_model's shape and vocabulary)
     torch.manual_seed(0)
     forward = ModelRunner(Transformer(cfg).eval())
-    rows = 64
-    pool = SlotPool(cfg, rows, 1024)
-    pool.lengths = torch.randint(20, 330, (rows,)).tolist()  # the 64-client run's spread
+    rows, bs = 64, 16
+    lengths = torch.randint(20, 330, (rows,)).tolist()  # the 64-client run's spread
+    # the engine's paged cache: each row's blocks scattered over the pool
+    paged = PagedKVCache.for_model(cfg, rows * 21 + 16, bs)
+    order = (torch.randperm(rows * 21) + 1).view(rows, 21).tolist()
+    tables = [order[r][: n // bs + 1] for r, n in enumerate(lengths)]
+    contiguous = KVCache.for_model(cfg, rows, 1024)  # the per-row layout before paging
     step = torch.randint(0, cfg.vocab_size, (rows, 1))
     prompt = torch.randint(0, cfg.vocab_size, (1, 200))
 
     def decode():
-        forward(step, pool.view(0, rows, 1), list(range(rows)), [0] * rows)
+        forward(step, paged.batch(tables, lengths, 1), list(range(rows)), [0] * rows)
 
-    fresh = SlotPool(cfg, 1, 1024)  # a new prompt: its slot starts empty, as in section 1
+    def decode_contiguous():
+        contiguous.lengths = torch.tensor(lengths)
+        forward(step, contiguous, list(range(rows)), [0] * rows)
+
+    fresh = list(range(rows * 21 + 1, rows * 21 + 14))  # a new prompt's 13 empty blocks
 
     def prefill():
-        forward(prompt, fresh.view(0, 1, 200), [0], [199])
+        forward(prompt, paged.batch([fresh], [0], 200), [0], [199])
 
     print("\n3. step costs, 1 thread, thread CPU ms (serving model, dim 256 x 4 layers)")
     with torch.inference_mode():
-        for name, fn, tokens in (("decode, 64 rows", decode, rows), ("prefill, 200", prefill, 200)):
+        for name, fn, tokens in (
+            ("decode, 64 rows", decode, rows),
+            ("  contiguous", decode_contiguous, rows),
+            ("prefill, 200", prefill, 200),
+        ):
             fn()
             t = time.thread_time()
             for _ in range(repeats):

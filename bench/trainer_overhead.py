@@ -6,8 +6,12 @@ lr schedule, loss to Python for logging); the difference is the trainer's bookke
 writer (a JSON line and TensorBoard scalars per step). Runs alternate A/B/A/B and report
 medians, so load from other processes hits both sides alike.
 
+A second table sets kiln's speed options against kiln's plain path on the same batch: tokens/s
+and the step's peak tensor memory (torch's MemTracker over one step: parameters, gradients,
+optimizer state, activations and temporaries) and the ratios of both.
+
     .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--threads 1]
-        [--dim 128 --layers 2 --seq 128 --batch 4]
+        [--dim 128 --layers 2 --seq 128 --batch 4] [--vocab 8192] [--loss-chunk 1024]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed._tools.mem_tracker import MemTracker
 
 from kiln.model import ModelConfig, Transformer
 from kiln.training.config import TrainConfig
@@ -67,10 +72,9 @@ def plain_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> flo
     return steps * tokens.numel() / (time.perf_counter() - start)
 
 
-def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> float:
-    """tokens/s of Trainer.train (its loop and a metrics writer per step) on the same batch."""
+def kiln_config(model_cfg: ModelConfig, batch, steps: int, precision: str, **options):
     tokens, _ = batch
-    cfg = TrainConfig(
+    return TrainConfig(
         model=model_cfg,
         seq_len=tokens.shape[1],
         global_batch_size=tokens.shape[0],
@@ -79,7 +83,13 @@ def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> floa
         precision=precision,
         schedule={"kind": "constant"},
         optimizer={"implementation": "foreach"},
+        **options,
     )
+
+
+def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str, **options) -> float:
+    """tokens/s of Trainer.train (its loop and a metrics writer per step) on the same batch."""
+    cfg = kiln_config(model_cfg, batch, steps, precision, **options)
     with tempfile.TemporaryDirectory() as run_dir:
         writer = MetricsWriter(run_dir)
         trainer = Trainer(cfg, on_step=writer.write, dataloader=SameBatch(batch)).setup()
@@ -88,7 +98,41 @@ def kiln_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> floa
         trainer.train()  # the remaining `steps` steps
         elapsed = time.perf_counter() - start
         writer.close()
-    return steps * tokens.numel() / elapsed
+    return steps * batch[0].numel() / elapsed
+
+
+def kiln_peak_bytes(model_cfg: ModelConfig, batch, precision: str, **options) -> int:
+    """Peak tensor bytes of one Trainer step after a warm-up step (optimizer state exists)."""
+    cfg = kiln_config(model_cfg, batch, 1, precision, **options)
+    trainer = Trainer(cfg, dataloader=SameBatch(batch)).setup()
+    trainer.train_step()
+    tracker = MemTracker()
+    tracker.track_external(*trainer.model_parts, *trainer.optimizers)
+    with tracker:
+        trainer.train_step()
+    return sum(sum(kinds.values()) for kinds in tracker.get_tracker_snapshot("peak").values())
+
+
+def options_table(model_cfg: ModelConfig, batch, args) -> None:
+    """Each speed option against kiln's plain path: tokens/s, peak memory, and their ratios."""
+    variants = {"chunked CE": {"loss_chunk_tokens": args.loss_chunk}}
+    print(
+        f"\n{'precision':<10}{'option':<14}{'plain tok/s':>12}{'option tok/s':>13}{'ratio':>7}"
+        f"{'plain MiB':>11}{'option MiB':>11}{'ratio':>7}"
+    )
+    for precision in ("fp32", "bf16"):
+        for name, options in variants.items():
+            plain, ours = [], []
+            for _ in range(args.rounds):
+                plain.append(kiln_loop(model_cfg, batch, args.steps, precision))
+                ours.append(kiln_loop(model_cfg, batch, args.steps, precision, **options))
+            p, o = statistics.median(plain), statistics.median(ours)
+            mp = kiln_peak_bytes(model_cfg, batch, precision) / 2**20
+            mo = kiln_peak_bytes(model_cfg, batch, precision, **options) / 2**20
+            print(
+                f"{precision:<10}{name:<14}{p:>12.0f}{o:>13.0f}{o / p:>7.2f}"
+                f"{mp:>11.1f}{mo:>11.1f}{mo / mp:>7.2f}"
+            )
 
 
 def main() -> None:
@@ -99,6 +143,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--loss-chunk", type=int, default=1024, help="loss_chunk_tokens")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)"
     )
@@ -106,7 +152,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     model_cfg = ModelConfig(
-        vocab_size=8192,
+        vocab_size=args.vocab,
         dim=args.dim,
         n_layers=args.layers,
         n_heads=args.dim // 64,
@@ -129,6 +175,7 @@ def main() -> None:
             kiln.append(kiln_loop(model_cfg, batch, args.steps, precision))
         p, k = statistics.median(plain), statistics.median(kiln)
         print(f"{precision:<10}{p:>14.0f}{k:>14.0f}{100 * (p - k) / p:>9.1f}%")
+    options_table(model_cfg, batch, args)
 
 
 if __name__ == "__main__":

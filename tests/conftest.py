@@ -7,6 +7,11 @@ import socket
 
 import pytest
 
+# One intra-op thread per test process (and, inherited, per rank and Ray worker): make test runs
+# two pytest workers on 2 cores, and torch's default of a thread per core then puts 4 spinning
+# OpenMP threads on 2 cores (an engine test file: 15 s on one thread, 93 s on two, at load 8).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 pytest_plugins = ["tests.two_nodes"]  # the 2-node cluster's fixtures, for any test folder
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -21,6 +26,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # Ray workers at the test's niceness, not Ray's 15, on the clusters tests start with `ray start` /
 # cluster_utils too (kiln's embedded Ray does this itself): else a busy neighbour starves them
 os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _has_cuda() -> bool:

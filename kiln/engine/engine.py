@@ -5,13 +5,17 @@
     ...
     engine.stop()
 
-Each iteration admits waiting requests into free KV-cache slots, prefills at most
-`prefill_chunk` prompt tokens (one forward per request), then runs one decode forward over the
-slots of every request whose prompt is cached ([rows, 1] tokens, each row at its own length),
-samples each row with its own parameters and seed, and frees the slots of finished requests. A
-request that arrives while others decode joins at the next iteration. Errors are caught per
-request: a prefill or sampling failure fails that request only. torch releases the GIL in its
-kernels, so the submitting (asyncio) thread stays responsive.
+The keys/values live in a paged cache (fixed-size blocks, a block table per sequence) with
+automatic prefix caching: a prompt whose leading full blocks some earlier request computed
+(a shared system prompt, the previous turn of a chat, a sibling of `n > 1`) starts from them.
+Each iteration the scheduler (scheduler.py) picks decoding rows, prompt chunks and new requests
+within a token budget and the free blocks, preempting the newest request (to be recomputed)
+when blocks run out. Prompt chunks run as right-padded forwards of similar lengths, then one
+decode forward takes every decoding row ([rows, 1] tokens, each at its own length); each row is
+sampled with its own parameters and seed. A request that arrives while others decode joins at
+the next iteration. Errors are caught per request: a prefill or sampling failure fails that
+request only. torch releases the GIL in its kernels, so the submitting (asyncio) thread stays
+responsive.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import torch
 from torch import nn
 
 from kiln.engine.grammar import GrammarCompiler
-from kiln.engine.kv_cache_manager import SlotPool
+from kiln.engine.kv_cache_manager import DEFAULT_BLOCK_SIZE, KVCacheManager, blocks_for
 from kiln.engine.model_runner import ModelRunner
 from kiln.engine.request import EngineRequest, Listener
 from kiln.engine.sampler import SamplingParams, make_generator, sample_next
-from kiln.engine.scheduler import Scheduler
+from kiln.engine.scheduler import Plan, Scheduler
 from kiln.engine.sequence import Sequence, StopRule
+from kiln.model.paged_kv_cache import PagedKVCache
 from kiln.platform.errors import InputError
 
 log = logging.getLogger("kiln")
@@ -67,29 +72,45 @@ class Engine:
         *,
         max_slots: int = 16,
         prefill_chunk: int = 256,
+        max_num_batched_tokens: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        enable_prefix_caching: bool = True,
         lock: threading.Lock | None = None,
     ) -> None:
-        if max_slots < 1 or prefill_chunk < 1:
-            raise InputError("engine: max_slots and prefill_chunk must be >= 1")
+        """`max_slots`: sequences running at once (vLLM's max_num_seqs). Tokens computed per
+        step: `max_num_batched_tokens`, by default `prefill_chunk` beyond one per running
+        sequence. KV blocks: `num_blocks`, else `kv_cache_memory` bytes' worth, else enough for
+        `max_slots` full contexts up to 4 GiB (kv_cache_manager.blocks_for)."""
+        if max_slots < 1 or prefill_chunk < 1 or block_size < 1:
+            raise InputError("engine: max_slots, prefill_chunk and block_size must be >= 1")
         model = target.model
         self.device = target.device
         self.target = target
-        self.stop_rule = StopRule(target.eos_token_ids, target.max_seq_len, target.decode)
         self._grammars: GrammarCompiler | None = None
-        self.pool = SlotPool(
-            model.cfg,
-            max_slots,
-            target.max_seq_len,
-            dtype=model.tok_embeddings.weight.dtype,
-            device=self.device,
+        self.max_len = min(target.max_seq_len, model.cfg.max_seq_len)
+        self.stop_rule = StopRule(target.eos_token_ids, target.max_seq_len, target.decode)
+        dtype = model.tok_embeddings.weight.dtype
+        if num_blocks is None:
+            num_blocks = blocks_for(
+                model.cfg, max_slots, self.max_len, block_size, dtype, kv_cache_memory
+            )
+        elif (num_blocks - 1) * block_size < self.max_len:
+            raise InputError(
+                f"engine: {num_blocks} KV blocks of {block_size} tokens cannot hold one "
+                f"{self.max_len}-token context (one block is reserved)"
+            )
+        cache = PagedKVCache.for_model(
+            model.cfg, num_blocks, block_size, dtype=dtype, device=self.device
         )
-        self.scheduler = Scheduler(self.pool, prefill_chunk)
+        self.kv = KVCacheManager(cache, enable_prefix_caching=enable_prefix_caching)
+        budget = max_num_batched_tokens or prefill_chunk + max_slots
+        self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len)
         self._forward = ModelRunner(model)
-        self._decode_tokens = torch.zeros(max_slots, 1, dtype=torch.long, device=self.device)
         self.steps = 0  # iterations that ran a forward
         self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
         self.prefill_chunks = 0
-        self.slot_moves = 0  # rows `_pack` moved to the front
         self._lock = lock or nullcontext()
         self._inbox: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -99,13 +120,16 @@ class Engine:
     def start(self) -> Engine:
         if self._thread is None or not self._thread.is_alive():
             # torch's intra-op thread count is process-wide: the engine thread uses the caller's
+            cache, sched = self.kv.cache, self.scheduler
             log.info(
-                "engine: %d KV-cache slots of up to %d tokens (%d allocated), prefill %d "
-                "tokens/step, torch threads %d",
-                self.pool.size,
-                self.pool.max_len,
-                self.pool.allocated,
-                self.scheduler.prefill_chunk,
+                "engine: up to %d sequences of up to %d tokens, %d KV blocks of %d tokens, "
+                "prefix caching %s, %d tokens/step, torch threads %d",
+                sched.max_num_seqs,
+                self.max_len,
+                cache.num_blocks - 1,
+                cache.block_size,
+                "on" if self.kv.enable_prefix_caching else "off",
+                sched.max_num_batched_tokens,
                 torch.get_num_threads(),
             )
             self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
@@ -118,24 +142,28 @@ class Engine:
             self._thread.join(timeout)
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, listener: Listener
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        listener: Listener,
+        *,
+        cache_salt: str | None = None,
     ) -> EngineRequest:
         """Queue one sequence; `listener` gets its events on the engine thread. Raises
         InputError here (nothing queued) for an empty prompt, one that fills the context, or a
         grammar that cannot be built.
         Token ids are the caller's to check (LocalBackend.prepare does): one outside the
-        vocabulary fails its own prefill, and only that request."""
+        vocabulary fails its own prefill, and only that request. Requests share cached
+        prefixes only with requests of the same `cache_salt` (an adapter, a tenant)."""
         ids = list(prompt_ids)
         if not ids:
             raise InputError("prompt: no tokens")
-        if len(ids) >= self.pool.max_len:
-            raise InputError(
-                f"prompt has {len(ids)} tokens; the model's context is {self.pool.max_len}"
-            )
+        if len(ids) >= self.max_len:
+            raise InputError(f"prompt has {len(ids)} tokens; the model's context is {self.max_len}")
         seq = Sequence(ids, params, make_generator(params, self.device))
         if params.grammar is not None:
             seq.grammar = self.grammars.matcher(params.grammar)
-        request = EngineRequest(seq, listener)
+        request = EngineRequest(seq, listener, cache_salt=cache_salt)
         self._inbox.put(request)
         return request
 
@@ -150,7 +178,7 @@ class Engine:
         return self._grammars
 
     def cancel(self, request: EngineRequest) -> None:
-        request.cancelled = True  # the loop frees its slot at the next iteration
+        request.cancelled = True  # the loop frees its blocks at the next iteration
 
     def run(self, requests: list[EngineRequest]) -> Iterator[None]:
         """Step on this thread until `requests` finish, yielding after each step: the offline
@@ -204,22 +232,45 @@ class Engine:
             self.scheduler.add(request)
 
     def step(self) -> None:
-        """One iteration: admit, prefill within the budget, one decode step, notify."""
+        """One iteration: schedule, the prompt chunks' forwards, one decode forward, notify."""
         sched = self.scheduler
-        sched.admit()
-        plan = sched.prefill_plan()
-        for group in sched.prefill_groups(plan):
+        plan = sched.schedule()
+        # a prompt's tokens (even a lone one) run in prefill forwards, whose failures are
+        # retried request by request; decode rows are past their prompt
+        decoding = [(r, n) for r, n in plan if n == 1 and r.computed >= len(r.prompt_ids)]
+        prompts = [(r, n) for r, n in plan if n > 1 or r.computed < len(r.prompt_ids)]
+        for group in sched.prefill_groups(prompts):
             self._prefill(group)
-        rows = sched.decode_rows()
-        if rows:
-            self._decode(rows)
-        self.steps += bool(plan or rows)
+        if decoding:
+            self._decode(decoding)
+        self.steps += bool(plan)
 
-    def _prefill(self, group: list[tuple[EngineRequest, int]]) -> None:
-        """Cache one chunk of each request's prompt in one forward; a failing forward is
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (call after changing the model's weights in place);
+        returns how many blocks were cached. Engine thread, or while the engine is stopped."""
+        return self.kv.reset_prefix_cache()
+
+    def stats(self) -> dict[str, float]:
+        """Prefix-cache and KV-block counts (vLLM's names without the prefix)."""
+        kv, sched = self.kv, self.scheduler
+        return {
+            "prefix_cache_queries": kv.stats.queries,
+            "prefix_cache_hits": kv.stats.hits,
+            "prefix_cache_hit_rate": kv.stats.hit_rate,
+            "num_preemptions": kv.stats.preemptions,
+            "kv_cache_usage_perc": kv.usage,
+            "kv_blocks_total": kv.pool.num_blocks,
+            "kv_blocks_free": kv.num_free,
+            "kv_blocks_cached": kv.pool.num_cached,
+            "num_requests_running": len(sched.running),
+            "num_requests_waiting": len(sched.waiting),
+        }
+
+    def _prefill(self, group: Plan) -> None:
+        """Compute one chunk of each request's tokens in one forward; a failing forward is
         retried one request at a time, so only a request that fails alone gets the error."""
         try:
-            self._prefill_forward(group)
+            self._run_chunks(group)
         except Exception as e:  # noqa: BLE001 - this group's requests only
             if len(group) == 1:
                 log.warning("prefill failed: %s", e)
@@ -228,65 +279,34 @@ class Engine:
             for item in group:
                 self._prefill([item])
 
-    def _prefill_forward(self, group: list[tuple[EngineRequest, int]]) -> None:
-        """Chunks right-padded to the longest, over the request's own slot (one request) or a
-        gathered copy of the group's slots that is written back after the forward."""
-        pool, device = self.pool, self.device
-        slots: list[int] = [r.slot for r, _ in group]  # type: ignore[misc]
+    def _decode(self, rows: Plan) -> None:
+        """Every decoding row's last token in one [rows, 1] forward."""
+        self._run_chunks(rows)
+
+    def _run_chunks(self, group: Plan) -> None:
+        """One forward over each request's next `n` tokens, right-padded to the longest, read
+        and written through the requests' block tables; logits (and a sampled token) for the
+        requests whose chunk reaches their last token. A request's computed count advances
+        only after the forward succeeded."""
         width = max(n for _, n in group)
         tokens = torch.zeros(len(group), width, dtype=torch.long)
         for row, (request, n) in enumerate(group):
-            start = request.prefilled
-            tokens[row, :n] = torch.tensor(request.prompt_ids[start : start + n])
-        single = len(group) == 1
-        cache = pool.view(slots[0], slots[0] + 1, width) if single else pool.gather(slots, width)
-        # logits only at the last prompt position of the chunks that end their prompt
-        ending = [row for row, (r, n) in enumerate(group) if r.prefill_left == n]
+            start = request.computed
+            tokens[row, :n] = torch.tensor(request.all_ids[start : start + n])
+        kv = self.kv
+        batch = kv.cache.batch(
+            [kv.block_ids(r) for r, _ in group], [r.computed for r, _ in group], width
+        )
+        ending = [row for row, (r, n) in enumerate(group) if r.uncomputed == n]
         cols = [group[row][1] - 1 for row in ending]
-        logits = self._forward(tokens.to(device), cache, ending, cols)
-        self.prefill_forwards += 1
-        self.prefill_chunks += len(group)
-        if not single:
-            pool.scatter(cache, slots)
+        logits = self._forward(tokens.to(self.device), batch, ending, cols)
+        if width > 1:
+            self.prefill_forwards += 1
+            self.prefill_chunks += len(group)
         for request, n in group:
-            pool.lengths[request.slot] += n  # type: ignore[index]
-            request.prefilled += n
-        if ending:  # those prompts are cached: their first tokens
+            kv.commit(request, n)
+        if ending:
             self._sample([group[row][0] for row in ending], logits)
-
-    def _pack(self, rows: list[EngineRequest]) -> None:
-        """Move the decoding rows into slots 0..len(rows)-1, swapping with whatever sits there
-        (a free slot, a prompt mid-prefill, a finished request not yet retired): a slot freed
-        mid-batch would otherwise keep every later decode step computing an idle row. A swap
-        copies two rows once."""
-        n = len(rows)
-        holes = iter(sorted(set(range(n)) - {r.slot for r in rows}))
-        owners = {r.slot: r for r in self.scheduler.running}
-        for request in rows:
-            if request.slot < n:  # type: ignore[operator]
-                continue
-            hole, here = next(holes), request.slot
-            self.pool.swap(here, hole)  # type: ignore[arg-type]
-            self.slot_moves += 1
-            other = owners.get(hole)
-            if other is not None:
-                other.slot = here
-            request.slot = hole
-
-    def _decode(self, rows: list[EngineRequest]) -> None:
-        """Feed every row its last token in one [rows, 1] forward over slots 0..len(rows)-1
-        (`_pack` puts them there), each row at its own length."""
-        device = self.device
-        self._pack(rows)
-        slots = [r.slot for r in rows]
-        width = len(rows)
-        tokens = self._decode_tokens[:width]  # allocated once
-        tokens[slots, 0] = torch.tensor([r.seq.token_ids[-1] for r in rows], device=device)
-        cache = self.pool.view(0, width, 1)
-        logits = self._forward(tokens, cache, slots, [0] * len(slots))  # type: ignore[arg-type]
-        for slot in slots:
-            self.pool.lengths[slot] += 1  # type: ignore[index]
-        self._sample(rows, logits)
 
     def _sample(self, rows: list[EngineRequest], logits: torch.Tensor) -> None:
         """Each row's next token with its own parameters; a row that cannot be sampled fails

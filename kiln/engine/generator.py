@@ -26,6 +26,7 @@ from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence
 from kiln.model.config import ModelConfig
 from kiln.model.formats.weights import build_model, read_weights
+from kiln.model.quantize import quantize_model
 from kiln.platform.errors import InputError
 from kiln.text.tokenizer import end_of_text_ids, find_tokenizer
 
@@ -76,14 +77,20 @@ class Generator:
         model_name: str | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
+        quantize: str | None = None,
+        quantize_group_size: int = 32,
     ) -> Generator:
-        """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir."""
+        """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir.
+        `quantize` ("int8", "int4", "fp8"): its linear layers' weights quantized after loading
+        (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
         path, cfg, state = read_weights(path)
         tok, tok_dir = find_tokenizer(tokenizer, search=[path, os.path.dirname(path.rstrip("/"))])
         model = build_model(cfg, state, device=device, dtype=dtype)
+        if quantize is not None:
+            quantize_model(model, quantize, group_size=quantize_group_size)
         name = (
             model_name
             or _export_info(path).get("model_name")

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import llguidance
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.platform.errors import InputError
 
@@ -38,9 +38,12 @@ class Grammar(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: GrammarKind
-    source: str
-    field: str = "grammar"
+    kind: GrammarKind = Field(description="What `source` holds: json_schema, regex, choice, lark.")
+    source: str = Field(
+        description="A JSON schema (as JSON text), a regex, a JSON list of strings, or a Lark "
+        "grammar (llguidance's dialect)."
+    )
+    field: str = Field("grammar", description="The config or request field named in errors.")
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], field: str = "response_format") -> Grammar:

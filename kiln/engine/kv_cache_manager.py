@@ -1,132 +1,151 @@
-"""A fixed pool of KV-cache slots: one row of keys/values per running sequence, grown on demand."""
+"""Which KV blocks each running sequence holds, as vLLM's v1 KV cache manager: prefix-cache
+lookups, allocation for the tokens a step computes, caching of blocks once they are computed and
+full, and freeing. Pure bookkeeping over a `BlockPool`; the keys/values live in the
+`PagedKVCache` (kiln/model) the manager owns."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from kiln.engine.block_pool import BlockPool, KVBlock
+from kiln.engine.prefix_hash import extend_hashes
+from kiln.engine.request import EngineRequest
 from kiln.model.config import ModelConfig
-from kiln.model.kv_cache import KVCache
+from kiln.model.paged_kv_cache import PagedKVCache
 
-# Tokens per row allocated at start; rows double (up to the context) when a forward needs more,
-# so a replica does not zero pages for a whole context per slot before its first answer
-# (bench/engine_start.py compares the two).
-FIRST_ROW_TOKENS = 256
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MEMORY_CAP = 4 << 30  # bytes: vLLM-CPU's default KV cache space
 
 
-class SlotPool:
-    """`size` KV-cache rows of up to `max_len` tokens; a sequence holds one row from its first
-    prefill chunk to its last token. Storage starts at FIRST_ROW_TOKENS per row and doubles when
-    a forward needs more, so memory follows the longest sequence seen, not the context. Forwards
-    run over `view`s: a `KVCache` whose storage is a slice of the pool's rows (writes land in the
-    pool) and whose lengths are the ones the engine keeps per slot."""
+@dataclass
+class PrefixCacheStats:
+    """Counted when a request is admitted (vLLM's prefix_cache_queries / _hits, in tokens)."""
 
+    queries: int = 0
+    hits: int = 0
+    preemptions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def blocks_for(
+    cfg: ModelConfig,
+    max_seqs: int,
+    max_len: int,
+    block_size: int,
+    dtype: torch.dtype,
+    memory: int | None = None,
+) -> int:
+    """Blocks in the pool: `memory` bytes' worth when given, else enough for `max_seqs` full
+    contexts up to DEFAULT_MEMORY_CAP; never fewer than one full context (a lone request must
+    always fit), plus the null block."""
+    per_block = PagedKVCache.bytes_per_block(cfg, block_size, dtype)
+    context = -(-max_len // block_size)
+    if memory is None:
+        want = min(max_seqs * context, DEFAULT_MEMORY_CAP // per_block)
+    else:
+        want = memory // per_block
+    return max(want, context) + 1
+
+
+class KVCacheManager:
     def __init__(
         self,
-        cfg: ModelConfig,
-        size: int,
-        max_len: int,
+        cache: PagedKVCache,
         *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
+        enable_prefix_caching: bool = True,
     ) -> None:
-        self.max_len = min(max_len, cfg.max_seq_len)  # the context: no row grows past it
-        first = min(self.max_len, FIRST_ROW_TOKENS)
-        self.cache = KVCache.for_model(cfg, size, first, dtype=dtype, device=device)
-        self.size = size
-        self.lengths = [0] * size  # tokens cached per slot
-        self._free = list(range(size))  # lowest first: busy rows stay packed at the front
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.pool = BlockPool(cache.num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.stats = PrefixCacheStats()
 
     @property
-    def allocated(self) -> int:
-        """Tokens per row the storage holds now (<= max_len)."""
-        return self.cache.max_len
-
-    def reserve(self, end: int) -> None:
-        """Make every row hold `end` tokens: double the storage (at most to max_len) and copy
-        what the rows hold. Views taken before a growth must not be used after it."""
-        have = self.cache.max_len
-        if end <= have:
-            return
-        if end > self.max_len:
-            raise ValueError(f"KV cache is full: a row needs {end} of {self.max_len} slots")
-        grown = min(self.max_len, max(end, 2 * have))
-        for parts in (self.cache.k, self.cache.v):
-            for i, old in enumerate(parts):
-                new = old.new_zeros(*old.shape[:2], grown, old.shape[3])
-                new[:, :, :have] = old
-                parts[i] = new
-        self.cache.max_len = grown
+    def num_free(self) -> int:
+        return self.pool.num_free
 
     @property
-    def free(self) -> int:
-        return len(self._free)
+    def usage(self) -> float:
+        """Share of blocks held by running sequences (vLLM's kv_cache_usage_perc)."""
+        total = self.pool.num_blocks
+        return (total - self.pool.num_free) / total
 
-    def acquire(self) -> int:
-        slot = min(self._free)
-        self._free.remove(slot)
-        self.lengths[slot] = 0
-        return slot
+    def hashes(self, request: EngineRequest, blocks: int) -> list[bytes]:
+        """The chained hashes of the request's first `blocks` full blocks (computed once)."""
+        if len(request.block_hashes) < blocks:
+            tokens = request.all_ids[: blocks * self.block_size]
+            extend_hashes(request.block_hashes, tokens, self.block_size, request.cache_salt)
+        return request.block_hashes[:blocks]
 
-    def release(self, slot: int) -> None:
-        self.lengths[slot] = 0
-        self._free.append(slot)
+    def cached_prefix(self, request: EngineRequest) -> list[KVBlock]:
+        """The longest run of cached blocks that starts the request's tokens, leaving at least
+        its last token to compute (its logits are needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        hit = []
+        for block_hash in self.hashes(request, (request.num_tokens - 1) // self.block_size):
+            block = self.pool.cached(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
 
-    def swap(self, a: int, b: int) -> None:
-        """Exchange two slots' rows (keys/values up to the longer one, lengths, free or not):
-        the engine packs decoding rows to the front so a decode step skips idle slots."""
-        n = max(self.lengths[a], self.lengths[b])
-        if n:
-            rows, swapped = [a, b], [b, a]
-            for t in self.cache.k + self.cache.v:
-                t[rows, :, :n] = t[swapped, :, :n]  # the right side is a copy
-        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
-        a_free, b_free = a in self._free, b in self._free
-        if a_free != b_free:
-            self._free.remove(a if a_free else b)
-            self._free.append(b if a_free else a)
+    def allocate(self, request: EngineRequest, n: int, hit: list[KVBlock] = ()) -> bool:
+        """Hold blocks for `n` more tokens of `request` (after its cache `hit`, for a request
+        that holds none yet); False, holding nothing new, when the pool is short."""
+        computed = request.computed + len(hit) * self.block_size
+        need = -(-(computed + n) // self.block_size) - len(request.blocks) - len(hit)
+        reviving = sum(1 for b in hit if b.ref_cnt == 0)  # hit blocks still in the free queue
+        if need > self.pool.num_free - reviving:
+            return False
+        if hit:
+            self.pool.touch(hit)
+            request.blocks.extend(hit)
+            request.computed = computed
+        if need > 0:
+            request.blocks.extend(self.pool.take(need))
+        return True
 
-    def fits(self, slot: int, seq_len: int) -> bool:
-        """Whether `seq_len` more tokens (pads included) fit in this slot's row."""
-        return self.lengths[slot] + seq_len <= self.max_len
+    def count_admission(self, request: EngineRequest, hit: list[KVBlock]) -> None:
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(hit) * self.block_size
 
-    def view(self, start: int, stop: int, seq_len: int) -> KVCache:
-        """A cache over slots start..stop-1 (the same storage), at their current lengths, with
-        room for `seq_len` more tokens in each."""
-        self.reserve(max(self.lengths[start:stop]) + seq_len)
-        full = self.cache
-        view = KVCache(
-            0,
-            0,
-            1,
-            1,
-            full.max_len,
-            sliding_window=full.sliding_window,
-            local_layers=full.local_layers,
-        )
-        view.k = [t[start:stop] for t in full.k]
-        view.v = [t[start:stop] for t in full.v]
-        view.lengths = torch.tensor(self.lengths[start:stop], device=full.lengths.device)
-        return view
+    def commit(self, request: EngineRequest, n: int) -> None:
+        """`n` more tokens of the request are computed: blocks that became full are cached."""
+        full_before = request.computed // self.block_size
+        request.computed += n
+        full = request.computed // self.block_size
+        if self.enable_prefix_caching and full > full_before:
+            hashes = self.hashes(request, full)
+            for i in range(full_before, full):
+                self.pool.cache(request.blocks[i], hashes[i])
 
-    def gather(self, slots: list[int], seq_len: int) -> KVCache:
-        """A cache holding copies of these slots' rows (only up to the longest + `seq_len`):
-        several prefills in one forward when their slots are not neighbours. Nothing reaches
-        the pool until `scatter`, so a failed forward leaves every slot as it was."""
-        end = max(self.lengths[s] for s in slots) + seq_len
-        self.reserve(end)
-        full = self.cache
-        rows = torch.tensor(slots, device=full.lengths.device)
-        view = KVCache(
-            0, 0, 1, 1, end, sliding_window=full.sliding_window, local_layers=full.local_layers
-        )
-        view.k = [t[rows, :, :end] for t in full.k]  # advanced indexing: copies
-        view.v = [t[rows, :, :end] for t in full.v]
-        view.lengths = torch.tensor([self.lengths[s] for s in slots], device=rows.device)
-        return view
+    def inflight(self, requests: list[EngineRequest]) -> set[bytes]:
+        """Hashes of full blocks these requests hold or will hold but have not computed yet (a
+        request sharing one must wait until it is computed and cached)."""
+        out: set[bytes] = set()
+        if not self.enable_prefix_caching:
+            return out
+        for request in requests:
+            first = request.computed // self.block_size
+            last = request.num_tokens // self.block_size
+            if last > first:
+                out.update(self.hashes(request, last)[first:])
+        return out
 
-    def scatter(self, view: KVCache, slots: list[int]) -> None:
-        """Write a `gather`ed cache back into its slots."""
-        rows = torch.tensor(slots, device=self.cache.lengths.device)
-        end = view.max_len
-        for pool, part in zip(self.cache.k + self.cache.v, view.k + view.v, strict=True):
-            pool[rows, :, :end] = part
+    def free(self, request: EngineRequest) -> None:
+        """Release the request's blocks, tail first (evicted before the shared prefix)."""
+        self.pool.release(reversed(request.blocks))
+        request.blocks = []
+        request.computed = 0
+
+    def block_ids(self, request: EngineRequest) -> list[int]:
+        return [b.id for b in request.blocks]
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_cache()

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from kiln.model.kv_cache import KVCache
+from kiln.model.paged_kv_cache import PagedBatch
 
 WIDE_HEAD = 16384  # vocabularies from here on get the column-major head
 
@@ -35,7 +36,11 @@ class ModelRunner:
         column_major_head(model)
 
     def __call__(
-        self, tokens: torch.Tensor, cache: KVCache, rows: list[int], cols: list[int]
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | PagedBatch,
+        rows: list[int],
+        cols: list[int],
     ) -> torch.Tensor:
         """`model(tokens, kv_cache=cache)[rows, cols]`: logits [len(rows), V] of those
         positions; every token's keys/values are cached and the rows advance."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kiln.engine.block_pool import KVBlock
 from kiln.engine.sequence import Sequence
 
 _ids = itertools.count()
@@ -28,14 +29,19 @@ Listener = Callable[[EngineEvent], None]
 
 @dataclass(eq=False)
 class EngineRequest:
-    """A `Sequence` (prompt, params, rng, tokens, finish reason) plus
-    its slot, how much of the prompt is cached, and the listener called from the engine thread."""
+    """A `Sequence` (prompt, params, rng, tokens, finish reason) plus the KV blocks it holds,
+    how many of its tokens are computed (keys/values cached), and the listener called from the
+    engine thread. Its tokens are the prompt and the completion so far: a step computes the
+    ones not computed yet (a prompt chunk, the last sampled token, or, after a preemption, all
+    of them again) and samples when it reaches the last."""
 
     seq: Sequence
     listener: Listener
     id: int = field(default_factory=lambda: next(_ids))
-    slot: int | None = None
-    prefilled: int = 0  # prompt tokens already in the cache
+    cache_salt: str | None = None  # keeps this request's cached prefixes apart from others'
+    blocks: list[KVBlock] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, chained
+    computed: int = 0  # tokens whose keys/values are in its blocks
     cancelled: bool = False
     failed: bool = False
     error: BaseException | None = None
@@ -45,8 +51,16 @@ class EngineRequest:
         return self.seq.prompt_ids
 
     @property
-    def prefill_left(self) -> int:
-        return len(self.seq.prompt_ids) - self.prefilled
+    def num_tokens(self) -> int:
+        return len(self.seq.prompt_ids) + len(self.seq.token_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.seq.prompt_ids + self.seq.token_ids
+
+    @property
+    def uncomputed(self) -> int:
+        return self.num_tokens - self.computed
 
     @property
     def finished(self) -> bool:

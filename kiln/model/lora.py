@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 
 LINEAR_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
@@ -196,6 +197,12 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, freeze_base: bool = True) -> l
     Call it on the whole model before pipeline carving and parallelize (A/B are then sharded with
     their layer). Returns the adapted module names; raises ConfigError when none matched.
     """
+    ffn = sorted({"w1", "w2", "w3"} & set(cfg.targets if cfg.targets != "all-linear" else ()))
+    if ffn and any(isinstance(m, MoE) for m in model.modules()):
+        raise ConfigError(
+            f"lora.targets {ffn}: a mixture-of-experts model's experts are grouped 3-D weights, "
+            "not linear layers; target the attention projections (wq, wk, wv, wo)"
+        )
     swapped = []
     blocks = _adapted_blocks(model, cfg.layers)
     for parent_name, parent in list(model.named_modules()):

@@ -4,8 +4,9 @@ The layer holds no parallelism. Expert parallelism (kiln.training.parallel.exper
 swaps `run_experts` for an all-to-all dispatch; context parallelism sets `reduce_stats` so the
 load-balancing statistics cover the whole sequence rather than one rank's slice of it.
 
-Speed: experts run as three grouped GEMMs over all experts at once (`torch._grouped_mm`, with the
-rows of expert e at offsets[e-1]:offsets[e]), in the compute dtype (autocast's, else the
+Speed: expert weights live as 3-D parameters [E, ., .] (`GroupedExperts`) that three grouped
+GEMMs over all experts at once (`torch._grouped_mm`, with the rows of expert e at
+offsets[e-1]:offsets[e]) take as they are, in the compute dtype (autocast's, else the
 activations'; under FSDP2 that is the mixed-precision policy's param_dtype), with at most one
 host sync per layer (none without a capacity). Without a usable `_grouped_mm` (older torch, an
 unaligned width, a dtype the device's kernel refuses) a loop over experts does the same maths.
@@ -21,23 +22,51 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class Expert(nn.Module):
-    """One SwiGLU feed-forward expert; names match Mixtral's `experts.j.{w1,w2,w3}`."""
+class GroupedExperts(nn.Module):
+    """n SwiGLU experts as 3-D weights, the layout grouped GEMMs take without any copy:
+    w13 [E, 2H, D] (gate rows, then up rows: one GEMM for both) and w2 (down) [E, D, H];
+    row e is expert `first + e`.
 
-    def __init__(self, dim: int, hidden_dim: int):
+    Expert parallelism keeps a slice of the rows (`keep`); Hugging Face names, one tensor per
+    expert and projection (Mixtral's `experts.j.w1`), come from hf_names.py at the format
+    boundary.
+    """
+
+    WEIGHTS = ("w13", "w2")
+
+    def __init__(self, n_experts: int, dim: int, hidden_dim: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)  # gate
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)  # down
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)  # up
+        self.first = 0  # global id of row 0 (expert parallelism holds a slice)
+        self.w13 = nn.Parameter(torch.empty(n_experts, 2 * hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
+        if not self.w13.is_meta:  # drawn again by the model's init_weights, with its depth's std
+            self.init_weights(init_std=0.02)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+    def __len__(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def ids(self) -> range:
+        """Global ids of the experts held here."""
+        return range(self.first, self.first + len(self))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Expert e on the next counts[e] rows of x (rows grouped by expert)."""
+        return grouped_swiglu(self.w13, self.w2, x, counts)
+
+    def keep(self, ids: range) -> None:
+        """Hold only the experts `ids` (global, a slice of the ones held now)."""
+        rows = slice(ids.start - self.first, ids.stop - self.first)
+        for name in self.WEIGHTS:
+            weight = getattr(self, name)
+            setattr(self, name, nn.Parameter(weight.detach()[rows].clone(), weight.requires_grad))
+        self.first = ids.start
 
     def init_weights(self, init_std: float) -> None:
-        """w1, w3 from N(0, 0.02); w2 (it writes into the residual stream) from N(0, init_std)."""
-        nn.init.normal_(self.w1.weight, mean=0.0, std=0.02)
-        nn.init.normal_(self.w2.weight, mean=0.0, std=init_std)
-        nn.init.normal_(self.w3.weight, mean=0.0, std=0.02)
+        """w13 (gate, up) from N(0, 0.02); w2 (it writes into the residual stream) from
+        N(0, init_std)."""
+        nn.init.normal_(self.w13, mean=0.0, std=0.02)
+        nn.init.normal_(self.w2, mean=0.0, std=init_std)
 
 
 class MoE(nn.Module):
@@ -70,7 +99,7 @@ class MoE(nn.Module):
         self.capacity_factor = capacity_factor
         self.norm_topk_prob = norm_topk_prob
         self.gate = nn.Linear(dim, n_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(dim, hidden_dim) for _ in range(n_experts))
+        self.experts = GroupedExperts(n_experts, dim, hidden_dim)
         self.aux_loss: torch.Tensor = torch.zeros(())
         # Sums per-expert statistics over every rank holding part of the same sequences
         # (context parallelism); None when this rank sees whole sequences.
@@ -93,10 +122,7 @@ class MoE(nn.Module):
 
     def init_weights(self, init_std: float) -> None:
         nn.init.normal_(self.gate.weight, mean=0.0, std=0.02)
-        # a ModuleList, or a ModuleDict of this rank's experts under expert parallelism
-        experts = self.experts.values() if isinstance(self.experts, nn.ModuleDict) else self.experts
-        for expert in experts:
-            expert.init_weights(init_std)
+        self.experts.init_weights(init_std)
 
     def __getstate__(self):
         # aux_loss is a graph tensor after a forward; copies and pickles keep its value only.
@@ -153,7 +179,7 @@ class MoE(nn.Module):
 
     def run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Apply expert e to the next counts[e] rows of x (rows grouped by expert id)."""
-        return grouped_swiglu(list(self.experts), x, counts)
+        return self.experts(x, counts)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -179,35 +205,35 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype, *widths: int) ->
 
 
 def grouped_swiglu(
-    experts: list[Expert], x: torch.Tensor, counts: torch.Tensor, use_grouped: bool | None = None
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    use_grouped: bool | None = None,
 ) -> torch.Tensor:
-    """SwiGLU of expert e on the next counts[e] rows of x, in the compute dtype.
+    """SwiGLU of expert e (gate and up rows w13[e], down w2[e]) on the next counts[e] rows of x.
 
-    The weights are cast (autograd-tracked: their fp32 master copies receive fp32 gradients, as
-    under FSDP2's mixed precision) and stacked [E, ...] for one grouped GEMM per projection.
+    Runs in the compute dtype: weights already in it (fp32 runs, FSDP2's param_dtype) are used
+    as they are; others are cast (autograd-tracked: fp32 master copies receive fp32 gradients,
+    as under FSDP2's mixed precision). No stacking: the 3-D weights are the GEMMs' operands.
     """
     dtype = compute_dtype(x)
     x = x.to(dtype)
-    dim, hidden = experts[0].w1.in_features, experts[0].w1.out_features
+    w13, w2 = w13.to(dtype), w2.to(dtype)  # no-ops when already in dtype
+    dim, hidden = w2.shape[1:]
     if use_grouped is None:
         use_grouped = grouped_mm_usable(x.device, dtype, dim, hidden)
     if not use_grouped:
         chunks = x.split(counts.tolist(), dim=0)  # one host sync
-        return torch.cat(
-            [_swiglu(e, chunk, dtype) for e, chunk in zip(experts, chunks, strict=True)]
-        )
+        outs = []
+        for e, chunk in enumerate(chunks):
+            gate, up = F.linear(chunk, w13[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, w2[e]))
+        return torch.cat(outs)
     offsets = torch.cumsum(counts, 0).to(torch.int32)  # stays on the device: no host sync
-    # [E, D, 2H]: gate and up projections in one GEMM.
-    w13 = torch.stack([torch.cat([e.w1.weight, e.w3.weight]) for e in experts]).to(dtype)
-    w2 = torch.stack([e.w2.weight for e in experts]).to(dtype)  # [E, D, H]
     gate, up = torch._grouped_mm(x, w13.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
     h = (F.silu(gate) * up).contiguous()
     return torch._grouped_mm(h, w2.transpose(1, 2), offs=offsets)
-
-
-def _swiglu(expert: Expert, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    w1, w2, w3 = (expert.get_parameter(f"{n}.weight").to(dtype) for n in ("w1", "w2", "w3"))
-    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.model.attention import AttentionCore
+from kiln.model.chunked_cross_entropy import linear_cross_entropy
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerKV
 from kiln.model.moe import MoE
@@ -238,6 +239,8 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         logits_positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+        labels: torch.Tensor | None = None,
+        loss_chunk_tokens: int = 1024,
     ) -> torch.Tensor:
         """tokens [B, S] (or hidden states [B, S, D] in a later pipeline stage) -> logits.
 
@@ -245,7 +248,10 @@ class Transformer(nn.Module):
         rank's global positions). kv_cache: append these tokens to the cache and attend over it
         (see `KVCache`); positions then default to each row's next slots. logits_positions:
         (rows, cols) index tensors: logits [N, V] of those positions only, as decoding needs (the
-        head of a 32k vocabulary is ~20% of a 125M model's FLOPs per token).
+        head of a 32k vocabulary is ~20% of a 125M model's FLOPs per token). labels [B, S]: return
+        the mean next-token cross entropy instead of logits, computed `loss_chunk_tokens` tokens
+        at a time so the full logits never exist (chunked_cross_entropy.py). It is computed
+        here, inside forward, so FSDP's hooks have the output weight gathered while it runs.
         """
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
@@ -269,4 +275,7 @@ class Transformer(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         if self.output is None:
             return h
+        if labels is not None:
+            softcap = self.cfg.final_logit_softcap
+            return linear_cross_entropy(h, self.output.weight, labels, loss_chunk_tokens, softcap)
         return soft_cap(self.output(h), self.cfg.final_logit_softcap)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 
+from kiln.model.quantize import QuantMethod
 from kiln.serving.api.protocol import Limits
 from kiln.serving.api.server import create_api
 from kiln.serving.backends.backend import BatchingConfig
@@ -89,6 +90,14 @@ class AppSettings(BaseModel):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <api_key>'")
     limits: Limits = Field(default_factory=Limits)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    quantize: QuantMethod | None = Field(
+        None,
+        description="local backend: quantize the weights after loading (int8, int4: CPU; fp8: "
+        "CUDA GPUs of capability 8.9+)",
+    )
+    quantize_group_size: Literal[32, 64, 128, 256] = Field(
+        32, description="int4: inputs that share one scale"
+    )
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     @model_validator(mode="after")
@@ -97,12 +106,25 @@ class AppSettings(BaseModel):
             raise ValueError("backend 'local' needs model_dir")
         if self.backend == "triton" and not (self.triton_url and self.triton_model):
             raise ValueError("backend 'triton' needs triton_url and triton_model")
+        if self.backend == "triton" and self.quantize:
+            raise ValueError(
+                "quantize applies to the local backend; a Triton model is quantized by its "
+                "export (export.triton.quantize)"
+            )
+        if self.quantize == "fp8" and not self.deployment.num_gpus:
+            raise ValueError("quantize fp8 runs on a GPU: give the replicas deployment.num_gpus")
         return self
 
 
 def make_backend(settings: AppSettings):
     if settings.backend == "local":
-        return LocalBackend(settings.model_dir, settings.model_name, settings.batching)  # type: ignore[arg-type]
+        return LocalBackend(
+            settings.model_dir,  # type: ignore[arg-type]
+            settings.model_name,
+            settings.batching,
+            quantize=settings.quantize,
+            quantize_group_size=settings.quantize_group_size,
+        )
 
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]
 

@@ -41,6 +41,18 @@ def _register_serve(subparsers) -> None:
     p.add_argument(
         "--max-batch-size", type=int, default=8, help="local backend: sequences decoded at once"
     )
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int4", "fp8"],
+        help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",
+    )
+    p.add_argument(
+        "--quantize-group-size",
+        type=int,
+        choices=[32, 64, 128, 256],
+        default=32,
+        help="int4: inputs that share one scale (default 32)",
+    )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
     p.add_argument(
@@ -50,6 +62,7 @@ def _register_serve(subparsers) -> None:
         help="autoscaling: ongoing requests per replica to aim for",
     )
     p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica")
+    p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (fp8 needs one)")
     p.add_argument(
         "--max-new-tokens", type=int, default=512, help="largest max_tokens a request may ask"
     )

@@ -13,15 +13,20 @@ from kiln.serving.exposure import public_bind_warning
 from kiln.serving.launch import launch
 
 
-def serve_command(args: argparse.Namespace) -> int:
-    deployment: dict = {"num_replicas": args.replicas, "num_cpus": args.num_cpus}
+def serve_settings(args: argparse.Namespace) -> dict:
+    """The endpoint settings (`AppSettings` fields) of a parsed `kiln serve` command line."""
+    deployment: dict = {
+        "num_replicas": args.replicas,
+        "num_cpus": args.num_cpus,
+        "num_gpus": args.num_gpus,
+    }
     if args.max_replicas:
         deployment["autoscaling"] = {
             "min_replicas": args.replicas,
             "max_replicas": args.max_replicas,
             "target_ongoing_requests": args.target_ongoing_requests,
         }
-    settings = {
+    return {
         "backend": args.backend,
         "model_name": args.model_name,
         "api_key": args.api_key,
@@ -29,8 +34,14 @@ def serve_command(args: argparse.Namespace) -> int:
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
         "batching": {"max_batch_size": args.max_batch_size},
+        "quantize": args.quantize,
+        "quantize_group_size": args.quantize_group_size,
         "deployment": deployment,
     }
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    settings = serve_settings(args)
     if warning := public_bind_warning(args.host, args.api_key):
         print(warning, file=sys.stderr, flush=True)
     stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored

@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from kiln.model.formats.hf import find_hf_dir
-from kiln.platform.errors import InputError
+from kiln.platform.errors import ConfigError, InputError, format_validation_error
 from kiln.serving.app import DEFAULT_APP_NAME, AppSettings, deploy
 from kiln.serving.triton.server import TritonServer
 
@@ -131,7 +133,10 @@ def launch(
             if not settings.get("triton_url"):
                 triton = TritonServer(repo, restart=True).start()  # restarted if it dies
                 settings["triton_url"] = triton.grpc_url
-    app_settings = AppSettings.model_validate(settings)
+    try:
+        app_settings = AppSettings.model_validate(settings)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "serve")) from None
     try:
         url = deploy(app_settings, host=host, port=port, name=app_name, route_prefix=route_prefix)
     except BaseException:

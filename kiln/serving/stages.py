@@ -22,6 +22,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from kiln.model.quantize import QuantMethod
 from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
@@ -58,6 +59,14 @@ class ServeConfig(StageConfig):
     batching: BatchingConfig = Field(
         default_factory=BatchingConfig,
         description="Request batching inside a replica (local backend).",
+    )
+    quantize: QuantMethod | None = Field(
+        None,
+        description="local backend: weights quantized after loading (int8, int4 on CPU; fp8 on "
+        "CUDA GPUs of capability 8.9+)",
+    )
+    quantize_group_size: Literal[32, 64, 128, 256] = Field(
+        32, description="int4: inputs that share one scale"
     )
     deployment: DeploymentOptions = Field(
         default_factory=DeploymentOptions,
@@ -98,6 +107,8 @@ class ServeStage(Stage):
                 "triton_model",
                 "limits",
                 "batching",
+                "quantize",
+                "quantize_group_size",
                 "deployment",
             }
         )

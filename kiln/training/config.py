@@ -43,7 +43,11 @@ class ParallelConfig(_Strict):
         False, description="FSDP2: False = distributed optimizer (ZeRO-2 like), True = ZeRO-3."
     )
     loss_parallel: bool = Field(True, description="Cross entropy on the TP-sharded vocabulary.")
-    compile: bool = Field(False, description="torch.compile each transformer block.")
+    compile: bool | None = Field(
+        None,
+        description="torch.compile each transformer block (after TP and recompute, before "
+        "FSDP); null: on for CUDA runs, off on CPU.",
+    )
 
 
 class OptimizerConfig(_Strict):
@@ -104,6 +108,12 @@ class TrainConfig(_Strict):
     )
     activation_offload: bool = Field(
         False, description="Keep saved activations in host memory between forward and backward."
+    )
+    loss_chunk_tokens: int = Field(
+        0,
+        ge=0,
+        description="Compute the output head and cross entropy this many tokens at a time, so "
+        "the full logits never exist (0: the plain head, then cross entropy).",
     )
     optimizer_offload: bool = Field(
         False, description="FSDP2 CPUOffloadPolicy: params, grads, Adam on CPU."
@@ -177,6 +187,13 @@ class TrainConfig(_Strict):
             for field in ("query_pre_attn_scalar", "attn_logit_softcap"):
                 if getattr(self.model, field) is not None:
                     raise ConfigError(f"model.{field} is not supported with parallel.cp > 1")
+        if self.loss_chunk_tokens and (self.parallel.tp > 1 or self.parallel.pp > 1):
+            # tp: the head's logits are vocabulary-sharded (loss_parallel's path, not this one);
+            # pp: the last stage hands logits to the schedule's loss function.
+            raise ConfigError(
+                "loss_chunk_tokens is not supported with parallel.tp > 1 or parallel.pp > 1; "
+                "set it to 0 there"
+            )
         return self
 
     def grad_accum_steps(self, dp_size: int) -> int:

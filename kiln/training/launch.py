@@ -60,6 +60,16 @@ def resolve_auto_precision(cfg, cuda_available: bool):
     return cfg.model_copy(update={"precision": "bf16" if on_cuda else "fp32"})
 
 
+def resolve_auto_compile(cfg, cuda_available: bool):
+    """`parallel.compile: null` is on when the run is on CUDA (per-block torch.compile is part
+    of the GPU speed), off on CPU (compiling costs more than a short CPU run gains)."""
+    if cfg.parallel.compile is not None:
+        return cfg
+    on_cuda = cfg.device == "cuda" or (cfg.device == "auto" and cuda_available)
+    parallel = cfg.parallel.model_copy(update={"compile": on_cuda})
+    return cfg.model_copy(update={"parallel": parallel})
+
+
 def enable_tf32() -> None:
     """fp32 matmuls (and cuDNN convolutions) on TF32 tensor cores: on CUDA only, where the
     datasheet's fp32 matmul peak is TF32's; on CPU "high" could lower oneDNN's fp32 matmuls."""

@@ -26,7 +26,13 @@ from kiln.platform.errors import ConfigError, KilnError
 from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
 from kiln.training.data import build_dataloader
-from kiln.training.launch import enable_tf32, local_cuda_index, resolve_auto_precision
+from kiln.training.data.loader import TokenLoader
+from kiln.training.launch import (
+    enable_tf32,
+    local_cuda_index,
+    resolve_auto_compile,
+    resolve_auto_precision,
+)
 from kiln.training.metrics import device_peak_flops, flops_per_token, peak_memory_gb
 from kiln.training.metrics_log import ProgressClock, progress_line
 from kiln.training.optimizer import (
@@ -70,7 +76,8 @@ class Trainer:
         dataloader=None,
         spec: TrainSpec | None = None,
     ):
-        self.cfg = resolve_auto_precision(cfg, torch.cuda.is_available())
+        cuda = torch.cuda.is_available()
+        self.cfg = resolve_auto_compile(resolve_auto_precision(cfg, cuda), cuda)
         self.on_step = on_step
         self.spec = spec or pretraining_spec()
         self.dataloader = dataloader  # default: build_dataloader(cfg.data, ...) in setup()
@@ -102,6 +109,8 @@ class Trainer:
         self.scaler = LossScaler(enabled=cfg.precision == "fp16")
         if self.dataloader is None:
             self.dataloader = self._build_dataloader()
+        if isinstance(self.dataloader, TokenLoader):  # page-locked only where a GPU copies them
+            self.dataloader.pin_memory = self.device.type == "cuda"
         self.flops_per_token = flops_per_token(cfg.model, cfg.seq_len)
         self.peak_flops = device_peak_flops(cfg.precision, cfg.peak_tflops)
         if cfg.checkpoint.dir or cfg.checkpoint.load_from or cfg.checkpoint.init_from:
@@ -271,13 +280,23 @@ class Trainer:
             if self.dims.pp_enabled:
                 return self._pipeline_forward_backward(tokens, labels)
             model = self.model_parts[0]
-            loss = self.spec.loss(model(tokens), labels)
+            loss = self._token_loss(model, tokens, labels)
             total = loss
             if cfg.model.n_experts:
                 # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
             (total * (self.scaler.scale / self.grad_accum)).backward()
             return to_local_loss(loss).detach()
+
+    def _token_loss(
+        self, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        """The objective's mean token loss; with `loss_chunk_tokens` the model computes the
+        cross entropy itself, chunk by chunk, and the full logits never exist."""
+        chunk = self.cfg.loss_chunk_tokens
+        if chunk:
+            return model(tokens, labels=labels, loss_chunk_tokens=chunk)
+        return self.spec.loss(model(tokens), labels)
 
     def _pipeline_forward_backward(
         self, tokens: torch.Tensor, labels: torch.Tensor
@@ -309,6 +328,9 @@ class Trainer:
         tokens = self.cfg.global_batch_size * self.cfg.seq_len
         self.train_state.step += 1
         self.train_state.tokens_seen += tokens
+        if self.step == 1 and self.cfg.parallel.compile:
+            # torch.compile runs inside the first forward and backward: most of this step
+            log.info("step 1 took %.1f s, torch.compile of each block included", elapsed)
         return self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
 
     def _accumulate_gradients(self) -> torch.Tensor:
@@ -331,7 +353,8 @@ class Trainer:
         batches = [next(self._batches) for _ in range(n)]
         tokens = torch.cat([t for t, _ in batches]) if n > 1 else batches[0][0]
         labels = torch.cat([y for _, y in batches]) if n > 1 else batches[0][1]
-        return tokens.to(self.device), labels.to(self.device)
+        # Non-blocking from the loader's pinned batches on CUDA; a plain copy otherwise.
+        return tokens.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def _clip_and_step(self) -> torch.Tensor:
         """Unscale, clip by the global norm, step the optimizers (unless fp16 overflowed) and
@@ -387,9 +410,8 @@ class Trainer:
             loss_parallel_context(self.loss_parallel),
         ):
             if not self.dims.pp_enabled:
-                return {
-                    "val_loss": to_local_loss(self.spec.loss(self.model_parts[0](tokens), labels))
-                }
+                loss = self._token_loss(self.model_parts[0], tokens, labels)
+                return {"val_loss": to_local_loss(loss)}
             losses: list[torch.Tensor] = []
             inputs = (tokens,) if self.has_first else ()
             target = labels if self.has_last else None

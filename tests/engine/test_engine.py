@@ -11,7 +11,6 @@ import time
 import pytest
 
 from kiln.engine import Engine, EngineEvent, stream_events
-from kiln.engine import kv_cache_manager as slots
 from kiln.engine.sampler import SamplingParams
 from kiln.platform.errors import InputError
 from tests.engine.tiny import tiny_generator, train_tokenizer
@@ -60,9 +59,8 @@ def submit_at_random_moments(engine, requests, params_of, seed=0):
 
 
 @pytest.mark.parametrize("shape", ["llama", "mistral", "mixtral"])
-def test_greedy_under_continuous_batching_equals_sequential_generate(shape, tokenizer, monkeypatch):
-    """... with KV-cache rows that start at 8 tokens and grow (to 64 here) as requests need."""
-    monkeypatch.setattr(slots, "FIRST_ROW_TOKENS", 8)
+def test_greedy_under_continuous_batching_equals_sequential_generate(shape, tokenizer):
+    """... with 4-token KV blocks (rows spread over many blocks)."""
     gen = tiny_generator(shape, tokenizer, eos=False)
     requests = random_requests(tokenizer.get_vocab_size(), 24)
 
@@ -74,7 +72,7 @@ def test_greedy_under_continuous_batching_equals_sequential_generate(shape, toke
     gen.eos_token_ids = {longest[len(longest) // 2]}
     expected = sequential()
     # 6 slots for 24 requests: they queue, join mid-flight and leave; 8-token prefill chunks
-    engine = Engine(gen, max_slots=6, prefill_chunk=8).start()
+    engine = Engine(gen, max_slots=6, prefill_chunk=8, block_size=4).start()
     try:
         got = submit_at_random_moments(engine, requests, lambda m: SamplingParams(max_new_tokens=m))
         finals = [c.last for c in got]
@@ -83,9 +81,7 @@ def test_greedy_under_continuous_batching_equals_sequential_generate(shape, toke
     assert [f.kind for f in finals] == ["finish"] * len(requests)
     assert [f.token_ids for f in finals] == expected
     assert any(f.finish_reason == "stop" for f in finals)  # some rows end at end-of-text
-    assert engine.pool.free == 6
-    assert 8 < engine.pool.allocated <= engine.pool.max_len  # grown while rows were running
-    assert engine.slot_moves > 0  # rows were packed past freed slots, tokens unchanged
+    assert engine.kv.num_free == engine.kv.pool.num_blocks  # every block back
     # fewer forwards than one request at a time would need: rows really shared steps
     assert engine.steps < sum(len(e) + 1 for e in expected)
 
@@ -136,10 +132,10 @@ def test_a_bad_request_fails_alone(tokenizer):
         assert [c.last.kind for c in good] == ["finish"] * len(good)
     finally:
         engine.stop()
-    assert engine.pool.free == 4
+    assert engine.kv.num_free == engine.kv.pool.num_blocks
 
 
-def test_streaming_through_asyncio_and_cancel_frees_the_slot(tokenizer):
+def test_streaming_through_asyncio_and_cancel_frees_the_blocks(tokenizer):
     gen = tiny_generator("llama", tokenizer, eos=False)
     ids = gen.encode("the quick brown fox")
     expected = gen.generate_ids([ids], SamplingParams(max_new_tokens=12))[0]
@@ -158,9 +154,9 @@ def test_streaming_through_asyncio_and_cancel_frees_the_slot(tokenizer):
         assert seen[-1] == expected
         assert [len(s) for s in seen] == list(range(1, 13))  # one event per token
         deadline = time.time() + 5
-        while engine.pool.free < 2 and time.time() < deadline:
+        while engine.scheduler.running and time.time() < deadline:
             time.sleep(0.01)
-        assert engine.pool.free == 2
+        assert engine.kv.num_free == engine.kv.pool.num_blocks
     finally:
         engine.stop()
 

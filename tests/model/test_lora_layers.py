@@ -41,3 +41,11 @@ def test_last_blocks_only_and_their_gradients_match_all_blocks():
 def test_out_of_range_layers_name_the_field():
     with pytest.raises(ConfigError, match="lora.layers"):
         _model([7])
+
+
+def test_moe_experts_are_not_lora_targets():
+    model = Transformer(ModelConfig.preset("tiny", n_layers=1, n_experts=4, top_k=2))
+    with pytest.raises(ConfigError, match=r"lora.targets \['w1'\]"):
+        apply_lora(model, LoRAConfig(rank=2, targets=["wq", "w1"]))
+    adapted = apply_lora(model, LoRAConfig(rank=2, targets="all-linear"))
+    assert adapted == [f"layers.0.attention.{w}" for w in ("wq", "wk", "wv", "wo")]

@@ -66,8 +66,8 @@ class RowGenerator:
         self.engine = self._engine()
 
     def _engine(self) -> Engine:
-        b = self.cfg.batching
-        return Engine(self.generator, max_slots=b.max_batch_size, prefill_chunk=b.prefill_chunk)
+        # a shared instruction or system prompt is computed once per engine (prefix caching)
+        return Engine(self.generator, **self.cfg.batching.engine_options())
 
     def _params(self, row_id: str, sample: int) -> SamplingParams:
         p = self.cfg.sampling

@@ -109,11 +109,60 @@ def _rename(name: str, table) -> str | None:
     return None
 
 
+# kiln keeps each MoE layer's experts as 3-D weights (GroupedExperts: w13 = [gate; up] rows
+# [E, 2H, D], w2 [E, D, H]); the name maps above spell one tensor per expert and projection,
+# as Hugging Face does.
+_GROUPED = re.compile(r"^(?P<layer>layers\.\d+\.moe\.experts)\.(?P<w>w13|w2)$")
+_PER_EXPERT = re.compile(
+    r"^(?P<layer>layers\.\d+\.moe\.experts)\.(?P<j>\d+)\.(?P<w>w[123])\.weight$"
+)
+
+
+def split_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`layers.i.moe.experts.w13` [E, 2H, D] and `.w2` -> `layers.i.moe.experts.j.w{1,2,3}.weight`
+    (each its own storage)."""
+    out = {}
+    for name, tensor in state.items():
+        m = _GROUPED.match(name)
+        if m is None:
+            out[name] = tensor
+            continue
+        for j, expert in enumerate(tensor.unbind(0)):
+            prefix = f"{m['layer']}.{j}"
+            if m["w"] == "w2":
+                out[f"{prefix}.w2.weight"] = expert.clone()
+            else:
+                gate, up = expert.chunk(2, dim=0)
+                out[f"{prefix}.w1.weight"], out[f"{prefix}.w3.weight"] = gate.clone(), up.clone()
+    return out
+
+
+def stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `split_experts`: per-expert weights stacked in expert order."""
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in state.items():
+        m = _PER_EXPERT.match(name)
+        if m is None:
+            out[name] = tensor
+        else:
+            groups.setdefault(m["layer"], {}).setdefault(m["w"], {})[int(m["j"])] = tensor
+    for layer, weights in groups.items():
+        ids = sorted(weights.get("w2", {}))
+        complete = all(sorted(weights.get(w, {})) == ids for w in ("w1", "w3"))
+        if not ids or ids != list(range(len(ids))) or not complete:
+            raise InputError(f"{layer}: w1, w2 and w3 must be present for experts 0..E-1")
+        w1, w2, w3 = (weights[f"w{n}"] for n in "123")
+        out[f"{layer}.w13"] = torch.stack([torch.cat([w1[j], w3[j]]) for j in ids])
+        out[f"{layer}.w2"] = torch.stack([w2[j] for j in ids])
+    return out
+
+
 def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
     out = {}
     table = _TO_HF[hf_model_type(cfg)]
-    for name, tensor in state.items():
+    for name, tensor in split_experts(state).items():
         hf = _rename(name, table)
         if hf is None:
             raise InputError(f"checkpoint parameter {name!r} has no Hugging Face name")
@@ -148,4 +197,4 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         out[kiln] = tensor
     if cfg.tie_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
-    return out
+    return stack_experts(out)

@@ -5,8 +5,10 @@ The counts are taken where requests meet the backend (`MeteredBackend` wraps it)
 running and waiting (the continuous engine's own scheduler queues when the backend has one, else
 requests inside the backend and 0), time to first token and the gaps between tokens of
 streamed responses (a stream's delta is one token, as its usage counts it), end-to-end latency,
-prompt and generated tokens. Each replica counts its own requests: with several replicas a
-scrape of /metrics reaches one of them (Ray's metrics export covers the whole cluster).
+prompt and generated tokens; and, read from the engine at scrape time, its prefix-cache queries
+and hits (tokens), preemptions and KV-cache usage. Each replica counts its own requests: with
+several replicas a scrape of /metrics reaches one of them (Ray's metrics export covers the whole
+cluster).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kiln.serving.backends.backend import Backend, Job, Result
 
@@ -42,8 +45,10 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class ServerMetrics:
     """One endpoint's metrics in their own registry (several apps may share a process)."""
 
-    def __init__(self, model_name: str, queues=None) -> None:
+    def __init__(self, model_name: str, queues=None, engine_stats=None) -> None:
         self.registry = CollectorRegistry()
+        if engine_stats is not None:
+            self.registry.register(EngineStatsCollector(model_name, engine_stats))
         labels = ["model_name"]
         r = self.registry
         self.in_backend = 0  # requests inside complete()/stream(): "running" without queues
@@ -100,6 +105,42 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+# (Engine.stats() key, metric name, help, counter or gauge)
+ENGINE_METRICS = (
+    (
+        "prefix_cache_queries",
+        "vllm:prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        True,
+    ),
+    (
+        "prefix_cache_hits",
+        "vllm:prefix_cache_hits",
+        "Prompt tokens found in the prefix cache.",
+        True,
+    ),
+    ("num_preemptions", "vllm:num_preemptions", "Requests preempted (to be recomputed).", True),
+    ("kv_cache_usage_perc", "vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use.", False),
+)
+
+
+class EngineStatsCollector:
+    """The engine's own counts, read when /metrics is scraped."""
+
+    def __init__(self, model_name: str, engine_stats) -> None:
+        self.model_name = model_name
+        self.engine_stats = engine_stats
+
+    def collect(self):
+        stats = self.engine_stats()
+        for key, name, doc, counter in ENGINE_METRICS:
+            family = (CounterMetricFamily if counter else GaugeMetricFamily)(
+                name, doc, labels=["model_name"]
+            )
+            family.add_metric([self.model_name], float(stats[key]))
+            yield family
+
+
 class MeteredBackend:
     """`backend` with every completion and stream counted in `metrics`; anything else passes
     through unchanged."""
@@ -146,6 +187,13 @@ class MeteredBackend:
         m.generation_tokens.inc(tokens)
         m.e2e.observe(time.perf_counter() - start)
         m.finished("length" if tokens >= job.params.max_new_tokens else "stop")
+
+
+def engine_stats(backend: Backend):
+    """The backend's `engine_stats()` (its engine's prefix-cache and KV counts), where it has
+    one."""
+    stats = getattr(backend, "engine_stats", None)
+    return stats if callable(stats) else None
 
 
 def engine_queues(backend: Backend):

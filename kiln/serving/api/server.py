@@ -22,7 +22,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.serving.api import metrics
 from kiln.serving.api.kserve import routes as kserve_routes
-from kiln.serving.api.metrics import MeteredBackend, ServerMetrics, engine_queues
+from kiln.serving.api.metrics import (
+    MeteredBackend,
+    ServerMetrics,
+    engine_queues,
+    engine_stats,
+)
 from kiln.serving.api.openai import routes as openai_routes
 from kiln.serving.api.protocol import Limits, RequestError, kserve_error, openai_error
 from kiln.serving.api.triton_generate import routes as triton_generate_routes
@@ -39,7 +44,9 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     """The REST surface over `backend`. With `api_key`, every route but the health probes and
     /metrics needs `Authorization: Bearer <api_key>`. The OpenAPI schema is at /openapi.json."""
     api = FastAPI(title="kiln", docs_url=None, redoc_url=None)
-    api.state.metrics = ServerMetrics(backend.model_name, engine_queues(backend))
+    api.state.metrics = ServerMetrics(
+        backend.model_name, engine_queues(backend), engine_stats(backend)
+    )
     api.state.backend = MeteredBackend(backend, api.state.metrics)
     api.state.limits = limits
     api.add_exception_handler(RequestError, _on_request_error)

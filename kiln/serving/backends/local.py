@@ -10,6 +10,8 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+import torch
+
 from kiln.engine import Engine, complete, stream_events
 from kiln.engine.detokenize import IncrementalText, hold_back
 from kiln.engine.generator import Generator
@@ -30,9 +32,19 @@ log = logging.getLogger("kiln")
 
 class LocalBackend:
     def __init__(
-        self, model_dir: str, model_name: str | None = None, batching: BatchingConfig | None = None
+        self,
+        model_dir: str,
+        model_name: str | None = None,
+        batching: BatchingConfig | None = None,
+        *,
+        quantize: str | None = None,
+        quantize_group_size: int = 32,
     ):
-        self.generator = Generator.load(model_dir)
+        # fp8's kernels are CUDA's: that model lives on the replica's GPU (Ray sets its device)
+        device = "cuda" if quantize == "fp8" and torch.cuda.is_available() else None
+        self.generator = Generator.load(
+            model_dir, device=device, quantize=quantize, quantize_group_size=quantize_group_size
+        )
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len
         self.vocab_size = int(self.generator.model.tok_embeddings.weight.shape[0])
@@ -42,12 +54,7 @@ class LocalBackend:
         batching = batching or BatchingConfig()
         # one model, one forward at a time: the engine's steps and scoring never interleave
         self._lock = threading.Lock()
-        self._engine = Engine(
-            self.generator,
-            max_slots=batching.max_batch_size,
-            prefill_chunk=batching.prefill_chunk,
-            lock=self._lock,
-        ).start()
+        self._engine = Engine(self.generator, **batching.engine_options(), lock=self._lock).start()
         self._inferences = 0  # jobs completed
 
     def _stop_at_end_of_turn(self) -> None:
@@ -217,6 +224,10 @@ class LocalBackend:
             return None
         scheduler = self._engine.scheduler  # read from another thread: a moment's counts
         return len(scheduler.running), len(scheduler.waiting)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's prefix-cache, preemption and KV-block counts (Engine.stats)."""
+        return self._engine.stats()
 
     def stats(self) -> dict[str, int]:
         return {"inference_count": self._inferences, "execution_count": self._engine.steps}

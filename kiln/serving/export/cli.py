@@ -29,6 +29,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--model-name", default="kiln", help="served model name (default: kiln)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--quantize",
+        choices=["int8", "int4", "fp8"],
+        help="the Triton model quantizes its weights as it loads (GGUF: --gguf-type q8_0)",
+    )
     p.add_argument("--max-batch-size", type=int, default=8, help="Triton max_batch_size")
     p.add_argument(
         "--instance-kind", default="cpu", choices=["cpu", "gpu"], help="Triton instance_group kind"

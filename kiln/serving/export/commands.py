@@ -31,6 +31,7 @@ def export_command(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         dtype=args.dtype,
         gguf_type=args.gguf_type,
+        quantize=args.quantize,
         triton=triton,
     )
     summary = export_model(args.checkpoint, args.out, cfg, tokenizer=args.tokenizer)

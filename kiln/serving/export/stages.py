@@ -23,8 +23,9 @@ from kiln.model.formats.checkpoint import is_checkpoint, read_checkpoint
 from kiln.model.formats.checkpoint_tokenizer import has_tokenizer
 from kiln.model.formats.peft import export_peft_adapter
 from kiln.model.lora import LoRAConfig
+from kiln.model.quantize import QuantMethod
 from kiln.platform.console import Progress
-from kiln.platform.errors import InputError
+from kiln.platform.errors import ConfigError, InputError
 from kiln.platform.stage import Stage, StageConfig, StageContext
 from kiln.serving.export.compare import compare, load_for_compare
 from kiln.serving.export.convert import open_model
@@ -46,6 +47,11 @@ class ExportConfig(StageConfig):
     )
     gguf_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
         "f32", description="GGUF tensor type (q8_0: 2-D weights quantised, the rest f32)."
+    )
+    quantize: QuantMethod | None = Field(
+        None,
+        description="Serve the Triton model with quantized weights (sets triton.quantize; the "
+        "files keep `dtype`). GGUF carries its own (gguf_type: q8_0); HF weights stay float.",
     )
     check_tokens: int = Field(
         8,
@@ -98,6 +104,11 @@ def export_model(
     """What the stage and `kiln export` do: `<out>/hf` first, then `<out>/triton` from it,
     `<out>/gguf/<model_name>.<gguf_type>.gguf` from the checkpoint (and `<out>/adapter` for an
     adapter-only checkpoint)."""
+    if cfg.quantize and "triton" not in cfg.formats:
+        raise ConfigError(
+            f"export.quantize: {cfg.quantize} is carried by the triton format only (formats: "
+            f"{cfg.formats}); GGUF has gguf_type: q8_0, and `kiln serve --quantize` quantizes hf/"
+        )
     needs_hf = "hf" in cfg.formats or "triton" in cfg.formats
     steps = needs_hf + ("triton" in cfg.formats) + ("gguf" in cfg.formats)
     with Progress(steps, "export", unit="formats") as progress:
@@ -193,9 +204,10 @@ def _export(checkpoint: str, out_dir: str, cfg: ExportConfig, tokenizer, progres
                 "export: the triton format needs a tokenizer "
                 "(inputs.tokenizer, or tokenizer.json next to the checkpoint)"
             )
-        triton_cfg = cfg.triton.model_copy(
-            update={"model_name": cfg.model_name, "dtype": cfg.dtype}
-        )
+        update = {"model_name": cfg.model_name, "dtype": cfg.dtype}
+        if cfg.quantize:
+            update["quantize"] = cfg.quantize
+        triton_cfg = cfg.triton.model_copy(update=update)
         export_triton(hf_dir, os.path.join(out_dir, "triton"), triton_cfg)
         result["triton_repo"] = "triton"
         progress.advance(1, "triton")

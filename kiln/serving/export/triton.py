@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.model.formats.shared_weights import link_or_copy_weights
+from kiln.model.quantize import QuantMethod
 from kiln.platform.errors import InputError
 from kiln.serving.export.hf import export_hf
 from kiln.serving.export.runtime import copy_runtime, kiln_imports
@@ -75,6 +76,14 @@ class TritonExportConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights' dtype in the Triton model."
     )
+    quantize: QuantMethod | None = Field(
+        None,
+        description="Quantize the weights as the model loads (int8, int4 on CPU instances; fp8 "
+        "on GPUs of capability 8.9+); the files keep `dtype`.",
+    )
+    quantize_group_size: Literal[32, 64, 128, 256] = Field(
+        32, description="int4: inputs that share one scale."
+    )
     torch_threads: int = Field(
         0, ge=0, description="torch threads per instance (0: torch's default)."
     )
@@ -104,6 +113,8 @@ def config_pbtxt(
         "default_max_tokens": cfg.default_max_tokens,
         "max_tokens_limit": cfg.max_tokens_limit,
         "dtype": cfg.dtype,
+        "quantize": cfg.quantize or "",  # "": the weights as stored
+        "quantize_group_size": cfg.quantize_group_size,
         "torch_threads": cfg.torch_threads,
         "engine_slots": cfg.engine_slots,
         "prefill_chunk": cfg.prefill_chunk,

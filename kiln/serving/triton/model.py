@@ -109,7 +109,12 @@ class TritonPythonModel:
         dtype = getattr(torch, params.get("dtype", "float32"))
         hf_dir = os.path.join(HERE, "hf")
         self.generator = Generator.load(
-            hf_dir, device=device, dtype=dtype, model_name=args["model_name"]
+            hf_dir,
+            device=device,
+            dtype=dtype,
+            model_name=args["model_name"],
+            quantize=params.get("quantize") or None,
+            quantize_group_size=int(params.get("quantize_group_size", "32")),
         )
         self._chat_setup(hf_dir, json.loads(params.get("end_of_turn", "[]")))
         self.engine = Engine(

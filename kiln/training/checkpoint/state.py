@@ -10,7 +10,10 @@ Layout (DCP flattens nested dicts into dotted keys):
     rng.rank<r>                         each rank's RNG states (JSON bytes; same layout only)
 
 Model and optimizer keys use global parameter names, so a checkpoint written under one
-(pp, dp_replicate, dp_shard, cp, tp) layout loads into any other, and into one process.
+(pp, dp_replicate, dp_shard, cp, tp, ep) layout loads into any other, and into one process.
+Expert-parallel weights are plain tensors holding rows of the whole [E, ., .] weights; their
+model state is already a dim-0 DTensor shard (expert_parallel.shard_expert_state), and their
+optimizer state becomes one here, so DCP writes whole expert tensors.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from kiln.model.moe import GroupedExperts
+from kiln.training.parallel.expert_parallel import ExpertParallelMoE
 
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # Which kernels step the optimizer is this run's choice (its device, its layout), not the run's
@@ -43,11 +51,32 @@ def model_state(parts: list[torch.nn.Module]) -> tuple[dict[str, Any], list[list
     return merged, keys
 
 
+def _expert_meshes(part: torch.nn.Module) -> dict[str, DeviceMesh]:
+    """`state.<fqn>.` prefix of each expert-parallel weight's optimizer state -> its ep mesh."""
+    meshes = {}
+    for name, module in part.named_modules():
+        if isinstance(module, ExpertParallelMoE):
+            fqn = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+            for weight in GroupedExperts.WEIGHTS:
+                meshes[f"state.{fqn}.experts.{weight}."] = module.ep_mesh
+    return meshes
+
+
+def _expert_mesh(key: str, value: Any, meshes: dict[str, DeviceMesh]) -> DeviceMesh | None:
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:  # Adam's step is a scalar
+        return None
+    return next((mesh for prefix, mesh in meshes.items() if key.startswith(prefix)), None)
+
+
 def optimizer_state(parts, optimizers) -> tuple[dict[str, Any], list[list[str]]]:
     merged: dict[str, Any] = {}
     keys = []
     for part, opt in zip(parts, optimizers, strict=True):
         sd = get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS)
+        meshes = _expert_meshes(part)
+        for key, value in sd.items():
+            if (mesh := _expert_mesh(key, value, meshes)) is not None:
+                sd[key] = DTensor.from_local(value, mesh, [Shard(0)], run_check=False)
         keys.append(list(sd))
         merged.update(sd)
     return merged, keys
@@ -61,8 +90,11 @@ def apply_model_state(parts, state: dict[str, Any], keys: list[list[str]]) -> No
 def apply_optimizer_state(parts, optimizers, state: dict[str, Any], keys: list[list[str]]) -> None:
     for part, opt, part_keys in zip(parts, optimizers, keys, strict=True):
         kernels = [{k: g.get(k) for k in _KERNEL_FLAGS} for g in opt.param_groups]
-        set_optimizer_state_dict(
-            part, opt, {k: state[k] for k in part_keys}, options=_OPTIM_OPTIONS
-        )
+        meshes = _expert_meshes(part)
+        part_state = {k: state[k] for k in part_keys}
+        for key, value in part_state.items():
+            if isinstance(value, DTensor) and _expert_mesh(key, value, meshes) is not None:
+                part_state[key] = value.to_local()  # the rows this rank's parameter holds
+        set_optimizer_state_dict(part, opt, part_state, options=_OPTIM_OPTIONS)
         for group, flags in zip(opt.param_groups, kernels, strict=True):
             group.update(flags)

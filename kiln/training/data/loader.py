@@ -52,7 +52,10 @@ class TokenLoader:
         dp_size: int = 1,
         prefetch: int = 2,
         description: dict[str, Any] | None = None,
+        pin_memory: bool = False,
     ) -> None:
+        """`pin_memory`: batches come in page-locked host memory (pinned in the prefetch thread),
+        so the copy to a CUDA device can be non-blocking; the trainer sets it on CUDA."""
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
         self.source = source
@@ -62,6 +65,7 @@ class TokenLoader:
         self.dp_size = dp_size
         self.prefetch = prefetch
         self.description = description or {}
+        self.pin_memory = pin_memory
         self._start = 0  # global samples consumed before this loader's first batch
         self._delivered = 0  # batches handed out since `_start`
         self._thread: threading.Thread | None = None
@@ -90,9 +94,11 @@ class TokenLoader:
         torch = _torch()
         if hasattr(self.source, "gather_batch"):  # chat data: (tokens, labels, positions, doc ids)
             arrays = self.source.gather_batch(self.first_sample(batch), self.micro_batch_size)
-            return tuple(torch.from_numpy(a) for a in arrays)
-        samples = self.source.gather_range(self.first_sample(batch), self.micro_batch_size)
-        return torch.from_numpy(samples[:, :-1]), torch.from_numpy(samples[:, 1:])
+            out = tuple(torch.from_numpy(a) for a in arrays)
+        else:
+            samples = self.source.gather_range(self.first_sample(batch), self.micro_batch_size)
+            out = torch.from_numpy(samples[:, :-1]), torch.from_numpy(samples[:, 1:])
+        return tuple(t.pin_memory() for t in out) if self.pin_memory else out
 
     # -- iteration -----------------------------------------------------------------------------
     def __iter__(self) -> TokenLoader:

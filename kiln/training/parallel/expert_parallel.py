@@ -6,8 +6,10 @@ assignments, sorted by expert, go to the experts' owners with `all_to_all_single
 counts are exchanged first, also with `all_to_all_single`), the owners run their experts, and a
 second `all_to_all_single` brings the results back. Both exchanges are autograd-aware.
 
-Rank j holds experts [j*E/ep, (j+1)*E/ep) under their global names (`moe.experts.5.w1.weight`),
-so checkpoints are independent of the ep size.
+Rank j holds experts [j*E/ep, (j+1)*E/ep): rows j*E/ep.. of the layer's 3-D expert weights. In
+a state dict they are DTensors sharded on dim 0 over the ep mesh (the module's state-dict hook;
+the parameters themselves stay plain tensors), so a DCP checkpoint holds the whole [E, ., .]
+weights and loads under any ep size, and into one process.
 
 Gradients: expert weights are not FSDP-managed (`expert_parameters(model)` are FSDP's
 `ignored_params`). An expert's gradient already sums the contributions of every rank in its ep
@@ -31,8 +33,9 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
-from kiln.model.moe import MoE, grouped_swiglu
+from kiln.model.moe import GroupedExperts, MoE
 from kiln.platform.errors import ConfigError
 
 
@@ -59,6 +62,7 @@ class ExpertParallelMoE(MoE):
     """An MoE whose experts live on the ranks of `ep_group` (set by apply_expert_parallel)."""
 
     ep_group: dist.ProcessGroup
+    ep_mesh: DeviceMesh
     expert_grad_hook: Callable[[torch.Tensor], torch.Tensor]
     replica_group: dist.ProcessGroup | None  # ranks holding copies of my experts
 
@@ -86,7 +90,7 @@ class ExpertParallelMoE(MoE):
         per_expert = recv_counts.view(ep, n_local).sum(0)
         # Expert weights sit outside FSDP (ignored_params) and stay fp32: grouped_swiglu casts
         # them to the compute dtype, as FSDP's mixed-precision policy does for the rest.
-        y = grouped_swiglu(list(self.experts.values()), received[order], per_expert).to(x.dtype)
+        y = self.experts(received[order], per_expert).to(x.dtype)
         y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
         return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
 
@@ -137,14 +141,36 @@ def apply_expert_parallel(
                 f"model.n_experts={module.n_experts} must be a multiple of parallel.ep={ep}"
             )
         n_local = module.n_experts // ep
-        owned = range(rank * n_local, (rank + 1) * n_local)
-        module.experts = nn.ModuleDict({str(j): module.experts[j] for j in owned})
+        module.experts.keep(range(rank * n_local, (rank + 1) * n_local))
+        shard_expert_state(module.experts, ep_mesh)
         module.__class__ = ExpertParallelMoE
         module.ep_group = group
+        module.ep_mesh = ep_mesh
         module.expert_grad_hook = _expert_grad_hook(dp_size)
         module.replica_group = replicas
     register_expert_grad_hooks(model)
     return model
+
+
+def shard_expert_state(experts: GroupedExperts, ep_mesh: DeviceMesh) -> None:
+    """State dicts see this rank's expert rows as dim-0 shards of the whole weights; loading
+    takes such DTensors, or whole weights (one-process state), and keeps this rank's rows."""
+
+    def to_dtensor(module, state, prefix, local_metadata):
+        for name in GroupedExperts.WEIGHTS:
+            key = prefix + name
+            state[key] = DTensor.from_local(state[key], ep_mesh, [Shard(0)], run_check=False)
+
+    def to_local(module, state, prefix, *args):
+        for name in GroupedExperts.WEIGHTS:
+            value = state.get(prefix + name)
+            if isinstance(value, DTensor):
+                state[prefix + name] = value.to_local()
+            elif value is not None and value.shape[0] != len(experts):  # the whole weights
+                state[prefix + name] = value[experts.first : experts.first + len(experts)]
+
+    experts.register_state_dict_post_hook(to_dtensor)
+    experts.register_load_state_dict_pre_hook(to_local)
 
 
 def register_expert_grad_hooks(model: nn.Module) -> None:
@@ -255,12 +281,7 @@ def split_for_grad_norm(
 
 def local_expert_ids(module: MoE) -> list[int]:
     """Global ids of the experts this rank holds in one MoE layer."""
-    experts = module.experts
-    return (
-        [int(k) for k in experts]
-        if isinstance(experts, nn.ModuleDict)
-        else list(range(len(experts)))
-    )
+    return list(module.experts.ids)
 
 
 __all__ = [

@@ -22,6 +22,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from kiln.model import ModelConfig, Transformer
 from kiln.model.meta import build_on_meta
+from kiln.model.moe import GroupedExperts
 from kiln.model.transformer import BASE_STD
 from kiln.training.parallel.expert_parallel import register_expert_grad_hooks
 
@@ -58,6 +59,7 @@ def materialize(
         part.init_buffers(buffer_device or device)
         register_expert_grad_hooks(part)
     local = _local_parameters(parts)
+    rows = _expert_rows(parts)
     scratch = build_on_meta(cfg)
     torch.manual_seed(seed)  # the generator state `init_full` starts drawing from
     for prefix, unit, init in _init_units(scratch, cfg):
@@ -65,7 +67,7 @@ def materialize(
         init(unit)
         for name, full in unit.named_parameters(prefix=prefix, remove_duplicate=False):
             for param in local.get(name, ()):
-                _copy_slice(param, full)
+                _copy_slice(param, full[rows[name]] if name in rows else full)
         unit.to_empty(device="meta")  # frees the full-size copy before the next unit
 
 
@@ -92,15 +94,33 @@ def _init_units(
     yield "output", model.output, normal
 
 
+def _global_name(name: str) -> str:
+    for wrapper in _WRAPPER_PREFIXES:
+        name = name.replace(wrapper, "")
+    return name
+
+
 def _local_parameters(parts: list[nn.Module]) -> dict[str, list[nn.Parameter]]:
     """Global parameter name -> this rank's parameters of that name (tied weights: two names)."""
     found: dict[str, list[nn.Parameter]] = {}
     for part in parts:
         for name, param in part.named_parameters(remove_duplicate=False):
-            for wrapper in _WRAPPER_PREFIXES:
-                name = name.replace(wrapper, "")
-            found.setdefault(name, []).append(param)
+            found.setdefault(_global_name(name), []).append(param)
     return found
+
+
+def _expert_rows(parts: list[nn.Module]) -> dict[str, slice]:
+    """Expert weights -> the rows of the whole [E, ., .] weights this rank holds (a slice of
+    them under expert parallelism)."""
+    rows = {}
+    for part in parts:
+        for name, module in part.named_modules():
+            if isinstance(module, GroupedExperts):
+                for weight in GroupedExperts.WEIGHTS:
+                    rows[_global_name(f"{name}.{weight}")] = slice(
+                        module.ids.start, module.ids.stop
+                    )
+    return rows
 
 
 def _copy_slice(param: nn.Parameter, full: torch.Tensor) -> None:

@@ -103,7 +103,7 @@ def micro_batch(trainer: Trainer, first_stage: bool) -> torch.Tensor:
 def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) -> list[int]:
     """One micro-batch through every local part; the bytes each part saved for backward."""
 
-    cfg, saved = trainer.cfg, []
+    cfg, saved, dev = trainer.cfg, [], trainer.device
     n_parts = len(trainer.model_parts)
     for i, part in enumerate(trainer.model_parts):
         first = part.tok_embeddings is not None
@@ -114,8 +114,13 @@ def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) 
             inputs = micro_batch(trainer, first)
             tracker.reset_mod_stats()  # per-module stats only: one call per module allowed
             before = _total(tracker)
-            out = _stage_forward(trainer, part, inputs)
-            if last:
+            if last and cfg.loss_chunk_tokens:  # tp = pp = 1: one part, the head fused in
+                labels = torch.randint(0, cfg.model.vocab_size, inputs.shape[:2], device=dev)
+                chunk = {"labels": labels, "loss_chunk_tokens": cfg.loss_chunk_tokens}
+                out = _stage_forward(trainer, part, inputs, **chunk) * grad_scale
+            else:
+                out = _stage_forward(trainer, part, inputs)
+            if last and not cfg.loss_chunk_tokens:
                 labels = torch.randint(0, cfg.model.vocab_size, out.shape[:2], device=out.device)
                 out = cross_entropy_loss(out, labels) * grad_scale
             saved.append(_total(tracker) - before)
@@ -128,11 +133,13 @@ def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) 
     return saved
 
 
-def _stage_forward(trainer: Trainer, part: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+def _stage_forward(
+    trainer: Trainer, part: nn.Module, inputs: torch.Tensor, **kwargs
+) -> torch.Tensor:
     if trainer.dims.cp_enabled and part.tok_embeddings is not None:
         full = torch.cat([inputs] * trainer.dims.cp, dim=1)  # shard a full-length batch
         inputs, _ = shard_for_context_parallel(full, full, trainer.dims.mesh("cp"))
-    return part(inputs)
+    return part(inputs, **kwargs)
 
 
 def in_flight_activations(trainer: Trainer, saved: list[int]) -> tuple[int, int]:

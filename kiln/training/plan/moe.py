@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from kiln.model.moe import MoE, grouped_swiglu
+from kiln.model.moe import MoE
 from kiln.training.parallel.expert_parallel import ExpertParallelMoE, _AllToAll
 
 
@@ -65,7 +65,7 @@ def _run_experts_ep(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     rows = _AllToAll.apply(x, recv_splits, send_splits, self.ep_group)
     order = torch.arange(sum(recv_splits), device=x.device)
     per_expert = _host_long(n_local, received * ep)
-    y = grouped_swiglu(list(self.experts.values()), rows[order], per_expert).to(x.dtype)
+    y = self.experts(rows[order], per_expert).to(x.dtype)
     y = torch.empty_like(y).index_copy(0, order, y)
     return _AllToAll.apply(y, send_splits, recv_splits, self.ep_group)
 

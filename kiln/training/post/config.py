@@ -35,6 +35,9 @@ class PostTrainConfig(TrainConfig):
             raise ConfigError("dpo with parallel.pp > 1 is not supported (use fsdp/tp)")
         if self.objective == "dpo" and p.cp > 1:
             raise ConfigError("dpo with parallel.cp > 1 is not supported (sequences are short)")
+        if self.loss_chunk_tokens:
+            # SFT's head already runs on the trained tokens only; DPO needs per-token log-probs.
+            raise ConfigError("loss_chunk_tokens applies to pretraining; set it to 0 here")
         if self.lora is not None and self.precision == "fp8":
             raise ConfigError("lora with precision fp8 is not supported")
         if self.distill is not None:

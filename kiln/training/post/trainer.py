@@ -219,7 +219,7 @@ class PostTrainer(Trainer):
         loss_sum = torch.zeros((), device=self.device)
         self._post_metrics = {}
         for micro in range(self.grad_accum):
-            batch = [t.to(self.device) for t in next(self._batches)]
+            batch = [t.to(self.device, non_blocking=True) for t in next(self._batches)]
             self._set_grad_sync(micro == self.grad_accum - 1)
             if self.spec.pair_loss is not None:
                 loss_sum += self._pair_step(*batch).float()

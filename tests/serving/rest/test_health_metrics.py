@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -57,3 +59,31 @@ def test_health_and_metrics_need_no_api_key(local_backend):
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
         assert client.get("/v1/models").status_code == 401
+
+
+def test_prefix_cache_hits_and_kv_usage_in_metrics(tiny_model_dir):
+    """Two requests with one long shared prefix: the second finds its full blocks cached; once
+    they end every block is free (an endpoint of its own: no other test's requests running)."""
+    from starlette.testclient import TestClient
+
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
+
+    backend = LocalBackend(tiny_model_dir, "tiny", BatchingConfig(max_batch_size=4))
+    with TestClient(create_api(backend, Limits())) as client:
+        before = _samples(client)
+        shared = "the quick brown fox jumps over the lazy dog " * 8
+        for tail in ("and runs away", "and sleeps"):
+            body = {"prompt": shared + tail, "max_tokens": 2, "temperature": 0}
+            assert client.post("/v1/completions", json=body).status_code == 200
+        after = _samples(client)
+    asyncio.run(backend.close())
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    assert queries > 2 * 32 and hits >= 32  # the second prompt's shared full blocks
+    assert hits < queries / 2 + 16
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0  # every block free again
+    assert after["vllm:num_preemptions_total"] == 0

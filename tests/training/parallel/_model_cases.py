@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from kiln.model import ModelConfig, Transformer
-from kiln.model.moe import moe_aux_loss
+from kiln.model.moe import GroupedExperts, moe_aux_loss
 from kiln.training.parallel.activation_checkpoint import apply_recompute
 from kiln.training.parallel.context_parallel import (
     apply_context_parallel,
@@ -36,10 +36,19 @@ def _objective(model, cfg, tokens, labels):
 
 def _grad_error(model, ref) -> float:
     ref_params = dict(ref.named_parameters())
-    return max(
-        (p.grad - ref_params[n.replace("_checkpoint_wrapped_module.", "")].grad).abs().max().item()
-        for n, p in model.named_parameters()
-    )
+    # expert weights: the rows this rank holds (a slice under expert parallelism)
+    rows = {
+        f"{name}.{w}": list(module.ids)
+        for name, module in model.named_modules()
+        if isinstance(module, GroupedExperts)
+        for w in ("w13", "w2")
+    }
+    errors = []
+    for n, p in model.named_parameters():
+        ref_grad = ref_params[n.replace("_checkpoint_wrapped_module.", "")].grad
+        ref_grad = ref_grad[rows[n]] if n in rows else ref_grad
+        errors.append((p.grad - ref_grad).abs().max().item())
+    return max(errors)
 
 
 def cp_model_vs_single(seq_len: int, cases: list[int]) -> list[tuple]:

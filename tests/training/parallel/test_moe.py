@@ -24,11 +24,19 @@ def test_matches_hf_mixtral_block_and_aux_loss():
     moe = MoE(16, 24, n_experts=4, top_k=2)
     with torch.no_grad():
         hf.gate.weight.copy_(moe.gate.weight)
-        for j, expert in enumerate(moe.experts):  # HF stacks [gate; up] and down per expert
-            hf.experts.gate_up_proj[j].copy_(torch.cat([expert.w1.weight, expert.w3.weight]))
-            hf.experts.down_proj[j].copy_(expert.w2.weight)
-    x = torch.randn(2, 7, 16)
-    torch.testing.assert_close(moe(x), hf(x), atol=1e-6, rtol=0)
+        # HF's layout is kiln's: [gate; up] [E, 2H, D] and down [E, D, H]
+        hf.experts.gate_up_proj.copy_(moe.experts.w13)
+        hf.experts.down_proj.copy_(moe.experts.w2)
+    x = torch.randn(2, 7, 16, requires_grad=True)
+    out, ref = moe(x), hf(x)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    w = torch.randn_like(out)
+    e = moe.experts
+    grads = torch.autograd.grad((out * w).sum(), (x, e.w13, e.w2))
+    hf_weights = (x, hf.experts.gate_up_proj, hf.experts.down_proj)
+    ref_grads = torch.autograd.grad((ref * w).sum(), hf_weights)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     hf_aux = load_balancing_loss_func((moe.gate(x.view(-1, 16)),), num_experts=4, top_k=2)
     torch.testing.assert_close(moe.aux_loss, hf_aux)
     assert (

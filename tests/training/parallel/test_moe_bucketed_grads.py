@@ -13,10 +13,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from kiln.model.moe import MoE
 from kiln.training.parallel.expert_parallel import (
     apply_expert_parallel,
-    local_expert_ids,
     split_for_grad_norm,
 )
 from tests.training.distributed import run_distributed
+from tests.training.parallel._moe_cases import expert_grad_pairs
 
 
 def accumulate_with_replicas() -> tuple[float, int]:
@@ -49,11 +49,7 @@ def accumulate_with_replicas() -> tuple[float, int]:
         n_reduce = calls - n_before_norm - 1  # minus the norm's own all-reduce over ep
     finally:
         dist.all_reduce = original
-    err = max(
-        (p.grad - ref.experts[j].get_parameter(name).grad).abs().max().item()
-        for j in local_expert_ids(moe)
-        for name, p in moe.experts[str(j)].named_parameters()
-    )
+    err = max((g - r).abs().max().item() for g, r in expert_grad_pairs(moe, ref))
     return err, n_before_norm + n_reduce
 
 

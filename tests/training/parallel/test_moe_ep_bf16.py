@@ -12,8 +12,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.model.moe import MoE
-from kiln.training.parallel.expert_parallel import apply_expert_parallel, local_expert_ids
+from kiln.training.parallel.expert_parallel import apply_expert_parallel
 from tests.training.distributed import run_distributed
+from tests.training.parallel._moe_cases import expert_grad_pairs
 
 GEMMS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._grouped_mm.default"}
 
@@ -44,12 +45,7 @@ def ep_bf16_vs_fp32() -> tuple[str, set[str], set[str], float, float]:
     out.float().pow(2).sum().backward()
     out_err = (out.float() - ref(x[rank])).abs().max().item()
     grad_err = max(
-        (
-            (p.grad - ref.experts[j].get_parameter(n).grad).abs().max()
-            / ref.experts[j].get_parameter(n).grad.abs().max()
-        ).item()
-        for j in local_expert_ids(moe)
-        for n, p in moe.experts[str(j)].named_parameters()
+        ((g - r).abs().max() / r.abs().max()).item() for g, r in expert_grad_pairs(moe, ref)
     )
     grad_dtypes = {str(p.grad.dtype) for p in moe.experts.parameters()}
     return str(out.dtype), gemms.dtypes, grad_dtypes, out_err, grad_err

@@ -68,23 +68,22 @@ def test_moe_layer_host_syncs(monkeypatch, capacity, max_syncs):
 @pytest.mark.parametrize("counts", [[3, 0, 9, 4], [0, 0, 16, 0], [0, 0, 0, 0]])
 def test_grouped_gemm_matches_expert_loop(counts):
     torch.manual_seed(0)
-    experts = list(MoE(16, 24, n_experts=4, top_k=1).experts)
+    experts = MoE(16, 24, n_experts=4, top_k=1).experts
     twin = copy.deepcopy(experts)
     x = torch.randn(sum(counts), 16, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
     n = torch.tensor(counts)
     assert grouped_mm_usable(x.device, x.dtype, 16, 24)
-    y = grouped_swiglu(experts, x, n, use_grouped=True)
-    ref = grouped_swiglu(twin, x2, n, use_grouped=False)
+    y = grouped_swiglu(experts.w13, experts.w2, x, n, use_grouped=True)
+    ref = grouped_swiglu(twin.w13, twin.w2, x2, n, use_grouped=False)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=0)
     w = torch.randn_like(ref)
     (y * w).sum().backward()
     (ref * w).sum().backward()
     if sum(counts):
         torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=0)
-    for e, t in zip(experts, twin, strict=True):
-        for p, q in zip(e.parameters(), t.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=0)
+    for p, q in zip(experts.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=0)
 
 
 def test_fp32_experts_compute_in_bf16_policy_dtype(monkeypatch):
