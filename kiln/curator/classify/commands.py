@@ -17,6 +17,7 @@ def classify_command(args) -> int:
         high_quality=args.high_quality,
         labelled=args.labelled,
         kind="domain" if args.labelled else None,
+        classifier=args.classifier,
         model=args.model,
         cluster=args.cluster,
     )

@@ -31,6 +31,29 @@ class FastTextConfig(_Section):
     max_chars: int = Field(20_000, gt=0, description="characters of each document read")
 
 
+class EmbeddingConfig(_Section):
+    """A learned classifier over sentence embeddings (`classifier: embedding`): a frozen encoder's
+    mean-pooled, unit-length vectors, then a logistic-regression (or one-hidden-layer MLP) head
+    trained here with full-batch L-BFGS, so the same data and seed give the same head."""
+
+    encoder: str = Field(
+        "minilm",
+        description="minilm (the MiniLM semantic dedup ships), a sentence-transformers BERT "
+        "folder, or any Kiln-loadable LM (checkpoint, HF folder, .gguf or a package shipping one: "
+        "its mean-pooled last hidden states)",
+    )
+    tokenizer: str | None = Field(
+        None, description="an LM encoder's tokenizer.json or folder (default: the model's own)"
+    )
+    max_tokens: int = Field(256, gt=1, description="tokens of each document embedded")
+    batch_size: int = Field(32, gt=0, description="Documents embedded per forward pass.")
+    hidden: int = Field(
+        0, ge=0, description="0: logistic regression; > 0: an MLP head with this hidden width"
+    )
+    steps: int = Field(100, gt=0, description="L-BFGS iterations of the head's training.")
+    weight_decay: float = Field(1e-4, ge=0, description="L2 penalty on the head's weights.")
+
+
 class KeepConfig(_Section):
     """Which documents stay: score >= threshold, the best `top_percent`, or NeMo Curator's
     Pareto sampling (keep when a Pareto(alpha) draw, seeded per document, exceeds 1 - score)."""
@@ -87,11 +110,27 @@ class ClassifyConfig(StageConfig):
     sample_docs: int = Field(
         20_000, gt=0, description="corpus documents drawn as the low-quality class"
     )
-    labelled: str | None = Field(
-        None, description="domain: JSONL of labelled examples (`text_field`, `label_field`)"
+    labelled: str | list[str] | None = Field(
+        None,
+        description="labelled examples (`text_field`, `label_field`): JSONL or Parquet files, a "
+        "folder or glob; domain: any labels; quality: high/low or numeric (`label_threshold`)",
     )
     text_field: str = Field("text", description="JSON/Parquet field holding the document text.")
     label_field: str = Field("label", description="JSON field of `labelled` holding the label.")
+    label_threshold: float | None = Field(
+        None,
+        description="numeric labels (an annotator's 0-5 score): >= this is `high`, below `low` "
+        "(FineWeb-Edu's cut is 3)",
+    )
+    classifier: Literal["fasttext", "embedding"] = Field(
+        "fasttext",
+        description="kind quality and domain: fastText over n-grams, or a head over sentence "
+        "embeddings (`embedding`)",
+    )
+    embedding: EmbeddingConfig = Field(
+        default_factory=EmbeddingConfig,
+        description="Encoder and head settings (classifier embedding).",
+    )
     model: str | None = Field(None, description="a trained classifier folder: skip training")
     held_out: float = Field(0.1, gt=0, lt=1, description="share of training data held out")
     fasttext: FastTextConfig = Field(

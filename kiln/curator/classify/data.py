@@ -69,8 +69,26 @@ def read_texts(paths: list[str], field: str, text_field: str = "text") -> list[s
     ]
 
 
-def read_labelled(path: str, text_field: str, label_field: str) -> tuple[list[str], list[str]]:
-    table = read_table(path, text_field)
-    if label_field not in table.column_names:
-        raise InputError(f"classify.labelled: {path}: no {label_field!r} field")
-    return table.column("text").to_pylist(), [str(x) for x in table.column(label_field).to_pylist()]
+def read_labelled(
+    paths: str | list[str], text_field: str, label_field: str, threshold: float | None = None
+) -> tuple[list[str], list[str]]:
+    """(texts, labels) from labelled files, folders or globs. With `threshold`, labels are numbers
+    (an annotator's score) turned into `high` (>= threshold) and `low`."""
+    texts: list[str] = []
+    labels: list = []
+    paths = [paths] if isinstance(paths, str) else paths
+    for file in expand(paths, "classify.labelled"):
+        table = read_table(file, text_field)
+        if label_field not in table.column_names:
+            raise InputError(f"classify.labelled: {file}: no {label_field!r} field")
+        texts += table.column("text").to_pylist()
+        labels += table.column(label_field).to_pylist()
+    if threshold is None:
+        return texts, [str(x) for x in labels]
+    try:
+        return texts, ["high" if float(x) >= threshold else "low" for x in labels]
+    except (TypeError, ValueError):
+        raise InputError(
+            f"classify.labelled: label_threshold needs numeric {label_field!r} values "
+            f"(got {sorted({str(x) for x in labels})[:5]})"
+        ) from None

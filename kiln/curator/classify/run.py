@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.curator.classify.classifiers import Classifier, load_classifier, train_classifier
 from kiln.curator.classify.config import ClassifyConfig
 from kiln.curator.classify.data import expand, read_labelled, read_table, read_texts
-from kiln.curator.classify.fasttext_model import FastTextClassifier
 from kiln.curator.classify.keep import cutoff, histogram, keep_mask
 from kiln.curator.classify.perplexity import BUCKETS, bucket_cutoffs, buckets
 from kiln.curator.classify.score import HIGH, LOW, score_files
@@ -36,21 +36,38 @@ def corpus_sample(files: list[str], n: int, seed: int, text_field: str) -> list[
     )
 
 
-def train(cfg: ClassifyConfig, files: list[str]) -> FastTextClassifier:
-    if cfg.kind == "domain":
-        if not cfg.labelled:
-            raise ConfigError("classify.labelled: a domain classifier needs labelled examples")
-        texts, labels = read_labelled(cfg.labelled, cfg.text_field, cfg.label_field)
+def train(cfg: ClassifyConfig, files: list[str]) -> Classifier:
+    if cfg.kind == "domain" and not cfg.labelled:
+        raise ConfigError("classify.labelled: a domain classifier needs labelled examples")
+    if cfg.labelled:
+        texts, labels = read_labelled(
+            cfg.labelled, cfg.text_field, cfg.label_field, cfg.label_threshold
+        )
+        if cfg.kind == "quality" and not set(labels) <= {HIGH, LOW}:
+            raise InputError(
+                f"classify.labelled: a quality classifier needs labels {HIGH}/{LOW} or numbers "
+                f"with label_threshold (got {sorted(set(labels))[:5]})"
+            )
     else:
         if not cfg.high_quality:
             raise ConfigError("classify.high_quality: expected files or folders of good text")
         good = read_texts(cfg.high_quality, "classify.high_quality", cfg.text_field)
         other = corpus_sample(files, cfg.sample_docs, cfg.seed, cfg.text_field)
         texts, labels = good + other, [HIGH] * len(good) + [LOW] * len(other)
-    return FastTextClassifier.train(texts, labels, cfg.fasttext, cfg.held_out, cfg.seed)
+    return train_classifier(cfg, texts, labels)
 
 
 COLUMN = {"quality": "quality_score", "domain": "domain_prob", "perplexity": "perplexity"}
+LABEL_COLUMN = {
+    "quality": "quality_label",
+    "domain": "domain_pred",
+    "perplexity": "perplexity_bucket",
+}
+
+
+def _count(values: list[str], into: dict[str, int]) -> None:
+    for v in values:
+        into[v] = into.get(v, 0) + 1
 
 
 def _keep(cfg: ClassifyConfig, table: pa.Table, cut) -> tuple[pa.Table, np.ndarray]:
@@ -93,10 +110,15 @@ def _select(cfg: ClassifyConfig, parts: list[str], out_dir: str) -> tuple[int, i
         cut = cutoff(scores, cfg.keep) if cfg.kind == "quality" else 0.0
     n_in = kept = 0
     kept_scores = []
+    label_in: dict[str, int] = {}
+    label_kept: dict[str, int] = {}
     for i, path in enumerate(parts):
         table, keep = _keep(cfg, pq.read_table(path), cut)
         n_in, kept = n_in + table.num_rows, kept + int(keep.sum())
         kept_scores.append(table.column(column).to_numpy()[keep])
+        labels = table.column(LABEL_COLUMN[cfg.kind]).to_pylist()
+        _count(labels, label_in)
+        _count([x for x, k in zip(labels, keep, strict=True) if k], label_kept)
         _write(table, keep, i, cfg.kind, out_dir)
     bins = cfg.histogram_bins
     span = None
@@ -109,6 +131,9 @@ def _select(cfg: ClassifyConfig, parts: list[str], out_dir: str) -> tuple[int, i
         "score_column": column,
         "histogram": histogram(scores, bins, span),
         "kept_histogram": histogram(np.concatenate(kept_scores or [[]]), bins, span),
+        # documents per predicted label (quality high/low, domain, perplexity bucket): in, kept
+        "label_counts": {k: label_in[k] for k in sorted(label_in)},
+        "kept_label_counts": {k: label_kept.get(k, 0) for k in sorted(label_in)},
         "removed_by_reason": {cfg.kind: n_in - kept} if n_in > kept else {},
     }
     return n_in, kept, fields
@@ -137,7 +162,7 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
             raise ConfigError("classify.perplexity: model and tokenizer are required")
         meta = {"path": p.model, "tokenizer": p.tokenizer, "labels": list(BUCKETS)}
     elif cfg.model:
-        clf = FastTextClassifier.load(cfg.model)
+        clf = load_classifier(cfg.model)
         shutil.copytree(cfg.model, model_dir, dirs_exist_ok=True)
         meta = {**clf.meta, "path": model_dir}
     else:
@@ -163,6 +188,7 @@ def classify(cfg: ClassifyConfig, output_dir: str) -> dict:
     seconds = {"train": t1 - t0, "score": t2 - t1, "total": time.perf_counter() - t0}
     report = {
         "kind": cfg.kind,
+        "classifier": None if cfg.kind == "perplexity" else cfg.classifier,
         "documents_in": n_in,
         "kept": kept,
         "rejected": n_in - kept,

@@ -9,15 +9,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.curator.classify.classifiers import Classifier, load_classifier
 from kiln.curator.classify.data import read_table
-from kiln.curator.classify.fasttext_model import FastTextClassifier
 from kiln.curator.classify.perplexity import PerplexityScorer
 
 HIGH, LOW = "high", "low"
 CHUNK = 10_000
 
 
-def score_table(clf: FastTextClassifier, table: pa.Table, kind: str) -> pa.Table:
+def score_table(clf: Classifier, table: pa.Table, kind: str) -> pa.Table:
     """The table plus `quality_score`/`quality_label` or `domain_pred`/`domain_prob`."""
     texts = table.column("text").to_pylist()
     best, probs = [], []
@@ -48,7 +48,7 @@ def make_scorer(spec: dict):
             return table.append_column("perplexity", pa.array(ppl, pa.float64()))
 
         return score
-    clf = FastTextClassifier.load(spec["model_dir"])
+    clf = load_classifier(spec["model_dir"])
     return lambda table: score_table(clf, table, spec["kind"])
 
 

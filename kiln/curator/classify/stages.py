@@ -16,12 +16,14 @@ from kiln.platform.stage import Stage, StageContext
 
 
 class ClassifyStage(Stage):
-    """Train a quality classifier (fastText or perplexity) on a Corpus; `curate` filters with it."""
+    """Train a quality or domain classifier (fastText, or a head over sentence embeddings) or
+    score perplexity, over a Corpus; `curate` filters with the trained model. A second Corpus,
+    `labelled` (an annotator's `generate` output), gives the training labels."""
 
     type_name = "classify"
     Config = ClassifyConfig
-    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
-    optional_inputs: ClassVar[frozenset[str]] = frozenset({"corpus"})
+    input_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus", "labelled": "Corpus"}
+    optional_inputs: ClassVar[frozenset[str]] = frozenset({"corpus", "labelled"})
     output_kinds: ClassVar[dict[str, str]] = {"corpus": "Corpus"}
 
     def extra_fingerprint(self) -> str:
@@ -29,7 +31,8 @@ class ClassifyStage(Stage):
 
         cfg: ClassifyConfig = self.config  # type: ignore[assignment]
         h = hashlib.sha256()
-        paths = [*cfg.input, *cfg.high_quality, *([cfg.labelled] if cfg.labelled else [])]
+        labelled = [cfg.labelled] if isinstance(cfg.labelled, str) else cfg.labelled or []
+        paths = [*cfg.input, *cfg.high_quality, *labelled]
         for path in expand(paths, f"{self.name}.input") if paths else []:
             st = os.stat(path)
             h.update(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -41,6 +44,9 @@ class ClassifyStage(Stage):
             cfg = cfg.model_copy(
                 update={"input": [*cfg.input, *parquet_files(ctx.inputs["corpus"].path)]}
             )
+        # an unnamed labelled slot would take the latest Corpus, the one being classified
+        if "labelled" in self.inputs and "labelled" in ctx.inputs:
+            cfg = cfg.model_copy(update={"labelled": parquet_files(ctx.inputs["labelled"].path)})
         if not cfg.input:
             raise ConfigError(f"{self.name}.input: expected files or folders (or a Corpus)")
         if cfg.cluster == "ray":
