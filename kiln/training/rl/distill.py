@@ -30,6 +30,7 @@ class OnPolicyDistill(OnPolicyLoop):
     """`run()` trains the student (`policy`) in place toward `teacher`; one metrics dict a step."""
 
     cfg: DistillConfig
+    score_name = "reverse_kl"
 
     def __init__(
         self,

@@ -4,8 +4,6 @@ every step's metrics and the held-out reverse KL before and after."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
 
@@ -16,13 +14,7 @@ from kiln.training.post.teacher import load_teacher
 from kiln.training.rl.distill import OnPolicyDistill
 from kiln.training.rl.distill_config import DistillRunConfig
 from kiln.training.rl.prompts import load_prompts
-from kiln.training.rl.run import (
-    chat_template,
-    load_policy,
-    resume_state,
-    write_policy,
-    write_run,
-)
+from kiln.training.rl.run import chat_template, load_policy, train_and_write
 
 
 def load_distill_config(path: str, overrides: list[str] | None = None) -> DistillRunConfig:
@@ -60,29 +52,4 @@ def run_distill(
         chat_template=chat_template(cfg.chat_template, tok_dir),
         eos_token_ids=end_of_text_ids(tok, tok_dir),
     )
-    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
-    try:
-        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
-        state = resume_state(loop, out_dir, state_dir)
-        train_started = time.perf_counter()
-        metrics = loop.run(on_step, state_file=state)
-        train_s = time.perf_counter() - train_started
-        after = loop.evaluate(held_out) if held_out else None
-    finally:
-        loop.close()
-    write_policy(out_dir, student, tok_dir, cfg.steps)
-    summary = {
-        "steps": len(metrics),
-        "first_reverse_kl": metrics[0]["reverse_kl"],
-        "final": metrics[-1],
-        "eval_reverse_kl_before": before,
-        "eval_reverse_kl_after": after,
-        "train_seconds": train_s,
-        "steps_per_s": len(metrics) / max(train_s, 1e-9),
-        "seconds": time.perf_counter() - started,
-        "metrics": metrics,
-    }
-    write_run(out_dir, cfg, summary)
-    if state is not None and state_dir is None:
-        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
-    return summary
+    return train_and_write(loop, cfg, out_dir, student, tok_dir, on_step, state_dir, started)

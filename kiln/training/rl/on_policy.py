@@ -38,6 +38,8 @@ class OnPolicyLoop:
     """`run()` trains `policy` in place, `step(k)` is the subclass's; `metrics` holds one dict
     per step. Call `close()` when done (it stops Ray rollout actors)."""
 
+    score_name = "reward"  # the per-step metric `evaluate` measures on held-out prompts
+
     def __init__(
         self,
         policy: nn.Module,

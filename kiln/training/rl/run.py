@@ -78,6 +78,48 @@ def write_run(out_dir: str, cfg, summary: dict) -> None:
         json.dump({"config": cfg.model_dump(mode="json"), **summary}, f, indent=1)
 
 
+def train_and_write(
+    loop: OnPolicyLoop,
+    cfg,
+    out_dir: str,
+    policy: nn.Module,
+    tok_dir: str | None,
+    on_step: Callable[[dict], None] | None,
+    state_dir: str | None,
+    started: float,
+) -> dict:
+    """The held-out score of the base, the loop's steps (resumed from a saved state if one is
+    there), the held-out score after; then the Checkpoint and run.json. The summary names the
+    loop's score (`loop.score_name`: reward for GRPO, reverse_kl for distillation)."""
+    score = loop.score_name
+    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
+    try:
+        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
+        state = resume_state(loop, out_dir, state_dir)
+        train_started = time.perf_counter()
+        metrics = loop.run(on_step, state_file=state)
+        train_s = time.perf_counter() - train_started
+        after = loop.evaluate(held_out) if held_out else None
+    finally:
+        loop.close()
+    write_policy(out_dir, policy, tok_dir, cfg.steps)
+    summary = {
+        "steps": len(metrics),
+        f"first_{score}": metrics[0][score],
+        "final": metrics[-1],
+        f"eval_{score}_before": before,
+        f"eval_{score}_after": after,
+        "train_seconds": train_s,
+        "steps_per_s": len(metrics) / max(train_s, 1e-9),
+        "seconds": time.perf_counter() - started,
+        "metrics": metrics,
+    }
+    write_run(out_dir, cfg, summary)
+    if state is not None and state_dir is None:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
+    return summary
+
+
 def run_grpo(
     cfg: GRPORunConfig,
     out_dir: str,
@@ -101,28 +143,4 @@ def run_grpo(
         chat_template=chat_template(cfg.chat_template, tok_dir),
         eos_token_ids=end_of_text_ids(tok, tok_dir),
     )
-    held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
-    try:
-        before = loop.evaluate(held_out) if held_out else None  # the base's, also on resume
-        state = resume_state(loop, out_dir, state_dir)
-        train_started = time.perf_counter()
-        metrics = loop.run(on_step, state_file=state)
-        train_s = time.perf_counter() - train_started
-        after = loop.evaluate(held_out) if held_out else None
-    finally:
-        loop.close()
-    write_policy(out_dir, policy, tok_dir, cfg.steps)
-    summary = {
-        "steps": len(metrics),
-        "first_reward": metrics[0]["reward"],
-        "final": metrics[-1],
-        "eval_reward_before": before,
-        "eval_reward_after": after,
-        "train_seconds": train_s,
-        "seconds": time.perf_counter() - started,
-        "metrics": metrics,
-    }
-    write_run(out_dir, cfg, summary)
-    if state is not None and state_dir is None:
-        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
-    return summary
+    return train_and_write(loop, cfg, out_dir, policy, tok_dir, on_step, state_dir, started)
