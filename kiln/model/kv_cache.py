@@ -155,11 +155,12 @@ class KVCache:
 
 
 class LayerKV:
-    """One layer's view of a `KVCache` (what an `Attention` module is handed)."""
+    """One layer's view of a cache (a `KVCache` or a paged one: anything with
+    `update(layer, k, v)`), which is what an `Attention` module is handed."""
 
     __slots__ = ("cache", "index")
 
-    def __init__(self, cache: KVCache, index: int) -> None:
+    def __init__(self, cache, index: int) -> None:
         self.cache, self.index = cache, index
 
     def update(

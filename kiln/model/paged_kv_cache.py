@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import LayerKV
 
 NULL_BLOCK = 0  # never handed to a sequence: pads write here, short rows' tables point here
 
@@ -178,8 +179,8 @@ class PagedBatch:
             windowed = causal & (query[:, :, None] - key[None, None, :] < window)
         self._masks = (causal[:, None], windowed[:, None])
 
-    def layer(self, index: int) -> _PagedLayer:
-        return _PagedLayer(self, index)
+    def layer(self, index: int) -> LayerKV:
+        return LayerKV(self, index)
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -212,17 +213,3 @@ class PagedBatch:
     def advance(self, seq_len: int) -> None:
         self.lengths = self.lengths + seq_len
         self._masks = None
-
-
-class _PagedLayer:
-    """One layer's view of a `PagedBatch` (what an `Attention` module is handed)."""
-
-    __slots__ = ("batch", "index")
-
-    def __init__(self, batch: PagedBatch, index: int) -> None:
-        self.batch, self.index = batch, index
-
-    def update(
-        self, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.batch.update(self.index, k, v)
