@@ -5,20 +5,20 @@ latent only) equals `generate`, and HF -> kiln -> HF gives back the same bytes a
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from kiln.engine.generator import Generator
-from kiln.engine.sampler import SamplingParams
 from kiln.model.config import MLAConfig, ModelConfig
-from kiln.model.formats.hf import read_hf_dir, write_hf_dir
+from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
 from kiln.model.kv_cache import KVCache
 from kiln.model.paged_kv_cache import PagedKVCache
 from kiln.model.transformer import Transformer
+from tests.model.hf_parity import (
+    assert_greedy_matches_generate,
+    assert_hf_round_trip,
+    assert_logits_match,
+)
 
 VOCAB = 96
 LENGTHS = [11, 5, 8]
@@ -117,18 +117,6 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
 
 
-def _assert_logits_match(model, hf, prompts) -> None:
-    width = max(LENGTHS)
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, p in enumerate(prompts):
-        tokens[row, : len(p)], mask[row, : len(p)] = torch.tensor(p), 1
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-4)
-
-
 def test_deepseek_v3_matches_transformers(tmp_path):
     hf_dir = str(tmp_path / "hf")
     hf = _random_hf(hf_dir)
@@ -136,28 +124,11 @@ def test_deepseek_v3_matches_transformers(tmp_path):
     assert cfg.mla is not None and cfg.first_dense_layers == 1 and cfg.n_shared_experts == 1
     model = build_model(cfg, state, device="cpu").eval()
     prompts = _prompts()
-    _assert_logits_match(model, hf, prompts)
+    assert_logits_match(model, hf, prompts)
 
     # greedy decoding through the engine's KV cache, which holds the latent
-    gen = Generator(model, None, eos_token_ids=[])
-    params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    got = gen.generate_ids(prompts, params)
-    for p, new in zip(prompts, got, strict=True):
-        want = hf.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p) :]
-        assert new == want.tolist()
-
-    # HF -> kiln -> HF: the same tensors, byte for byte, and the same config
-    out_dir = str(tmp_path / "back")
-    write_hf_dir(cfg, state, out_dir)
-    before = load_file(f"{hf_dir}/model.safetensors")
-    after = load_file(f"{out_dir}/model.safetensors")
-    assert sorted(before) == sorted(after)
-    for name, tensor in before.items():
-        assert tensor.dtype == after[name].dtype and torch.equal(tensor, after[name]), name
-    with open(f"{hf_dir}/config.json") as f, open(f"{out_dir}/config.json") as g:
-        src, dst = json.load(f), json.load(g)
-    for field in FIELDS:
-        assert src.get(field) == dst.get(field), field
+    assert_greedy_matches_generate(model, hf, prompts)
+    assert_hf_round_trip(cfg, state, hf_dir, str(tmp_path / "back"), FIELDS)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +139,7 @@ def test_deepseek_v3_variants_match_transformers(kwargs, tmp_path):
     hf_dir = str(tmp_path / "hf")
     hf = _random_hf(hf_dir, **kwargs)
     _, cfg, state = read_hf_dir(hf_dir)
-    _assert_logits_match(build_model(cfg, state, device="cpu").eval(), hf, _prompts())
+    assert_logits_match(build_model(cfg, state, device="cpu").eval(), hf, _prompts())
 
 
 MLA = MLAConfig(

@@ -5,16 +5,16 @@ tensors and config."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from kiln.engine.generator import Generator
-from kiln.engine.sampler import SamplingParams
-from kiln.model.formats.hf import read_hf_dir, write_hf_dir
+from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
+from tests.model.hf_parity import (
+    assert_greedy_matches_generate,
+    assert_hf_round_trip,
+    assert_logits_match,
+)
 
 VOCAB = 96
 COMMON = {
@@ -127,37 +127,9 @@ def test_kiln_matches_transformers(arch, tmp_path):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in LENGTHS]
 
-    # logits: one right-padded batch; kiln's causal attention never reads the padding
-    width = max(LENGTHS)
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, p in enumerate(prompts):
-        tokens[row, : len(p)], mask[row, : len(p)] = torch.tensor(p), 1
-    with torch.no_grad():
-        ours, theirs = model(tokens), hf(tokens, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-4)
-
-    # greedy decoding through the engine's KV cache
-    gen = Generator(model, None, eos_token_ids=[])
-    params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    got = gen.generate_ids(prompts, params)
-    for p, new in zip(prompts, got, strict=True):
-        want = hf.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p) :]
-        assert new == want.tolist(), arch
-
-    # HF -> kiln -> HF: the same tensors, byte for byte, and the same config
-    out_dir = str(tmp_path / "back")
-    write_hf_dir(cfg, state, out_dir)
-    before = load_file(f"{hf_dir}/model.safetensors")
-    after = load_file(f"{out_dir}/model.safetensors")
-    assert sorted(before) == sorted(after)
-    for name, tensor in before.items():
-        assert tensor.dtype == after[name].dtype and torch.equal(tensor, after[name]), name
-    with open(f"{hf_dir}/config.json") as f, open(f"{out_dir}/config.json") as g2:
-        src, dst = json.load(f), json.load(g2)
-    for field in FIELDS:
-        assert src.get(field) == dst.get(field), field
+    assert_logits_match(model, hf, prompts)
+    assert_greedy_matches_generate(model, hf, prompts)
+    assert_hf_round_trip(cfg, state, hf_dir, str(tmp_path / "back"), FIELDS)
 
 
 @pytest.mark.parametrize(
