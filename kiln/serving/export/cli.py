@@ -46,8 +46,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "import-hf",
-        help="turn a Hugging Face model (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Gemma 3; a "
-        "folder or a Hub id) or a GGUF into a kiln checkpoint",
+        help="turn a Hugging Face model (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, Gemma 3, "
+        "DeepSeek-V3; a folder or a Hub id) or a GGUF into a kiln checkpoint",
     )
     p.add_argument(
         "hf_dir",
