@@ -31,6 +31,39 @@ GEMMA3 = {
     "final_logit_softcap": 3.0,
 }
 
+# DeepSeek-V3's switches on the tiny shape: MLA with YaRN, a dense first layer, the sigmoid
+# grouped router with its balancing bias, a shared expert
+MLA = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_seq_len": 16,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
+DEEPSEEK = {
+    "n_experts": 4,
+    "top_k": 2,
+    "moe_hidden_dim": 32,
+    "n_shared_experts": 1,
+    "first_dense_layers": 1,
+    "router_score": "sigmoid",
+    "n_expert_groups": 2,
+    "topk_groups": 1,
+    "routed_scaling_factor": 2.5,
+    # large enough that a bias update from one rank's loads alone would route differently
+    "router_bias_update_rate": 0.05,
+    "moe_aux_loss_coef": 0.0,  # aux-loss-free, as imports set it (and pp adds no aux loss)
+    "mla": MLA,
+    "rope_scaling": YARN,
+}
+
 
 def train_config(
     parallel: dict, model: dict, optimizer: dict | None = None, checkpoint: dict | None = None

@@ -1,5 +1,6 @@
-"""A tp=2 checkpoint of each new architecture (Llama 3.2, Qwen3, Qwen3-MoE, Gemma 3) resumes at
-dp_shard=2 with the next step's loss the tp=2 run itself had (fp32, one 2-rank launch for all)."""
+"""A tp=2 checkpoint of each new architecture (Llama 3.2, Qwen3, Qwen3-MoE, Gemma 3, DeepSeek-V3
+with its router bias moving every step) resumes at dp_shard=2 with the next step's loss the tp=2
+run itself had (fp32, one 2-rank launch for all)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from tests.training.distributed import run_distributed
 from tests.training.parallel._trainer_cases import (
+    DEEPSEEK,
     GEMMA3,
     LLAMA32,
     QWEN3,
@@ -17,7 +19,13 @@ from tests.training.parallel._trainer_cases import (
     train_config,
 )
 
-ARCHITECTURES = {"llama3.2": LLAMA32, "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE, "gemma3": GEMMA3}
+ARCHITECTURES = {
+    "llama3.2": LLAMA32,
+    "qwen3": QWEN3,
+    "qwen3_moe": QWEN3_MOE,
+    "gemma3": GEMMA3,
+    "deepseek_v3": DEEPSEEK,
+}
 SAVE_AT = STEPS - 1  # one step continued after the checkpoint
 
 

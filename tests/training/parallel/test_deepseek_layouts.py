@@ -9,38 +9,8 @@ import pytest
 
 from kiln.platform.errors import ConfigError
 from tests.training.distributed import run_distributed
-from tests.training.parallel._trainer_cases import train_config, train_losses
+from tests.training.parallel._trainer_cases import DEEPSEEK, train_config, train_losses
 
-MLA = {
-    "kv_lora_rank": 16,
-    "q_lora_rank": 24,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 12,
-}
-YARN = {
-    "rope_type": "yarn",
-    "factor": 4.0,
-    "original_max_seq_len": 16,
-    "mscale": 1.0,
-    "mscale_all_dim": 0.8,
-}
-DEEPSEEK = {
-    "n_experts": 4,
-    "top_k": 2,
-    "moe_hidden_dim": 32,
-    "n_shared_experts": 1,
-    "first_dense_layers": 1,
-    "router_score": "sigmoid",
-    "n_expert_groups": 2,
-    "topk_groups": 1,
-    "routed_scaling_factor": 2.5,
-    # large enough that a bias update from one rank's loads alone would route differently
-    "router_bias_update_rate": 0.05,
-    "moe_aux_loss_coef": 0.0,  # aux-loss-free, as imports set it (and pp adds no aux loss)
-    "mla": MLA,
-    "rope_scaling": YARN,
-}
 FIXED_BIAS = {**DEEPSEEK, "router_bias_update_rate": 0.0}
 LAYOUTS = [
     ("dp2", {"dp_shard": 2}, DEEPSEEK, {}),
