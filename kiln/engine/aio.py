@@ -59,7 +59,7 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
 
 
 async def stream_events(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
 ) -> AsyncIterator[EngineEvent]:
     """Yield the request's token events, then its finish event; its error is raised here.
     Leaving early (a client that went away) cancels the request and frees its slot."""
@@ -69,7 +69,7 @@ async def stream_events(
     def listener(event: EngineEvent) -> None:
         box.post(events, event)
 
-    request = engine.submit(prompt_ids, params, listener)
+    request = engine.submit(prompt_ids, params, listener, cache_salt=cache_salt)
     try:
         while True:
             event = await events.get()
@@ -82,9 +82,11 @@ async def stream_events(
         engine.cancel(request)  # a no-op once it finished
 
 
-async def complete(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> EngineEvent:
+async def complete(
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+) -> EngineEvent:
     """The finish event of one request (its error raised)."""
-    async for event in stream_events(engine, prompt_ids, params):
+    async for event in stream_events(engine, prompt_ids, params, cache_salt):
         if event.kind == "finish":
             return event
     raise RuntimeError("engine stream ended without a finish event")

@@ -85,9 +85,11 @@ async def prepare_jobs(
     copies: int = 1,
     truncate: int | None = None,
     fit_context: bool = False,
+    cache_salt: str | None = None,
 ) -> list[Job]:
     """`copies` jobs per prompt (n / best_of), prompt-major; a seeded request seeds copy j with
-    seed + j so the copies differ yet repeat."""
+    seed + j so the copies differ yet repeat. `cache_salt` keeps their cached prefixes apart
+    from other requests'."""
     jobs = []
     for prompt in prompts:
         first = await backend.prepare(prompt, params, truncate=truncate, fit_context=fit_context)
@@ -95,5 +97,5 @@ async def prepare_jobs(
             p = first.params
             if j and p.seed is not None:
                 p = p.model_copy(update={"seed": (p.seed + j) % 2**63})
-            jobs.append(Job(first.prompt, p, first.prompt_ids))
+            jobs.append(Job(first.prompt, p, first.prompt_ids, cache_salt=cache_salt))
     return jobs

@@ -127,7 +127,7 @@ class LocalBackend:
         assert job.prompt_ids is not None
         by_ids = not isinstance(job.prompt, str)
         params = job.params.model_copy(update={"stop": []}) if by_ids else job.params
-        end = await complete(self._engine, job.prompt_ids, params)
+        end = await complete(self._engine, job.prompt_ids, params, cache_salt=job.cache_salt)
         self._inferences += 1
         if by_ids:
             return self._result_from_ids(job, end.token_ids)
@@ -150,7 +150,8 @@ class LocalBackend:
         assert job.prompt_ids is not None
         decode, sent = self.generator.decode, ""
         text_so_far = IncrementalText(decode)
-        async for event in stream_events(self._engine, job.prompt_ids, job.params):
+        events = stream_events(self._engine, job.prompt_ids, job.params, cache_salt=job.cache_salt)
+        async for event in events:
             if event.kind == "finish":
                 self._inferences += 1
                 job.finish_reason = "length" if event.finish_reason == "length" else "stop"

@@ -87,3 +87,31 @@ def test_prefix_cache_hits_and_kv_usage_in_metrics(tiny_model_dir):
     assert after["vllm:num_requests_running"] == 0
     assert after["vllm:kv_cache_usage_perc"] == 0  # every block free again
     assert after["vllm:num_preemptions_total"] == 0
+
+
+def test_a_cache_salt_keeps_cached_prefixes_apart(tiny_model_dir):
+    """The same long prefix under another `cache_salt` finds nothing cached; under the same
+    salt it finds its full blocks (vLLM's `cache_salt`: one tenant's prefixes are its own)."""
+    from starlette.testclient import TestClient
+
+    from kiln.serving.api.protocol import Limits
+    from kiln.serving.api.server import create_api
+    from kiln.serving.backends.backend import BatchingConfig
+    from kiln.serving.backends.local import LocalBackend
+
+    backend = LocalBackend(tiny_model_dir, "tiny", BatchingConfig(max_batch_size=4))
+    shared = "the quick brown fox jumps over the lazy dog " * 8
+    hits = []
+    with TestClient(create_api(backend, Limits())) as client:
+        for salt, tail in (("a", "and runs"), ("b", "and sleeps"), ("a", "and sits")):
+            before = _samples(client)["vllm:prefix_cache_hits_total"]
+            body = {"prompt": shared + tail, "max_tokens": 1, "temperature": 0, "cache_salt": salt}
+            assert client.post("/v1/completions", json=body).status_code == 200
+            hits.append(_samples(client)["vllm:prefix_cache_hits_total"] - before)
+        chat = {"messages": [{"role": "user", "content": shared}], "max_tokens": 1}
+        assert (
+            client.post("/v1/chat/completions", json={**chat, "cache_salt": ""}).status_code == 400
+        )
+    asyncio.run(backend.close())
+    assert hits[0] == 0 and hits[1] == 0  # "b" shares nothing with "a"
+    assert hits[2] >= 32  # the second "a" request finds the first one's full blocks

@@ -78,6 +78,8 @@ class OpenAIRequest(SamplingFields):
     user: StrictStr | None = None
     logit_bias: dict[str, Any] | None = None
     truncate_prompt_tokens: StrictInt | None = Field(None, ge=1)
+    # vLLM's: requests share cached prompt prefixes only with requests of the same salt (a tenant)
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
     # structured output: at most one of these (structured.py turns it into the engine's grammar)
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | StrictStr | None = None

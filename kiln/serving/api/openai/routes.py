@@ -127,7 +127,12 @@ async def completions(req: CompletionRequest, request: Request):
     if req.stream and (len(prompts) != 1 or best_of != 1 or req.logprobs is not None):
         raise RequestError("stream=true takes one prompt, n=1 and no logprobs", param="stream")
     jobs = await prepare_jobs(
-        backend, prompts, params, copies=best_of, truncate=req.truncate_prompt_tokens
+        backend,
+        prompts,
+        params,
+        copies=best_of,
+        truncate=req.truncate_prompt_tokens,
+        cache_salt=req.cache_salt,
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
@@ -292,6 +297,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         params,
         copies=req.n,
         truncate=req.truncate_prompt_tokens,
+        cache_salt=req.cache_salt,
         fit_context=max_tokens is None,  # no limit asked: up to the end of the context
     )
     if req.stream:
