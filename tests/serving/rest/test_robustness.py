@@ -160,6 +160,7 @@ def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
     from kiln.engine.sampler import SamplingParams
     from kiln.serving.api.openai import routes as rest_openai
     from kiln.serving.api.openai.protocol import CompletionRequest
+    from kiln.serving.api.openai.streaming import guarded
     from kiln.serving.api.triton_generate import routes as rest_triton_generate
     from kiln.serving.backends.backend import Job
 
@@ -169,9 +170,7 @@ def test_a_stream_that_fails_ends_with_an_error_event(local_backend):
         return [e async for e in events]
 
     req = CompletionRequest(prompt=[1], stream=True)
-    events = asyncio.run(
-        collect(rest_openai._guarded(rest_openai._completion_stream(local_backend, bad, req)))
-    )
+    events = asyncio.run(collect(guarded(rest_openai._completion_stream(local_backend, bad, req))))
     assert events[-1] == "data: [DONE]\n\n"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["code"] == "server_error" and error["message"]

@@ -1,7 +1,7 @@
 """The OpenAI router: `/v1/models`, `/v1/completions`, `/v1/chat/completions` over the backend
-in `request.app.state`. Streams are server-sent events that always end in `data: [DONE]`; a
-failure mid-stream is sent as an OpenAI error event first, never a dropped connection. A failure
-before the first token is a plain error answer (a down Triton server: 503 + Retry-After)."""
+in `request.app.state`. Streams are server-sent events (streaming.py); a failure before the first
+token is a plain error answer (a down Triton server: 503 + Retry-After). Tool calls are parsed
+out of chat answers by tool_messages.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from kiln.serving.api.openai.protocol import (
     AssistantMessage,
@@ -24,19 +23,16 @@ from kiln.serving.api.openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    FunctionCall,
-    FunctionCallDelta,
     ModelCard,
     ModelList,
     OpenAIRequest,
     TokenLogprob,
-    ToolCall,
-    ToolCallDelta,
     TopLogprob,
     Usage,
 )
+from kiln.serving.api.openai.streaming import sse, stream_finish, stream_usage
 from kiln.serving.api.openai.structured import requested_grammar
-from kiln.serving.api.openai.tool_parser import ParsedCall, ToolCallStream, parse_tool_calls
+from kiln.serving.api.openai.tool_messages import ToolCallDeltas, calls_finish, tool_message
 from kiln.serving.api.openai.tools import (
     active_tools,
     forced_tools,
@@ -45,7 +41,6 @@ from kiln.serving.api.openai.tools import (
     tool_call_grammar,
 )
 from kiln.serving.api.params import (
-    SSE_HEADERS,
     backend_of,
     limits_of,
     prepare_jobs,
@@ -53,7 +48,7 @@ from kiln.serving.api.params import (
     require_model,
     sampling_params,
 )
-from kiln.serving.api.protocol import RequestError, openai_error
+from kiln.serving.api.protocol import RequestError
 from kiln.serving.backends.backend import Backend, Job, Result
 from kiln.serving.chat_template import render_chat
 from kiln.text.chat_template import end_of_turn_markers, reads_tools
@@ -136,7 +131,7 @@ async def completions(req: CompletionRequest, request: Request):
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
-        return _sse(_completion_stream(backend, jobs[0], req, deltas))
+        return sse(_completion_stream(backend, jobs[0], req, deltas))
     results = await backend.complete(jobs)
     want_scores = req.logprobs is not None or best_of > req.n
     top = req.logprobs or 0
@@ -228,24 +223,9 @@ async def _completion_stream(
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
         yield chunk(delta)
-    yield chunk("", _stream_finish(job, deltas))
+    yield chunk("", stream_finish(job, deltas))
     if req.stream_options and req.stream_options.include_usage:
-        yield _stream_usage(base, job, deltas)
-
-
-def _stream_finish(job: Job, deltas: int) -> str:
-    """Why the stream ended, as the backend saw it; a backend that cannot say (Triton's
-    decoupled stream) is judged by its deltas, one per token unless bytes merged."""
-    if job.finish_reason is not None:
-        return job.finish_reason
-    return "length" if deltas >= job.params.max_new_tokens else "stop"
-
-
-def _stream_usage(base, job: Job, deltas: int) -> str:
-    pt = len(job.prompt_ids or [])
-    ct = job.completion_tokens if job.completion_tokens is not None else deltas
-    usage = Usage(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct)
-    return base.model_copy(update={"choices": [], "usage": usage}).model_dump_json()
+        yield stream_usage(base, job, deltas)
 
 
 # ---------------------------------------------------------------------- chat completions
@@ -302,7 +282,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
-        return _sse(_chat_stream(backend, jobs[0], req, deltas, bool(tools)))
+        return sse(_chat_stream(backend, jobs[0], req, deltas, bool(tools)))
     results = await backend.complete(jobs)
     choices = []
     for i, r in enumerate(results):
@@ -312,31 +292,11 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
             lp = _chat_logprobs(backend, scores[len(r.prompt_ids or []) :])
         message, reason = AssistantMessage(content=r.text), r.finish_reason
         if tools:
-            message, reason = _tool_message(r.text, reason, req.parallel_tool_calls)
+            message, reason = tool_message(r.text, reason, req.parallel_tool_calls)
         choices.append(ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason))
     return ChatCompletionResponse(
         model=backend.model_name, choices=choices, usage=_usage(results, 1)
     )
-
-
-def _tool_message(text: str, reason: str, parallel: bool) -> tuple[AssistantMessage, str]:
-    """The message with the calls parsed out of `text`; finish reason `tool_calls` when the
-    model stopped after calling (a call cut short by max_tokens stays text, and `length`)."""
-    content, calls = parse_tool_calls(text)
-    if not calls:
-        return AssistantMessage(content=text), reason
-    if not parallel:
-        calls = calls[:1]
-    tool_calls = [_tool_call(c) for c in calls]
-    return AssistantMessage(content=content, tool_calls=tool_calls), _calls_finish(reason)
-
-
-def _tool_call(call: ParsedCall) -> ToolCall:
-    return ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
-
-
-def _calls_finish(reason: str) -> str:
-    return "tool_calls" if reason == "stop" else reason
 
 
 def _chat_logprobs(backend: Backend, scores) -> ChoiceLogprobs:
@@ -362,7 +322,7 @@ async def _chat_stream(
     with_tools: bool = False,
 ) -> AsyncIterator[str]:
     base = ChatCompletionChunk(model=backend.model_name, choices=[])
-    calls = ToolCallStream() if with_tools else None
+    calls = ToolCallDeltas(req.parallel_tool_calls) if with_tools else None
 
     def chunk(delta: ChatDelta, reason=None) -> str:
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=reason)
@@ -372,54 +332,18 @@ async def _chat_stream(
         del event["choices"][0]["logprobs"]
         return json.dumps(event, ensure_ascii=False)
 
-    sent = 0  # calls sent: the index of the next one
-
-    def pieces(items: list[str | ParsedCall]) -> list[ChatDelta]:
-        nonlocal sent
-        out = []
-        for item in items:
-            if isinstance(item, str):
-                out.append(ChatDelta(content=item))
-                continue
-            if sent and not req.parallel_tool_calls:
-                continue  # one call asked for: as the non-streamed answer keeps the first
-            function = FunctionCallDelta(name=item.name, arguments=item.arguments)
-            call = ToolCallDelta(index=sent, id=item.id, type="function", function=function)
-            out.append(ChatDelta(tool_calls=[call]))
-            sent += 1
-        return out
-
     yield chunk(ChatDelta(role="assistant", content=""))
     deltas = 0
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
-        for piece in pieces(calls.feed(delta)) if calls is not None else [ChatDelta(content=delta)]:
+        for piece in calls.feed(delta) if calls is not None else [ChatDelta(content=delta)]:
             yield chunk(piece)
     if calls is not None:
-        for piece in pieces(calls.finish()):
+        for piece in calls.finish():
             yield chunk(piece)
-    reason = _stream_finish(job, deltas)
-    if sent:
-        reason = _calls_finish(reason)
+    reason = stream_finish(job, deltas)
+    if calls is not None and calls.sent:
+        reason = calls_finish(reason)
     yield chunk(ChatDelta(), reason)
     if req.stream_options and req.stream_options.include_usage:
-        yield _stream_usage(base, job, deltas)
-
-
-# ------------------------------------------------------------------------------ streams
-
-
-def _sse(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(_guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """`data: <event>` lines, an OpenAI error event if generation fails, then `[DONE]`."""
-    try:
-        async for event in events:
-            yield f"data: {event}\n\n"
-    except Exception as e:  # noqa: BLE001 - the stream has started: report, don't drop it
-        status = e.status if isinstance(e, RequestError) else 500
-        message = e.message if isinstance(e, RequestError) else f"generation failed: {e}"
-        yield f"data: {json.dumps(openai_error(message, status))}\n\n"
-    yield "data: [DONE]\n\n"
+        yield stream_usage(base, job, deltas)
