@@ -27,6 +27,12 @@ def worth_offloading(tensor: torch.Tensor) -> bool:
     return not isinstance(tensor, nn.Parameter) and tensor.device.type != "cpu"
 
 
+def _host_like(tensor: torch.Tensor, pin_memory: bool) -> torch.Tensor:
+    """A host buffer with the tensor's strides: a compiled block's backward asserts the strides
+    of what it saved (a transposed q/k/v view comes back transposed, not contiguous)."""
+    return torch.empty_like(tensor, device="cpu", pin_memory=pin_memory)
+
+
 class SyncCopier:
     """Plain copies (accelerators without streams); `ready` has nothing to wait for."""
 
@@ -34,9 +40,7 @@ class SyncCopier:
         self.pin_memory = pin_memory
 
     def to_host(self, tensor: torch.Tensor) -> Any:
-        host = torch.empty(
-            tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=self.pin_memory
-        )
+        host = _host_like(tensor, self.pin_memory)
         host.copy_(tensor, non_blocking=self.pin_memory)
         return host
 
@@ -55,7 +59,7 @@ class StreamCopier:
         self.h2d = torch.cuda.Stream(device)
 
     def to_host(self, tensor: torch.Tensor) -> Any:
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
+        host = _host_like(tensor, pin_memory=True)
         self.d2h.wait_stream(torch.cuda.current_stream(tensor.device))  # after its producer
         with torch.cuda.stream(self.d2h):
             host.copy_(tensor, non_blocking=True)

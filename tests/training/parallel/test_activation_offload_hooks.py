@@ -6,11 +6,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kiln.model.config import ModelConfig
+from kiln.model.transformer import Transformer
 from kiln.training.parallel.activation_offload import (
     OffloadHooks,
+    SyncCopier,
     apply_activation_offload,
     worth_offloading,
 )
+from kiln.training.parallel.parallelize import _apply_compile
 
 
 def test_weights_and_host_tensors_are_not_offloaded():
@@ -96,3 +100,36 @@ def test_backward_fetches_each_block_once_and_prefetches_the_next():
     for b in range(3):
         last_fetch = max(i for i, x in enumerate(backward) if x == ("fetch", b))
         assert last_fetch < first("use", b)
+
+
+def test_compiled_blocks_offload_through_the_hooks_with_strides_kept():
+    """The GPU gate's `1b_activation_offload` row (compile on) failed inside dynamo, which traced
+    the hooks. The trainer's compile with offload: blocks compile their forward only, the hooks
+    run eagerly, every tensor the compiled graph saves goes through them, and the host copies
+    keep their strides (the compiled backward asserts them; attention saves transposed views)."""
+    cfg = ModelConfig(vocab_size=128, dim=32, n_layers=2, n_heads=4, max_seq_len=16)
+    torch.manual_seed(0)
+    eager = Transformer(cfg)
+    offloaded = Transformer(cfg)
+    offloaded.load_state_dict(eager.state_dict())
+    copier = SyncCopier()
+    saved = []  # (contiguous?, device strides, host strides) of every offloaded tensor
+    to_host = copier.to_host
+
+    def record(tensor):
+        host = to_host(tensor)
+        saved.append((tensor.is_contiguous(), tensor.stride(), host.stride()))
+        return host
+
+    copier.to_host = record
+    hooks = OffloadHooks(copier_for=lambda device: copier, worth=lambda t: t.dim() >= 2)
+    apply_activation_offload(offloaded, hooks)
+    _apply_compile(offloaded, hooks_outside=True)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 12))
+    for model in (eager, offloaded):
+        model(tokens).float().square().mean().backward()
+    assert len(saved) > 10
+    assert all(device == host for _, device, host in saved)
+    assert not all(contiguous for contiguous, _, _ in saved)  # the case that needs the strides
+    for (name, a), b in zip(eager.named_parameters(), offloaded.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
