@@ -109,6 +109,12 @@ class TrainConfig(_Strict):
     activation_offload: bool = Field(
         False, description="Keep saved activations in host memory between forward and backward."
     )
+    activation_offload_layers: int | None = Field(
+        None,
+        gt=0,
+        description="With activation_offload: only the first this many blocks (None: all), "
+        "whose activations wait longest for backward.",
+    )
     loss_chunk_tokens: int = Field(
         0,
         ge=0,
@@ -177,6 +183,8 @@ class TrainConfig(_Strict):
             raise ConfigError(
                 f"seq_len ({self.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
             )
+        if self.activation_offload_layers is not None and not self.activation_offload:
+            raise ConfigError("activation_offload_layers needs activation_offload: true")
         if self.parallel.pp > 1 and self.model.tie_embeddings:
             raise ConfigError(
                 "model.tie_embeddings is not supported with parallel.pp > 1 "

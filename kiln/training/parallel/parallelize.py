@@ -43,7 +43,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Mo
             apply_context_parallel(model, dims.mesh("cp"), seq_len=cfg.seq_len)
     apply_recompute(model, cfg.recompute, cfg.selective_recompute)
     if cfg.activation_offload:
-        apply_activation_offload(model)
+        apply_activation_offload(model, layers=cfg.activation_offload_layers)
     if cfg.parallel.compile:
         _apply_compile(model, hooks_outside=cfg.activation_offload)
     if distributed:
