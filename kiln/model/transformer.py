@@ -222,18 +222,23 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # training-only multi-token prediction (mtp.py); module k's block is layer n_layers + k
+        # training-only multi-token prediction (mtp.py); module k's block is layer n_layers + k.
+        # Built on meta, so that constructing them draws nothing from the generator and the
+        # main model's init stays that of mtp_depth 0; `init_weights` fills them after the head.
         self.mtp = None
         if cfg.mtp_depth:
-            self.mtp = nn.ModuleList(
-                MTPModule(
-                    cfg.dim,
-                    cfg.norm_eps,
-                    cfg.norm_unit_offset,
-                    TransformerBlock(cfg, cfg.n_layers + k),
+            with torch.device("meta"):
+                self.mtp = nn.ModuleList(
+                    MTPModule(
+                        cfg.dim,
+                        cfg.norm_eps,
+                        cfg.norm_unit_offset,
+                        TransformerBlock(cfg, cfg.n_layers + k),
+                    )
+                    for k in range(cfg.mtp_depth)
                 )
-                for k in range(cfg.mtp_depth)
-            )
+            if init:
+                self.mtp.to_empty(device=self.tok_embeddings.weight.device)
         # the mean MTP loss of the last forward given `mtp_labels` (None otherwise)
         self.mtp_loss: torch.Tensor | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
