@@ -58,6 +58,16 @@ def hf_mtp_layer(name: str, cfg: ModelConfig) -> int | None:
     return int(m[1]) - cfg.n_layers
 
 
+def held_mtp_depth(hf_names, cfg: ModelConfig) -> int:
+    """How many of the `mtp_depth` MTP layers config.json announces the weights hold: folders
+    that transformers saved announce DeepSeek's one (num_nextn_predict_layers) and hold none."""
+    held = {hf_mtp_layer(name, cfg) for name in hf_names} - {None}
+    depth = 0
+    while depth < cfg.mtp_depth and depth in held:
+        depth += 1
+    return depth
+
+
 def is_shared_copy(name: str) -> bool:
     """An MTP layer's copy of the embedding or output head (kiln shares the main model's)."""
     return name.split(".", 3)[-1] in SHARED_COPIES
