@@ -178,3 +178,39 @@ def test_other_architectures_export_the_main_model_alone(tmp_path):
     assert (
         not any(".layers.2." in n for n in names) and "model.layers.1.mlp.up_proj.weight" in names
     )
+
+
+def test_imported_mtp_modules_continue_training(tmp_path):
+    """`kiln import-hf` of a DeepSeek-V3 folder with MTP layers writes a checkpoint that holds
+    them, and `train` from it (init_from) starts from those weights and trains them."""
+    from kiln.model.formats.weights import import_model, read_weights
+    from kiln.training.config import TrainConfig
+    from kiln.training.trainer import Trainer
+
+    cfg = _cfg(1, rope_scaling=None)
+    torch.manual_seed(0)
+    state = _perturb(Transformer(cfg)).state_dict()
+    write_hf_dir(cfg, state, str(tmp_path / "hf"))
+    step_dir = import_model(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+    _, got_cfg, got = read_weights(step_dir)
+    assert got_cfg.mtp_depth == 1 and sorted(got) == sorted(state)
+    assert all(torch.equal(state[k], got[k]) for k in state)
+    train = TrainConfig(
+        model=got_cfg.model_dump(),
+        checkpoint={"init_from": step_dir},
+        seq_len=16,
+        global_batch_size=2,
+        micro_batch_size=2,
+        steps=1,
+        device="cpu",
+        precision="fp32",
+        data={"synthetic": True, "prefetch": 0},
+    )
+    trainer = Trainer(train).setup()
+    loaded = trainer.model_parts[0].state_dict()
+    assert torch.equal(loaded["mtp.0.eh_proj.weight"], state["mtp.0.eh_proj.weight"])
+    (metrics,) = trainer.train()
+    assert metrics["mtp_loss"] > 0
+    assert not torch.equal(
+        trainer.model_parts[0].mtp[0].eh_proj.weight, state["mtp.0.eh_proj.weight"]
+    )
