@@ -1,7 +1,7 @@
-"""Multi-token prediction (mtp_depth 2 on the tiny DeepSeek-V3) trains under FSDP (dp_shard=2)
-and expert parallelism (ep=2) as in one process: the same loss, grad norm and MTP loss at every
-step (fp32, gloo); pp, tp and cp are refused by name. With mtp_loss_weight 0 the main model
-trains bit for bit as without MTP."""
+"""Multi-token prediction (mtp_depth 2 on the tiny DeepSeek-V3) trains under FSDP (dp_shard=2),
+expert parallelism (ep=2) and plain data parallelism (dp_replicate=2) as in one process: the
+same loss, grad norm and MTP loss at every step (fp32, gloo); pp, tp and cp are refused by name.
+With mtp_loss_weight 0 the main model trains as without MTP."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from tests.training.distributed import run_distributed
 from tests.training.parallel._trainer_cases import DEEPSEEK, train_config
 
 MTP = {**DEEPSEEK, "mtp_depth": 2}
-LAYOUTS = [("dp2", {"dp_shard": 2}), ("ep2", {"dp_shard": 2, "ep": 2})]
+LAYOUTS = [
+    ("dp2", {"dp_shard": 2}),
+    ("ep2", {"dp_shard": 2, "ep": 2}),
+    ("replicate2", {"dp_replicate": 2, "dp_shard": 1}),
+]
 
 
 def train_metrics(layouts: list[tuple[dict, dict]]) -> list[list[tuple[float, ...]]]:
@@ -28,7 +32,7 @@ def train_metrics(layouts: list[tuple[dict, dict]]) -> list[list[tuple[float, ..
     return results
 
 
-def test_mtp_trains_under_fsdp_and_ep_as_in_one_process():
+def test_mtp_trains_under_fsdp_ep_and_replicate_as_in_one_process():
     (single,) = train_metrics([({}, MTP)])
     assert all(mtp is not None and mtp > 0 for _, _, mtp in single)
     per_rank = run_distributed(train_metrics, 2, [(p, MTP) for _, p in LAYOUTS])
