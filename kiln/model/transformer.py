@@ -283,6 +283,13 @@ class Transformer(nn.Module):
         for module in self.mtp or ():
             module.init_weights(BASE_STD, init_std)
 
+    def __getstate__(self):
+        # mtp_loss is a graph tensor after a training forward; copies and pickles keep its value.
+        state = dict(super().__getstate__())
+        if state.get("mtp_loss") is not None:
+            state["mtp_loss"] = state["mtp_loss"].detach()
+        return state
+
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         if self.cfg.embed_scale:  # rounded to the model dtype first, as Gemma does

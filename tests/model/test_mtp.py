@@ -5,6 +5,7 @@ them, and Hugging Face export/import carries them as DeepSeek's `model.layers.{L
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -81,6 +82,7 @@ def test_mtp_loss_equals_the_written_out_equations(depth):
     assert model.mtp_loss.item() == pytest.approx(want.item(), abs=1e-5)
     # the gradients of the modules' loss reach the main model's weights, as in the paper
     model.mtp_loss.backward()
+    assert copy.deepcopy(model).mtp_loss == model.mtp_loss  # a copy keeps the value only
     assert model.layers["0"].attention.wkv_a.weight.grad.abs().sum() > 0
     assert model.mtp[depth - 1].eh_proj.weight.grad.abs().sum() > 0
     # the return value is the main model's loss, the same as a model without MTP
