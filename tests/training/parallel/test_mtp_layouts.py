@@ -62,3 +62,19 @@ def test_mtp_with_pp_tp_or_cp_is_refused_by_name(dim):
         train_config({dim: 2}, {**model, "router_bias_update_rate": 0.0})
     with pytest.raises(ValueError, match="mtp_depth"):  # pydantic: the field, ge=0
         train_config({}, {**MTP, "mtp_depth": -1})
+
+
+def test_mtp_modules_resume_from_a_checkpoint(tmp_path):
+    """The modules' weights (and their routers' biases) are in the checkpoint: a run saved after
+    step 2 and resumed takes step 3 with the uninterrupted run's loss and MTP loss."""
+    from kiln.training.trainer import Trainer
+
+    (straight,) = train_metrics([({}, MTP)])
+    save = {"dir": str(tmp_path), "interval_steps": 2, "save_final": False}
+    torch.manual_seed(0)
+    Trainer(train_config({}, MTP, checkpoint=save)).train()
+    load = {"load_from": str(tmp_path / "step-00000002")}
+    resumed = Trainer(train_config({}, MTP, checkpoint=load)).setup()
+    assert resumed.step == 2
+    (last,) = resumed.train()
+    assert (last["loss"], last["mtp_loss"]) == pytest.approx(straight[2][::2], abs=1e-6)
