@@ -78,3 +78,36 @@ def test_mtp_modules_resume_from_a_checkpoint(tmp_path):
     assert resumed.step == 2
     (last,) = resumed.train()
     assert (last["loss"], last["mtp_loss"]) == pytest.approx(straight[2][::2], abs=1e-6)
+
+
+def test_mtp_modules_added_to_a_checkpoint_without_them(tmp_path):
+    """init_from a run without MTP: the main weights are the checkpoint's, the modules start
+    from the init a fresh run gives them; resuming that run with MTP is refused by name. A
+    pipeline's `train` on a model input takes the checkpoint's shape plus `model.mtp_depth`,
+    and its layout is checked against the result."""
+    from kiln.platform.errors import InputError
+    from kiln.training.stages import continue_from_model
+    from kiln.training.trainer import Trainer
+
+    torch.manual_seed(0)
+    Trainer(train_config({}, DEEPSEEK, checkpoint={"dir": str(tmp_path)})).train()
+    step_dir = str(tmp_path / "step-00000003")
+    torch.manual_seed(0)
+    fresh = Trainer(train_config({}, MTP)).setup().model_parts[0].state_dict()
+    torch.manual_seed(0)
+    grown = {"init_from": step_dir, "dir": str(tmp_path / "mtp"), "interval_steps": 2}
+    added = Trainer(train_config({}, MTP, checkpoint=grown)).setup()
+    state = added.model_parts[0].state_dict()
+    assert torch.equal(state["mtp.1.eh_proj.weight"], fresh["mtp.1.eh_proj.weight"])
+    assert not torch.equal(state["output.weight"], fresh["output.weight"])  # 3 steps trained
+    assert added.train()[-1]["mtp_loss"] > 0
+    with pytest.raises(InputError, match=r"no multi-token prediction modules .*mtp\.0\."):
+        Trainer(train_config({}, MTP, checkpoint={"load_from": step_dir})).setup()
+
+    stage_cfg = train_config({}, {"mtp_depth": 2, "mtp_loss_weight": 0.1})
+    continued = continue_from_model(stage_cfg, step_dir)
+    assert continued.model.mla is not None and continued.model.mtp_depth == 2
+    assert continued.model.mtp_loss_weight == 0.1
+    assert continue_from_model(train_config({}, {}), step_dir).model.mtp_depth == 0
+    with pytest.raises(ConfigError, match=r"model.mtp_depth .* parallel.tp > 1"):
+        continue_from_model(train_config({"tp": 2}, {}), str(tmp_path / "mtp"))  # MTP in it
