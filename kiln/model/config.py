@@ -183,6 +183,19 @@ class ModelConfig(BaseModel):
         "times sign(mean load - expert load), aux-loss-free balancing (DeepSeek-V3: 0.001; "
         "0 keeps the bias fixed).",
     )
+    mtp_depth: int = Field(
+        0,
+        ge=0,
+        description="Multi-token prediction (DeepSeek-V3): this many sequential training-only "
+        "modules, the k-th predicting the token k+1 ahead through one more block and the shared "
+        "embedding and output head (0: none; DeepSeek-V3: 1). Serving ignores them.",
+    )
+    mtp_loss_weight: float = Field(
+        0.3,
+        ge=0,
+        description="Multi-token prediction: the training loss adds this times the mean of the "
+        "modules' losses (DeepSeek-V3: 0.3, later 0.1).",
+    )
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
@@ -279,6 +292,10 @@ class ModelConfig(BaseModel):
             attn += 2 * self.head_dim if self.qk_norm else 0
         norms = (4 if self.sandwich_norm else 2) * d
         layers = sum(attn + self.ffn_params(i) + norms for i in range(self.n_layers))
+        # each MTP module: its block (layer n_layers + k), two input norms, the 2d -> d
+        # projection and its head norm; the embedding and output head are the main model's
+        mtp_layers = range(self.n_layers, self.n_layers + self.mtp_depth)
+        layers += sum(attn + self.ffn_params(i) + norms + 3 * d + 2 * d * d for i in mtp_layers)
         emb = self.vocab_size * d
         out = 0 if self.tie_embeddings else self.vocab_size * d
         total = layers + d + emb + out

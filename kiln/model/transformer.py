@@ -20,6 +20,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerKV
 from kiln.model.mla import MultiHeadLatentAttention
 from kiln.model.moe import MoE
+from kiln.model.mtp import MTPModule, mtp_losses
 from kiln.model.norms import build_norm
 from kiln.model.rope import apply_rope, rope_rows, rope_tables
 from kiln.model.router import SigmoidGroupedRouter
@@ -221,6 +222,25 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        # training-only multi-token prediction (mtp.py); module k's block is layer n_layers + k.
+        # Built on meta, so that constructing them draws nothing from the generator and the
+        # main model's init stays that of mtp_depth 0; `init_weights` fills them after the head.
+        self.mtp = None
+        if cfg.mtp_depth:
+            with torch.device("meta"):
+                self.mtp = nn.ModuleList(
+                    MTPModule(
+                        cfg.dim,
+                        cfg.norm_eps,
+                        cfg.norm_unit_offset,
+                        TransformerBlock(cfg, cfg.n_layers + k),
+                    )
+                    for k in range(cfg.mtp_depth)
+                )
+            if init:
+                self.mtp.to_empty(device=self.tok_embeddings.weight.device)
+        # the mean MTP loss of the last forward given `mtp_labels` (None otherwise)
+        self.mtp_loss: torch.Tensor | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         # the sliding-window layers' own RoPE tables when rope_local_theta is set (Gemma 3)
@@ -248,7 +268,7 @@ class Transformer(nn.Module):
         """Llama/GPT-2 init (std 0.02, residual projections scaled by depth); rebuilds RoPE tables.
 
         Call after `to_empty()` when the model was built on the meta device. Deterministic:
-        modules draw in the order they appear (embedding, blocks, norm, output).
+        modules draw in the order they appear (embedding, blocks, norm, output, MTP modules).
         """
         self.init_buffers(buffer_device)
         init_std = BASE_STD / math.sqrt(2 * self.cfg.n_layers)
@@ -260,6 +280,21 @@ class Transformer(nn.Module):
             self.norm.reset_parameters()
         if self.output is not None:  # tied: redraws the shared embedding, as it always has
             nn.init.normal_(self.output.weight, mean=0.0, std=BASE_STD)
+        for module in self.mtp or ():
+            module.init_weights(BASE_STD, init_std)
+
+    def __getstate__(self):
+        # mtp_loss is a graph tensor after a training forward; copies and pickles keep its value.
+        state = dict(super().__getstate__())
+        if state.get("mtp_loss") is not None:
+            state["mtp_loss"] = state["mtp_loss"].detach()
+        return state
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        if self.cfg.embed_scale:  # rounded to the model dtype first, as Gemma does
+            h = h * torch.tensor(self.cfg.dim**0.5, dtype=h.dtype)
+        return h
 
     def forward(
         self,
@@ -269,6 +304,7 @@ class Transformer(nn.Module):
         logits_positions: tuple[torch.Tensor, torch.Tensor] | None = None,
         labels: torch.Tensor | None = None,
         loss_chunk_tokens: int = 1024,
+        mtp_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens [B, S] (or hidden states [B, S, D] in a later pipeline stage) -> logits.
 
@@ -280,13 +316,11 @@ class Transformer(nn.Module):
         the mean next-token cross entropy instead of logits, computed `loss_chunk_tokens` tokens
         at a time so the full logits never exist (chunked_cross_entropy.py). It is computed
         here, inside forward, so FSDP's hooks have the output weight gathered while it runs.
+        mtp_labels [B, S]: the next-token targets (-100 ignored) of a model with MTP modules;
+        forward then also sets `self.mtp_loss`, the mean of their losses (mtp.py). The return
+        value stays the main model's.
         """
-        if self.tok_embeddings is not None:
-            h = self.tok_embeddings(tokens)
-            if self.cfg.embed_scale:  # rounded to the model dtype first, as Gemma does
-                h = h * torch.tensor(self.cfg.dim**0.5, dtype=h.dtype)
-        else:
-            h = tokens
+        h = self._embed(tokens) if self.tok_embeddings is not None else tokens
         if kv_cache is not None:
             seq_len = h.shape[1]
             positions = kv_cache.positions(seq_len) if positions is None else positions
@@ -298,6 +332,9 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, positions=positions, kv_cache=kv_cache)
         if kv_cache is not None:
             kv_cache.advance(h.shape[1])
+        self.mtp_loss = None
+        if mtp_labels is not None and self.mtp is not None:
+            self.mtp_loss = self._mtp_loss(h, tokens, mtp_labels, positions, loss_chunk_tokens)
         if logits_positions is not None:
             h = h[logits_positions]
         h = self.norm(h) if self.norm is not None else h
@@ -307,3 +344,27 @@ class Transformer(nn.Module):
             softcap = self.cfg.final_logit_softcap
             return linear_cross_entropy(h, self.output.weight, labels, loss_chunk_tokens, softcap)
         return soft_cap(self.output(h), self.cfg.final_logit_softcap)
+
+    def _mtp_loss(
+        self,
+        h: torch.Tensor,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        positions: torch.Tensor | None,
+        chunk_tokens: int,
+    ) -> torch.Tensor:
+        """The mean of the MTP modules' losses, from the last block's output h."""
+        softcap = self.cfg.final_logit_softcap
+
+        def head_loss(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return linear_cross_entropy(hidden, self.output.weight, targets, chunk_tokens, softcap)
+
+        def rope_tables(block: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+            if block.local_rope:
+                return self.rope_local_cos, self.rope_local_sin
+            return self.rope_cos, self.rope_sin
+
+        losses = mtp_losses(
+            self.mtp, self.norm(h), tokens, labels, self._embed, head_loss, rope_tables, positions
+        )
+        return torch.stack(losses).mean()

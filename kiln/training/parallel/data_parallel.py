@@ -22,7 +22,8 @@ def apply_fsdp(
     cpu_offload: bool = False,
     ignored_params: set[nn.Parameter] | None = None,
 ) -> None:
-    """fully_shard each block, then the root (embeddings, final norm, output); 2-D dp_mesh = HSDP.
+    """fully_shard each block (and multi-token prediction module), then the root (embeddings, final
+    norm, output); 2-D dp_mesh = HSDP.
 
     reshard_after_forward=False keeps parameters gathered from forward to backward: only the
     fp32 master weights, gradients and Adam state stay sharded (Megatron's distributed optimizer).
@@ -36,7 +37,7 @@ def apply_fsdp(
         else OffloadPolicy(),
         "ignored_params": ignored_params or None,
     }
-    for block in model.layers.values():
+    for block in [*model.layers.values(), *(model.mtp or ())]:  # MTP modules: a unit each
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
     # The root's parameters are used last in forward and first in backward: no point resharding.
     fully_shard(model, reshard_after_forward=False, **kwargs)
@@ -52,6 +53,6 @@ def apply_replicate(
     """Plain data parallelism (FSDP2's replicate): full copies, gradients all-reduced per block."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    for block in model.layers.values():
+    for block in [*model.layers.values(), *(model.mtp or ())]:
         replicate(block, mesh=dp_mesh, mp_policy=mp_policy, ignored_params=ignored_params or None)
     replicate(model, mesh=dp_mesh, mp_policy=mp_policy, ignored_params=ignored_params or None)

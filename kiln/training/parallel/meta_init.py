@@ -4,10 +4,11 @@ Every rank builds the model on `meta` (no memory), carves its pipeline stage(s) 
 them; `materialize` then allocates only this rank's shards (`to_empty`) and fills them with
 exactly the values one process gets from `build_on_meta(cfg).to_empty(device)` followed by
 `torch.manual_seed(seed); model.init_weights()`. It replays that init unit by unit (embedding,
-each block, final norm, output head, in `Transformer.init_weights`' order) on a full-size scratch
-copy of one unit at a time, on the same device and generator, and each rank keeps its slice of
-every tensor it holds. Peak memory is the local shards plus the largest unit, instead of the
-whole model on every rank (twice with pipeline carving, which deep-copied it).
+each block, final norm, output head, multi-token prediction modules, in
+`Transformer.init_weights`' order) on a full-size scratch copy of one unit at a time, on the
+same device and generator, and each rank keeps its slice of every tensor it holds. Peak memory
+is the local shards plus the largest unit, instead of the whole model on every rank (twice with
+pipeline carving, which deep-copied it).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ def _init_units(
         yield f"layers.{key}", block, lambda b: b.init_weights(init_std)
     yield "norm", model.norm, lambda n: n.reset_parameters()
     yield "output", model.output, normal
+    for k, module in enumerate(model.mtp or ()):
+        yield f"mtp.{k}", module, lambda m: m.init_weights(BASE_STD, init_std)
 
 
 def _weights(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
