@@ -156,8 +156,9 @@ class Checkpointer:
         self._apply_model_state({**model_sd, **state["model"]}, model_keys)
         if full:
             self._apply_training_state(state, optim_keys, sidecar)
-        self._last_saved_step = int(sidecar.get("step", -1))
-        self.committed = (self._last_saved_step, path)
+        if not weights_only:  # a resume: that save is this run's; a new run has saved nothing
+            self._last_saved_step = int(sidecar.get("step", -1))
+            self.committed = (self._last_saved_step, path)
         log.info(
             "loaded checkpoint %s (step %s) in %.2fs",
             path,
