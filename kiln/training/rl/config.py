@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiln.model.lora import LoRAConfig
+from kiln.platform.errors import ConfigError
 from kiln.training.config import OptimizerConfig
 from kiln.training.rl.rewards import RewardSpec
 
@@ -89,8 +90,28 @@ class GRPOConfig(OnPolicyConfig):
     )
     overlong_filter: bool = Field(False, description="DAPO: truncated completions get no loss.")
     tis_cap: float | None = Field(
-        2.0, gt=0, description="Truncated importance sampling cap (None: off)."
+        2.0,
+        gt=0,
+        description="Truncated importance sampling cap: tokens weighted by min(pi_trainer / "
+        "pi_behaviour, cap), the behaviour policy being the engine's weights the rollouts were "
+        "sampled with (None: off).",
     )
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        description="Async rollouts: the engines sample up to this many steps ahead with the "
+        "weights they hold, so a step trains on rollouts of a policy at most this many updates "
+        "old, corrected by tis_cap (0: on-policy, each step samples after the last refit).",
+    )
+
+    @model_validator(mode="after")
+    def _check_off_policy(self) -> GRPOConfig:
+        if self.max_policy_lag > 0 and self.tis_cap is None:
+            # without the behaviour policy's ratio, stale rollouts bias the gradient silently
+            raise ConfigError(
+                "tis_cap: max_policy_lag > 0 needs the importance correction; set a cap (e.g. 2.0)"
+            )
+        return self
 
 
 class GRPORunConfig(GRPOConfig):

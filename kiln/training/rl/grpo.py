@@ -6,7 +6,14 @@ The policy is a kiln `Transformer` (full fine-tuning, or LoRA adapters via kiln/
 Reference log-probs come from the frozen base: the same model with its adapters disabled under
 LoRA, a frozen copy only for full fine-tuning with beta > 0. Each engine decodes from its own
 plain copy of the weights (the engine lays out the LM head for decoding, and LoRA is merged
-into it at each refit), so a step's rollouts always use the latest policy.
+into it at each refit), so at `max_policy_lag: 0` a step's rollouts use the latest policy.
+
+Async (`max_policy_lag` L > 0): the engines sample the next L steps' batches while this step
+trains (on_policy.py `take_batch`), so a step's rollouts come from a policy up to L updates old
+(`policy_lag`, logged). The clipped ratio stays relative to the trainer's log-probs at the
+step's start (the proximal policy); the truncated importance weight min(pi_trainer /
+pi_behaviour, tis_cap), with the engine's sampling log-probs as pi_behaviour, corrects for the
+staleness (decoupled PPO, Hilton et al. 2022 and AReaL; TIS, Yao et al. 2025).
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ import copy
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kiln.model.lora import adapters_disabled
+from kiln.platform.errors import KilnError
 from kiln.training.rl.config import GRPOConfig
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.objectives import (
+    behaviour_ratio,
     group_advantages,
     grpo_loss,
     informative_groups,
@@ -32,6 +42,18 @@ from kiln.training.rl.objectives import (
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.rewards import RewardSet
 from kiln.training.rl.rollout import Rollout
+
+
+@dataclass
+class UpdateBatch:
+    """What the last update trained on, for inspection: its rollouts, the trainer's log-probs
+    at the step's start, the engine's (behaviour policy's) and their ratio, per token."""
+
+    rollouts: list[Rollout]
+    old_logp: torch.Tensor  # [B, T] the trainer's, before this step's updates
+    behaviour_logp: torch.Tensor  # [B, T] the engine's, as it sampled
+    mask: torch.Tensor  # [B, T]
+    is_ratio: torch.Tensor  # [B, T] exp(old_logp - behaviour_logp), before the cap
 
 
 class GRPO(OnPolicyLoop):
@@ -53,6 +75,8 @@ class GRPO(OnPolicyLoop):
             policy, tokenizer, rows, cfg, chat_template=chat_template, eos_token_ids=eos_token_ids
         )
         self.rewards = RewardSet.from_specs(cfg.rewards)
+        self.lag = cfg.max_policy_lag
+        self.last_update: UpdateBatch | None = None
         self.reference = None
         if cfg.lora is None and cfg.beta > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -66,9 +90,13 @@ class GRPO(OnPolicyLoop):
 
     def step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
-        picked = self.next_prompts()
-        rollouts = self.sample(picked, cfg.group_size, step)
-        rollout_s = time.perf_counter() - started
+        picked, rollouts = self.take_batch(step, cfg.group_size)
+        rollout_s = time.perf_counter() - started  # sampled ahead: only the wait for the rest
+        lag = self.policy_version - min(r.policy_version for r in rollouts)
+        if lag > self.lag:  # the engines' queue order guarantees it; a broken one must not train
+            raise KilnError(
+                f"step {step + 1}: rollouts {lag} updates old, max_policy_lag {self.lag}"
+            )
         rows = [self.rows[picked[r.prompt_index]] for r in rollouts]
         texts = [self.decode(r.completion_ids) for r in rollouts]
         results = self.rewards.score(
@@ -80,6 +108,7 @@ class GRPO(OnPolicyLoop):
         if cfg.dynamic_sampling:
             keep = informative_groups(rewards, cfg.group_size)
         m = self._reward_metrics(step, rewards, results, rollouts, keep)
+        m["policy_lag"] = float(lag)
         train_started = time.perf_counter()
         if keep.any():
             m.update(self._update([r for r, k in zip(rollouts, keep, strict=True) if k],
@@ -87,7 +116,10 @@ class GRPO(OnPolicyLoop):
         train_s = time.perf_counter() - train_started
         m.update(self.refit())
         generated = sum(len(r.completion_ids) for r in rollouts)
-        m["rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+        m["rollout_wait_s"] = rollout_s
+        # sampled ahead, generation overlaps training: count it against the whole step
+        sampling_s = rollout_s if self.lag == 0 else time.perf_counter() - started
+        m["rollout_tokens_per_s"] = generated / max(sampling_s, 1e-9)
         m["train_tokens_per_s"] = (
             cfg.num_iterations * sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
         ) / max(train_s, 1e-9)
@@ -137,7 +169,10 @@ class GRPO(OnPolicyLoop):
         for i, r in enumerate(rollouts):
             engine[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float64)
         lp_mean, lp_max = mismatch(engine, old_logp, scores.mask)
+        ratio = behaviour_ratio(old_logp, engine, scores.mask)
+        self.last_update = UpdateBatch(rollouts, old_logp, engine, scores.mask, ratio)
         tis = None if cfg.tis_cap is None else tis_weights(old_logp, engine, mask, cfg.tis_cap)
+        real = scores.mask > 0
         ref = self._reference_logp(rollouts)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         entropy = float((scores.entropy * scores.mask).sum() / scores.mask.sum().clamp(min=1.0))
@@ -174,6 +209,13 @@ class GRPO(OnPolicyLoop):
             "grad_norm": float(grad_norm),
             "logprob_mismatch_mean": lp_mean,
             "logprob_mismatch_max": lp_max,
+            "is_ratio_mean": float(ratio[real].mean()) if real.any() else 1.0,
+            "is_ratio_max": float(ratio[real].max()) if real.any() else 1.0,
+            "is_truncated_fraction": (
+                float((ratio[real] > cfg.tis_cap).double().mean())
+                if cfg.tis_cap is not None and real.any()
+                else 0.0
+            ),
         }
 
 
@@ -187,6 +229,7 @@ def format_step(m: dict) -> str:
         f"entropy {m.get('entropy', 0.0):.2f}",
         f"len {m['completion_len']:.1f}",
         f"lp-mismatch {m.get('logprob_mismatch_max', 0.0):.1e}",
+        f"lag {m.get('policy_lag', 0.0):.0f}",
         f"rollout {m['rollout_tokens_per_s']:.0f} tok/s",
         f"train {m['train_tokens_per_s']:.0f} tok/s",
         f"refit {m['refit_s']:.3f}s",

@@ -27,6 +27,7 @@ class Rollout:
     completion_ids: list[int]  # ends with the end-of-text token when the model stopped
     logprobs: list[float]  # the engine's, one per completion token
     truncated: bool  # cut at max_new_tokens (DAPO's overlong filter drops these)
+    policy_version: int = 0  # updates the engine's weights had seen when it sampled this
 
 
 class RolloutEngine(Engine):
@@ -55,9 +56,11 @@ def generate_rollouts(
     params: SamplingParams,
     seed: int,
     max_batch_size: int = 64,
+    policy_version: int = 0,
 ) -> list[Rollout]:
     """`group_size` completions of every prompt (a group's adjacent), seeded per completion
-    (seed + index) so a run repeats; `generator` is a kiln.engine Generator."""
+    (seed + index) so a run repeats; `generator` is a kiln.engine Generator whose weights are
+    the policy after `policy_version` updates."""
     if params.penalized:
         raise ValueError("rollouts take no penalties: the trainer could not recompute them")
     jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(group_size)]
@@ -83,7 +86,14 @@ def generate_rollouts(
         # to emit it, so a rollout keeps every sampled token
         completion, logprobs = engine.sampled.get(id(seq), ([], []))
         out.append(
-            Rollout(i, list(ids), completion, logprobs, truncated=seq.finish_reason == "length")
+            Rollout(
+                i,
+                list(ids),
+                completion,
+                logprobs,
+                truncated=seq.finish_reason == "length",
+                policy_version=policy_version,
+            )
         )
     return out
 

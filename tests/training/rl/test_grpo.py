@@ -14,7 +14,7 @@ def share_of_target(prompt: str, completion: str, row: dict) -> float:
     return completion.count(TARGET) / max(1, len(completion))
 
 
-def _run(steps=10, **overrides):
+def _run(steps=10, on_step=None, **overrides):
     tok = train_tokenizer()
     policy = tiny_model("llama", tok.get_vocab_size(), seed=1)
     with torch.no_grad():  # flatter logits than serving tests want: a group must differ
@@ -31,7 +31,7 @@ def _run(steps=10, **overrides):
     )
     rows = [{"prompt": p} for p in ("the quick", "hello world", "kiln turns", "ray serve")]
     loop = GRPO(policy, tok, rows, cfg, eos_token_ids=[0])
-    return loop, loop.run(on_step=lambda m: print(format_step(m)))
+    return loop, loop.run(on_step=on_step or (lambda m: print(format_step(m))))
 
 
 def test_reward_rises_with_a_fixed_seed():
