@@ -160,6 +160,9 @@ class GRPO(OnPolicyLoop):
 
     def _update(self, rollouts: list[Rollout], advantages: torch.Tensor) -> dict:
         cfg = self.cfg
+        # listed before any forward: FSDP2 swaps its root's unsharded parameters in until the
+        # backward, and their gradients land on the sharded ones
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         # the first forward is both iteration 1's graph and the batch's old log-probs
         scores = self._scores(self.policy, rollouts)
         old_logp, mask = scores.logp.detach(), scores.mask
@@ -174,7 +177,6 @@ class GRPO(OnPolicyLoop):
         tis = None if cfg.tis_cap is None else tis_weights(old_logp, engine, mask, cfg.tis_cap)
         real = scores.mask > 0
         ref = self._reference_logp(rollouts)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
         entropy = float((scores.entropy * scores.mask).sum() / scores.mask.sum().clamp(min=1.0))
         for iteration in range(cfg.num_iterations):
             if iteration > 0:
@@ -195,11 +197,7 @@ class GRPO(OnPolicyLoop):
                 tis=tis,
             )
             loss.backward()
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(params, cfg.optimizer.grad_clip)
-                if cfg.optimizer.grad_clip
-                else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            )
+            grad_norm = self.clip_grads(params)
             self.optimizer.step()
         return {
             "loss": float(loss.detach()),

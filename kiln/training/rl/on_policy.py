@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from kiln.engine.sampler import SamplingParams
 from kiln.model.lora import apply_lora
 from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
-from kiln.training.optimizer import build_optimizer
+from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_norm
 from kiln.training.rl.config import OnPolicyConfig
 from kiln.training.rl.prompts import render_prompt
 from kiln.training.rl.refit import merged_policy_state, state_checksum
@@ -230,6 +231,23 @@ class OnPolicyLoop:
             return False
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return True
+
+    # -- updates ------------------------------------------------------------------------------
+
+    def clip_grads(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The gradients' global norm, clipped to `optimizer.grad_clip` when set. A policy laid
+        out over ranks (layouts.py: DTensor gradients) takes the trainer's norm, reduced over
+        each mesh; a plain one torch's. List `params` before a forward: FSDP2 swaps its root's
+        unsharded parameters in until the backward, and the gradients land on the sharded."""
+        clip = self.cfg.optimizer.grad_clip
+        if any(isinstance(p, DTensor) for p in params):
+            norm = global_grad_norm(params)
+            if clip:
+                clip_grads_(params, clip, norm)
+            return norm
+        if clip:
+            return torch.nn.utils.clip_grad_norm_(params, clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
     # -- refit --------------------------------------------------------------------------------
 

@@ -14,23 +14,28 @@ def share_of_target(prompt: str, completion: str, row: dict) -> float:
     return completion.count(TARGET) / max(1, len(completion))
 
 
-def _run(steps=10, on_step=None, **overrides):
+def _loop(steps=10, **overrides) -> GRPO:
+    """The toy task's loop: a tiny model rewarded for TARGET, 2 prompts x 8 a step."""
     tok = train_tokenizer()
     policy = tiny_model("llama", tok.get_vocab_size(), seed=1)
     with torch.no_grad():  # flatter logits than serving tests want: a group must differ
         policy.output.weight.mul_(0.3)
-    cfg = GRPOConfig(
-        rewards=[{"function": f"{__name__}:share_of_target"}],
-        steps=steps,
-        prompts_per_step=2,
-        group_size=8,
-        max_new_tokens=8,
-        prompt_format="raw",
-        optimizer={"lr": 1e-1, "weight_decay": 0.0},
-        **overrides,
-    )
+    fields = {
+        "rewards": [{"function": f"{__name__}:share_of_target"}],
+        "steps": steps,
+        "prompts_per_step": 2,
+        "group_size": 8,
+        "max_new_tokens": 8,
+        "prompt_format": "raw",
+        "optimizer": {"lr": 1e-1, "weight_decay": 0.0},
+    }
+    cfg = GRPOConfig(**{**fields, **overrides})
     rows = [{"prompt": p} for p in ("the quick", "hello world", "kiln turns", "ray serve")]
-    loop = GRPO(policy, tok, rows, cfg, eos_token_ids=[0])
+    return GRPO(policy, tok, rows, cfg, eos_token_ids=[0])
+
+
+def _run(steps=10, on_step=None, **overrides):
+    loop = _loop(steps, **overrides)
     return loop, loop.run(on_step=on_step or (lambda m: print(format_step(m))))
 
 

@@ -1,0 +1,51 @@
+"""The policy of an on-policy loop laid out over a process group: FSDP2 (`dp_shard`) and tensor
+parallelism (`tp`), the trainer's own layouts (kiln/training/parallel).
+
+Every rank runs the whole loop: the same prompts, the same seeded rollouts from its own engine
+(which holds the gathered, unsharded weights: `merged_policy_state` gathers them at each refit),
+the same rewards. The ranks then score the whole batch together: FSDP2 keeps a shard of the
+parameters, gradients and AdamW state per rank and averages the (identical) gradients; TP splits
+each block's matmuls. So a run equals the one-process run (tests/training/rl/test_layouts.py)
+with the policy's memory spread over the ranks. Splitting the batch over data-parallel ranks is
+not done: each rank scores all of it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from kiln.platform.errors import ConfigError
+from kiln.training.config import ParallelConfig
+from kiln.training.optimizer import build_optimizer
+from kiln.training.parallel.data_parallel import apply_fsdp
+from kiln.training.parallel.dims import ParallelDims
+from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
+from kiln.training.rl.on_policy import OnPolicyLoop
+
+
+def shard_policy(loop: OnPolicyLoop, parallel: ParallelConfig, world_size: int) -> ParallelDims:
+    """`loop.policy` laid out over this process group (initialised, `world_size` ranks) in
+    place, its optimizer rebuilt over the sharded parameters; the layout's dims."""
+    if parallel.pp > 1 or parallel.cp > 1 or parallel.ep > 1 or parallel.dp_replicate > 1:
+        raise ConfigError(
+            "parallel: on-policy loops take dp_shard and tp; pp, cp, ep and dp_replicate "
+            "are not supported here"
+        )
+    frozen = {name for name, p in loop.policy.named_parameters() if not p.requires_grad}
+    dims = ParallelDims.from_config(parallel, world_size)
+    device = next(loop.policy.parameters()).device
+    dims.build_mesh(device.type)
+    if dims.tp_enabled:
+        # the head's output replicated: the log-probs need every vocabulary entry per token
+        apply_tensor_parallel(loop.policy, dims.mesh("tp"), loss_parallel=False)
+    if dims.fsdp_enabled:
+        dtype = next(loop.policy.parameters()).dtype
+        mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        apply_fsdp(loop.policy, dims.mesh("dp_shard_cp"), mp_policy, reshard_after_forward=True)
+    # distributing a parameter makes a new one that requires grad: LoRA's frozen base (the
+    # norms TP replicates) would train
+    for name, p in loop.policy.named_parameters():
+        p.requires_grad_(name not in frozen)
+    loop.optimizer = build_optimizer(loop.policy, loop.cfg.optimizer)
+    return dims

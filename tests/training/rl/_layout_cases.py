@@ -1,0 +1,31 @@
+"""Rank functions: GRPO with the policy under a training layout vs the same run in one process."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from kiln.training.config import ParallelConfig
+from kiln.training.rl.layouts import shard_policy
+from tests.training.rl.test_grpo import _loop
+
+
+def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
+    """Per step: reward, loss, the engine-vs-trainer log-prob mismatch, and whether every
+    engine's weights equal the trainer's gathered ones after the refit."""
+    loop = _loop(steps, **overrides)
+    if parallel is not None:
+        shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
+    rows = []
+    loop.run(
+        on_step=lambda m: rows.append(
+            (m["reward"], m["loss"], m["logprob_mismatch_max"], loop.engines_match())
+        )
+    )
+    loop.close()
+    return rows
+
+
+def grpo_layout_vs_single(parallel: dict, steps: int, overrides: dict) -> tuple[list, list]:
+    """(this rank's steps under `parallel`, the same steps in one process without a layout)."""
+    laid_out = _steps(parallel, steps, overrides)
+    return laid_out, _steps(None, steps, overrides)
