@@ -29,6 +29,7 @@ from torch import nn
 
 from kiln.model.lora import adapters_disabled
 from kiln.platform.errors import KilnError
+from kiln.training.rl.batch_split import BatchSplit
 from kiln.training.rl.config import GRPOConfig
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.objectives import (
@@ -76,6 +77,7 @@ class GRPO(OnPolicyLoop):
         )
         self.rewards = RewardSet.from_specs(cfg.rewards)
         self.lag = cfg.max_policy_lag
+        self.split = BatchSplit()  # one process: the whole batch (layouts.py sets the ranks')
         self.last_update: UpdateBatch | None = None
         self.reference = None
         if cfg.lora is None and cfg.beta > 0:
@@ -159,7 +161,13 @@ class GRPO(OnPolicyLoop):
                 return self._scores(self.policy, rollouts).logp
 
     def _update(self, rollouts: list[Rollout], advantages: torch.Tensor) -> dict:
+        """`num_iterations` updates on the batch; under a data-parallel layout (layouts.py)
+        each rank takes its share and every figure returned is the whole batch's."""
         cfg = self.cfg
+        n = len(rollouts)
+        split = self.split if self.split.active(n) else BatchSplit()
+        lo, hi = split.bounds(n)
+        rollouts, advantages = rollouts[lo:hi], advantages[lo:hi]
         # listed before any forward: FSDP2 swaps its root's unsharded parameters in until the
         # backward, and their gradients land on the sharded ones
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -178,6 +186,12 @@ class GRPO(OnPolicyLoop):
         real = scores.mask > 0
         ref = self._reference_logp(rollouts)
         entropy = float((scores.entropy * scores.mask).sum() / scores.mask.sum().clamp(min=1.0))
+        # this rank's share of what the loss averages over: FSDP2 averages the ranks' gradients,
+        # so a share weighted share x ranks sums to the whole batch's loss
+        if cfg.loss_aggregation == "token":
+            share = float(mask.sum()) / max(split.total(float(mask.sum())), 1.0)
+        else:
+            share = (hi - lo) / n
         for iteration in range(cfg.num_iterations):
             if iteration > 0:
                 scores = self._scores(self.policy, rollouts)
@@ -196,24 +210,28 @@ class GRPO(OnPolicyLoop):
                 max_completion_length=cfg.max_new_tokens,
                 tis=tis,
             )
+            if split.size > 1:
+                loss = loss * (share * split.size)
             loss.backward()
             grad_norm = self.clip_grads(params)
             self.optimizer.step()
+        tokens, loss_tokens = float(real.sum()), float(mask.sum())
+        truncated = (
+            float((ratio[real] > cfg.tis_cap).double().mean())
+            if cfg.tis_cap is not None and real.any()
+            else 0.0
+        )
         return {
-            "loss": float(loss.detach()),
-            "kl": stats.kl,
-            "clip_fraction": stats.clip_fraction,
-            "entropy": entropy,
+            "loss": split.total(float(loss.detach()) / split.size),
+            "kl": split.mean(stats.kl, loss_tokens),
+            "clip_fraction": split.mean(stats.clip_fraction, loss_tokens),
+            "entropy": split.mean(entropy, tokens),
             "grad_norm": float(grad_norm),
-            "logprob_mismatch_mean": lp_mean,
-            "logprob_mismatch_max": lp_max,
-            "is_ratio_mean": float(ratio[real].mean()) if real.any() else 1.0,
-            "is_ratio_max": float(ratio[real].max()) if real.any() else 1.0,
-            "is_truncated_fraction": (
-                float((ratio[real] > cfg.tis_cap).double().mean())
-                if cfg.tis_cap is not None and real.any()
-                else 0.0
-            ),
+            "logprob_mismatch_mean": split.mean(lp_mean, tokens),
+            "logprob_mismatch_max": split.maximum(lp_max),
+            "is_ratio_mean": split.mean(float(ratio[real].mean()) if real.any() else 1.0, tokens),
+            "is_ratio_max": split.maximum(float(ratio[real].max()) if real.any() else 1.0),
+            "is_truncated_fraction": split.mean(truncated, tokens),
         }
 
 

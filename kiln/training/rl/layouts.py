@@ -3,11 +3,11 @@ parallelism (`tp`), the trainer's own layouts (kiln/training/parallel).
 
 Every rank runs the whole loop: the same prompts, the same seeded rollouts from its own engine
 (which holds the gathered, unsharded weights: `merged_policy_state` gathers them at each refit),
-the same rewards. The ranks then score the whole batch together: FSDP2 keeps a shard of the
-parameters, gradients and AdamW state per rank and averages the (identical) gradients; TP splits
-each block's matmuls. So a run equals the one-process run (tests/training/rl/test_layouts.py)
-with the policy's memory spread over the ranks. Splitting the batch over data-parallel ranks is
-not done: each rank scores all of it.
+the same rewards. The update then splits: under FSDP2 each data-parallel rank scores its share
+of the completions (batch_split.py) and keeps a shard of the parameters, gradients and AdamW
+state; TP ranks score the same completions, each block's matmuls split between them. So a run
+equals the one-process run (tests/training/rl/test_layouts.py) with the policy's memory and the
+update's work spread over the ranks (the sampling is not: every rank samples the whole batch).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kiln.training.optimizer import build_optimizer
 from kiln.training.parallel.data_parallel import apply_fsdp
 from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
+from kiln.training.rl.batch_split import BatchSplit
 from kiln.training.rl.on_policy import OnPolicyLoop
 
 
@@ -48,4 +49,6 @@ def shard_policy(loop: OnPolicyLoop, parallel: ParallelConfig, world_size: int) 
     for name, p in loop.policy.named_parameters():
         p.requires_grad_(name not in frozen)
     loop.optimizer = build_optimizer(loop.policy, loop.cfg.optimizer)
+    if dims.dp_enabled and hasattr(loop, "split"):
+        loop.split = BatchSplit(dims.dp_rank, dims.dp_size, dims.mesh("dp").get_group())
     return dims

@@ -10,15 +10,22 @@ from tests.training.rl.test_grpo import _loop
 
 
 def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
-    """Per step: reward, loss, the engine-vs-trainer log-prob mismatch, and whether every
-    engine's weights equal the trainer's gathered ones after the refit."""
+    """Per step: reward, loss, the engine-vs-trainer log-prob mismatch, whether every engine's
+    weights equal the trainer's gathered ones after the refit, and the completions this rank
+    scored."""
     loop = _loop(steps, **overrides)
     if parallel is not None:
         shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
     rows = []
     loop.run(
         on_step=lambda m: rows.append(
-            (m["reward"], m["loss"], m["logprob_mismatch_max"], loop.engines_match())
+            (
+                m["reward"],
+                m["loss"],
+                m["logprob_mismatch_max"],
+                loop.engines_match(),
+                len(loop.last_update.rollouts),
+            )
         )
     )
     loop.close()

@@ -1,7 +1,8 @@
-"""GRPO with the policy under FSDP2 (dp_shard=2) and tensor parallelism (tp=2) equals one
-process (full fine-tuning; LoRA with a KL to the base and two passes per batch; sampled ahead):
-rewards and losses step for step (<= 1e-5 over 3 steps), the engine's log-probs within 1e-5 of
-the laid-out trainer's, and after every refit the engine holds the trainer's gathered weights."""
+"""GRPO with the policy under FSDP2 (dp_shard=2: each rank scores half the batch) and tensor
+parallelism (tp=2) equals one process (full fine-tuning; LoRA with a KL to the base and two
+passes per batch; sampled ahead): rewards and losses step for step (<= 1e-5 over 3 steps), the
+engine's log-probs within 1e-5 of the laid-out trainer's, and after every refit the engine
+holds the trainer's gathered weights."""
 
 import pytest
 
@@ -32,9 +33,11 @@ LORA_KL = {"lora": {"rank": 4, "alpha": 8}, "beta": 0.04, "num_iterations": 2}
 def test_grpo_under_a_layout_equals_one_process(parallel, overrides):
     for laid_out, single in run_distributed(grpo_layout_vs_single, 2, parallel, STEPS, overrides):
         assert len(laid_out) == len(single) == STEPS
-        for (reward, loss, mismatch, match), (reward1, loss1, mismatch1, _) in zip(
+        for (reward, loss, mismatch, match, scored), (reward1, loss1, mismatch1, _, whole) in zip(
             laid_out, single, strict=True
         ):
+            # FSDP2's ranks score half the completions each, TP's all of them together
+            assert scored == (whole // 2 if "dp_shard" in parallel else whole)
             assert reward == pytest.approx(reward1, abs=1e-5)
             assert loss == pytest.approx(loss1, abs=1e-5)
             # the engine (gathered weights) vs the laid-out trainer: as in one process, where
