@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiln.model.lora import LoRAConfig
 from kiln.platform.errors import ConfigError
-from kiln.training.config import OptimizerConfig
+from kiln.training.config import OptimizerConfig, ParallelConfig
 from kiln.training.rl.rewards import RewardSpec
 
 
@@ -132,3 +132,9 @@ class GRPORunConfig(GRPOConfig):
         "the same rewards): math_exact's mean is the accuracy.",
     )
     eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")
+    parallel: ParallelConfig | None = Field(
+        None,
+        description="The policy laid out over the ranks torchrun starts (dp_shard: FSDP2, each "
+        "rank scoring its share of a step; tp): `torchrun --nproc-per-node N -m "
+        "kiln.training.rl.run`. None: one process.",
+    )

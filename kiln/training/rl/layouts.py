@@ -13,6 +13,7 @@ update's work spread over the ranks (the sampling is not: every rank samples the
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from kiln.platform.errors import ConfigError
@@ -52,3 +53,17 @@ def shard_policy(loop: OnPolicyLoop, parallel: ParallelConfig, world_size: int) 
     if dims.dp_enabled and hasattr(loop, "split"):
         loop.split = BatchSplit(dims.dp_rank, dims.dp_size, dims.mesh("dp").get_group())
     return dims
+
+
+def lay_out_run(loop: OnPolicyLoop, parallel: ParallelConfig) -> bool:
+    """A run's `parallel:` layout on the process group torchrun started; True on the rank that
+    writes the run's files."""
+    if not dist.is_initialized():
+        raise ConfigError(
+            "parallel: a layout needs its ranks: launch with `torchrun --nproc-per-node N -m "
+            "kiln.training.rl.run --config FILE --out DIR`"
+        )
+    if loop.cfg.checkpoint_interval:
+        raise ConfigError("checkpoint_interval: a laid-out run does not save its state yet (0)")
+    shard_policy(loop, parallel, dist.get_world_size())
+    return dist.get_rank() == 0

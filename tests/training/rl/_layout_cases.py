@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch.distributed as dist
 
 from kiln.training.config import ParallelConfig
 from kiln.training.rl.layouts import shard_policy
+from kiln.training.rl.run import load_config, main, run_grpo
 from tests.training.rl.test_grpo import _loop
 
 
@@ -36,3 +40,17 @@ def grpo_layout_vs_single(parallel: dict, steps: int, overrides: dict) -> tuple[
     """(this rank's steps under `parallel`, the same steps in one process without a layout)."""
     laid_out = _steps(parallel, steps, overrides)
     return laid_out, _steps(None, steps, overrides)
+
+
+def torchrun_entry_vs_single(config: str, out: str) -> tuple[list, list] | None:
+    """`python -m kiln.training.rl.run` on this rank (the process group already up, as torchrun's
+    env would bring it), then on rank 0, which wrote the run, the run.json metrics and those of
+    run_grpo in one process without the layout."""
+    assert main(["--config", config, "--out", out]) == 0
+    dist.barrier()  # rank 0 has written the run
+    if dist.get_rank() != 0:
+        return None
+    with open(os.path.join(out, "run.json")) as f:
+        laid_out = json.load(f)["metrics"]
+    single_cfg = load_config(config).model_copy(update={"parallel": None})
+    return laid_out, run_grpo(single_cfg, f"{out}-single")["metrics"]
