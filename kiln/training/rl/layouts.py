@@ -8,6 +8,7 @@ of the completions (batch_split.py) and keeps a shard of the parameters, gradien
 state; TP ranks score the same completions, each block's matmuls split between them. So a run
 equals the one-process run (tests/training/rl/test_layouts.py) with the policy's memory and the
 update's work spread over the ranks (the sampling is not: every rank samples the whole batch).
+On-policy distillation takes the same layouts; its ranks each score the whole batch.
 """
 
 from __future__ import annotations

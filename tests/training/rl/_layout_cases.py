@@ -1,4 +1,5 @@
-"""Rank functions: GRPO with the policy under a training layout vs the same run in one process."""
+"""Rank functions: GRPO and on-policy distillation with the policy under a training layout vs
+the same run in one process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 from kiln.training.config import ParallelConfig
 from kiln.training.rl.layouts import shard_policy
 from kiln.training.rl.run import load_config, main, run_grpo
+from tests.training.rl.test_distill import _loop as distill_loop
 from tests.training.rl.test_grpo import _loop
 
 
@@ -54,3 +56,22 @@ def torchrun_entry_vs_single(config: str, out: str) -> tuple[list, list] | None:
         laid_out = json.load(f)["metrics"]
     single_cfg = load_config(config).model_copy(update={"parallel": None})
     return laid_out, run_grpo(single_cfg, f"{out}-single")["metrics"]
+
+
+def _distill_steps(parallel: dict | None, steps: int) -> list[tuple]:
+    loop = distill_loop(steps)
+    if parallel is not None:
+        shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
+    rows = []
+    loop.run(
+        on_step=lambda m: rows.append(
+            (m["reverse_kl"], m["loss"], m["logprob_mismatch_max"], loop.engines_match())
+        )
+    )
+    loop.close()
+    return rows
+
+
+def distill_layout_vs_single(parallel: dict, steps: int) -> tuple[list, list]:
+    """On-policy distillation's steps with the student under `parallel`, and in one process."""
+    return _distill_steps(parallel, steps), _distill_steps(None, steps)

@@ -15,7 +15,11 @@ from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.layouts import shard_policy
 from kiln.training.rl.run import run_grpo
 from tests.training.distributed import run_distributed
-from tests.training.rl._layout_cases import grpo_layout_vs_single, torchrun_entry_vs_single
+from tests.training.rl._layout_cases import (
+    distill_layout_vs_single,
+    grpo_layout_vs_single,
+    torchrun_entry_vs_single,
+)
 from tests.training.rl.test_distill_cli import _models
 from tests.training.rl.test_grpo import _loop
 
@@ -91,3 +95,11 @@ def test_a_layout_without_its_ranks_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match="^parallel: a layout needs its ranks: launch with"):
         run_grpo(cfg, str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("parallel", [{"dp_shard": 2}, {"tp": 2}], ids=["fsdp", "tp"])
+def test_on_policy_distillation_under_a_layout_equals_one_process(parallel):
+    for laid_out, single in run_distributed(distill_layout_vs_single, 2, parallel, STEPS):
+        for (kl, loss, mismatch, match), (kl1, loss1, _, _) in zip(laid_out, single, strict=True):
+            assert kl == pytest.approx(kl1, abs=1e-5) and loss == pytest.approx(loss1, abs=1e-5)
+            assert mismatch < 1e-5 and match
