@@ -29,6 +29,12 @@ class RolloutConfig(BaseModel):
     max_retries: int = Field(
         3, ge=0, description="A dead rollout actor is replaced and its share retried this often."
     )
+    recompute_logprobs: bool = Field(
+        False,
+        description="Deterministic log-probs: after sampling, the engine scores its completions "
+        "with one full forward, as the trainer does, so on CPU fp32 (full fine-tuning) they "
+        "equal the trainer's bit for bit (off: the sampler's own, from the KV-cache decode).",
+    )
     verify_refit: bool = Field(
         True,
         description="After each refit, compare a checksum of every actor's weights with the "

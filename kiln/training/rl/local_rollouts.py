@@ -25,11 +25,17 @@ class LocalRollouts:
     """The engine beside the trainer; `generator.model` is the engine's copy of the policy."""
 
     def __init__(
-        self, policy: nn.Module, tokenizer, eos_token_ids: Sequence[int], max_batch_size: int
+        self,
+        policy: nn.Module,
+        tokenizer,
+        eos_token_ids: Sequence[int],
+        max_batch_size: int,
+        recompute_logprobs: bool = False,
     ) -> None:
         model = copy.deepcopy(policy).eval().requires_grad_(False)
         self.generator = Generator(model, tokenizer, eos_token_ids=eos_token_ids)
         self.max_batch_size = max_batch_size
+        self.recompute_logprobs = recompute_logprobs
         self.version = 0  # updates the engine's weights have seen
         self.restarts = 0  # nothing here dies on its own; the Ray pool counts its replacements
         self._queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-rollouts")
@@ -52,6 +58,7 @@ class LocalRollouts:
                 seed,
                 self.max_batch_size,
                 policy_version=self.version,
+                recompute_logprobs=self.recompute_logprobs,
             )
         )
 

@@ -54,6 +54,7 @@ class RolloutWorker:
         max_batch_size: int,
         dtype: str,
         version: int = 0,
+        recompute_logprobs: bool = False,
     ) -> None:
         model = build_model(
             ModelConfig(**model_cfg), from_wire(weights), device="cpu", dtype=getattr(torch, dtype)
@@ -62,6 +63,7 @@ class RolloutWorker:
         self.generator = Generator(model, tokenizer, eos_token_ids=eos_token_ids)
         self.max_batch_size = max_batch_size
         self.version = version  # updates the weights have seen
+        self.recompute_logprobs = recompute_logprobs
 
     def generate(
         self,
@@ -78,6 +80,7 @@ class RolloutWorker:
             seed,
             self.max_batch_size,
             policy_version=self.version,
+            recompute_logprobs=self.recompute_logprobs,
         )
 
     def load(self, weights, version: int) -> float:
@@ -145,7 +148,14 @@ class RayRollouts:
     def _start(self):
         model_cfg, tokenizer_json, eos, slots, dtype = self._args
         return self._actor.remote(
-            model_cfg, self._weights, tokenizer_json, eos, slots, dtype, self.version
+            model_cfg,
+            self._weights,
+            tokenizer_json,
+            eos,
+            slots,
+            dtype,
+            self.version,
+            self.cfg.recompute_logprobs,
         )
 
     def _replace(self, i: int, error: Exception) -> None:

@@ -75,3 +75,17 @@ def test_full_finetuning_with_kl_keeps_a_frozen_reference_and_dapo_options_run()
     assert not any(p.requires_grad for p in loop.reference.parameters())
     assert all(0 < m["kept_fraction"] <= 1 for m in metrics)
     assert metrics[-1]["kl"] > 0
+
+
+def test_recomputed_logprobs_equal_the_trainers_bit_for_bit():
+    """rollout.recompute_logprobs: the engine scores its completions with the trainer's full
+    forward, so on CPU fp32 the mismatch is exactly 0 and the importance ratio exactly 1; the
+    sampler's own (KV-cache decode) differ in the last bits."""
+    sampled, sampled_metrics = _run(steps=3, on_step=lambda m: None)
+    exact, metrics = _run(steps=3, on_step=lambda m: None, rollout={"recompute_logprobs": True})
+    assert all(m["logprob_mismatch_max"] == 0.0 for m in metrics)
+    update = exact.last_update
+    assert torch.equal(update.is_ratio, torch.ones_like(update.is_ratio))
+    assert max(m["logprob_mismatch_max"] for m in sampled_metrics) > 0.0
+    # the same completions either way: only the recorded log-probs differ
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in sampled_metrics]
