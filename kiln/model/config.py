@@ -200,6 +200,13 @@ class ModelConfig(BaseModel):
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
     )
+    fused_projections: bool = Field(
+        False,
+        description="Hold attention's wq/wk/wv as one wqkv Linear and the gated FFN's w1/w3 as "
+        "one w13 (2 input GEMMs per block instead of 5). In memory only: checkpoints and "
+        "exports keep the unfused names. Not with parallel.tp > 1 or LoRA; MLA attention "
+        "(DeepSeek) stays unfused, its dense FFNs fuse.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
