@@ -264,6 +264,11 @@ class ModelConfig(BaseModel):
                 f"hold top_k ({self.top_k}) experts"
             )
 
+    def checkpoint_dump(self) -> dict:
+        """The config a checkpoint's kiln.json records: its shape, without in-memory layout
+        choices (fused_projections), which the run reading it makes for itself."""
+        return self.model_dump(mode="json", exclude={"fused_projections"})
+
     def is_moe_layer(self, layer_id: int) -> bool:
         """Whether this layer's feed-forward is a mixture of experts (else dense)."""
         return self.n_experts > 0 and layer_id >= self.first_dense_layers

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 SUFFIXES = ("weight", "bias")
@@ -49,14 +50,31 @@ def fuse(module: nn.Module, fusion: Fusion) -> None:
     module.register_load_state_dict_pre_hook(join)
 
 
-def fusions(model: nn.Module) -> dict[str, Fusion]:
-    """Module name (wrapper prefixes dropped, as state dicts drop them) -> its Fusion."""
+def fused_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Name (wrapper prefixes dropped, as state dicts drop them) -> module, of every module in
+    `model` that holds a fused Linear (its `fusion` says which)."""
     out = {}
     for name, module in model.named_modules():
-        if (fusion := getattr(module, "fusion", None)) is not None:
+        if getattr(module, "fusion", None) is not None:
             clean = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-            out[clean] = fusion
+            out[clean] = module
     return out
+
+
+def model_state_dict(model: nn.Module) -> dict:
+    """torch's `get_model_state_dict` (DCP's view: wrapper prefixes dropped, shards as DTensors),
+    also for a model with fused modules. The helper resolves every key to a module attribute,
+    and the unfused names a fused module's hooks give (wq of wqkv) are none: such a model gives
+    its own state dict, which for FSDP2, TP or plain parameters is what the helper returns."""
+    return model.state_dict() if fused_modules(model) else get_model_state_dict(model)
+
+
+def load_model_state_dict(model: nn.Module, state: dict) -> None:
+    """torch's `set_model_state_dict`, also for a model with fused modules (strict)."""
+    if fused_modules(model):
+        model.load_state_dict(state)
+    else:
+        set_model_state_dict(model, state)
 
 
 def _pieces(value, sizes: tuple[int, ...]) -> list:
@@ -126,3 +144,32 @@ def join_entries(state: dict, fusion: Fusion, template: str, like=None) -> None:
     keys = [template.format(p) for p in fusion.parts]
     if all(k in state for k in keys):
         state[template.format(fusion.fused)] = _join([state.pop(k) for k in keys], like)
+
+
+def _flat_templates(state: dict, module: str, fusion: Fusion) -> list[str]:
+    """Templates of a per-parameter flattened dict's keys for one fused Linear: torch's flattened
+    optimizer state `state.<fqn>.exp_avg`, `param_groups.<fqn>.lr` (`<fqn>` = module.fused.*)."""
+    stem = f"{module}.{fusion.fused}." if module else f"{fusion.fused}."
+    templates = []
+    for key in state:
+        kind, _, rest = key.partition(".")
+        if rest.startswith(stem):
+            templates.append(f"{kind}.{stem[: -len(fusion.fused) - 1]}{{}}.{rest[len(stem) :]}")
+    return templates
+
+
+def split_flat_state(state: dict, model: nn.Module) -> None:
+    """`model`'s flattened optimizer state under the unfused parameter names, in place."""
+    for name, module in fused_modules(model).items():
+        split_entries(state, module.fusion, _flat_templates(state, name, module.fusion))
+
+
+def join_flat_state(state: dict, model: nn.Module) -> None:
+    """The inverse of `split_flat_state`, tensors laid out like the fused parameters."""
+    for name, module in fused_modules(model).items():
+        fusion = module.fusion
+        linear = getattr(module, fusion.fused)
+        first = Fusion(fusion.parts[0], fusion.parts, fusion.sizes)  # find the first part's keys
+        for template in _flat_templates(state, name, first):
+            suffix = template.split("{}.", 1)[1].split(".", 1)[0]  # weight or bias
+            join_entries(state, fusion, template, getattr(linear, suffix))
