@@ -30,13 +30,20 @@ def _grads(trainer: Trainer) -> dict[str, np.ndarray]:
     return {name: g.detach().numpy() for name, g in grads.items()}
 
 
-def first_step(parallel: dict) -> dict[bool, tuple[float, dict[str, np.ndarray]]]:
+def _placements(trainer: Trainer) -> dict[str, str]:
+    """How the state dict's split q and gate weights are laid out (DTensor placements)."""
+    state = trainer.model_parts[0].state_dict()
+    names = ("layers.0.attention.wq.weight", "layers.0.feed_forward.w1.weight")
+    return {name: str(getattr(state[name], "placements", "plain")) for name in names}
+
+
+def first_step(parallel: dict) -> dict[bool, tuple[float, dict[str, np.ndarray], dict]]:
     out = {}
     for fused in (False, True):
         torch.manual_seed(0)
         trainer = Trainer(train_config(parallel, {**SHAPE, "fused_projections": fused})).setup()
         loss = trainer.train_step()["loss"]
-        out[fused] = (loss, _grads(trainer))
+        out[fused] = (loss, _grads(trainer), _placements(trainer))
     return out
 
 
@@ -75,6 +82,9 @@ def test_dp_shard2_fused_equals_unfused_and_checkpoints_cross(tmp_path):
     for runs, _ in per_rank:
         assert_same(runs[True], runs[False])
         assert_same(runs[True], single[False])
+        # fused weights shard by columns, so their split parts stay shards (no gather)
+        assert set(runs[True][2].values()) == {"(Shard(dim=1),)"}
+        assert set(runs[False][2].values()) == {"(Shard(dim=0),)"}
     fused_losses = per_rank[0][1]
     resumed = losses({}, False, {"load_from": f"{root}/step-{SAVE_AT:08d}"})
     assert len(resumed) == STEPS - SAVE_AT
