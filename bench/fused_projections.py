@@ -2,7 +2,7 @@
 inside forward, as the trainer runs it), tokens per CPU second of each, interleaved rounds,
 medians.
 
-Timed in the thread's CPU time (torch runs on this one thread), not wall time: on a shared
+Timed in the process's CPU time (all its threads; 1 by default), not wall time: on a shared
 machine other processes' load takes wall time from both sides unevenly, by more than the
 difference measured. No Trainer around it (bench/trainer_overhead.py's options table has that,
 in wall time).
@@ -35,10 +35,10 @@ def seconds_per_step(cfg: ModelConfig, tokens: torch.Tensor, precision: str, rep
         return loss.item()
 
     step()  # warm-up
-    start = time.thread_time()
+    start = time.process_time()
     for _ in range(reps):
         step()
-    return (time.thread_time() - start) / reps
+    return (time.process_time() - start) / reps
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
     ):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)  # above 1, CPU time sums the threads' time
+    torch.set_num_threads(args.threads)
     shape = dict(
         vocab_size=args.vocab,
         dim=args.dim,
