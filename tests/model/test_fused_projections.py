@@ -19,6 +19,7 @@ from kiln.platform.errors import ConfigError
 from kiln.serving.export.gguf import export_gguf
 from kiln.serving.export.hf import export_hf
 from kiln.training.config import TrainConfig
+from kiln.training.stages import continue_from_model
 from tests.training.parallel._trainer_cases import DEEPSEEK, GEMMA3, QWEN3
 
 SHAPES = {
@@ -104,6 +105,15 @@ def test_checkpoint_saved_fused_loads_unfused_and_the_reverse(tmp_path):
     refused = build_model(cfg.model_copy(update={"fused_projections": True}), state, device="cpu")
     assert "layers.0.attention.wqkv" in dict(refused.named_modules())
     torch.testing.assert_close(refused(tokens), plain(tokens), atol=1e-6, rtol=0)
+
+
+def test_continued_run_takes_its_own_layout(tmp_path):
+    """A checkpoint records the shape; a run continuing from it fuses or not as it says."""
+    _, fused = _pair({})
+    path = write_checkpoint(str(tmp_path / "ckpt"), fused)
+    for wanted in (False, True):
+        cfg = TrainConfig(model={"preset": "tiny", "fused_projections": wanted}, seq_len=64)
+        assert continue_from_model(cfg, path).model.fused_projections is wanted
 
 
 def _files(folder: str) -> dict[str, bytes]:
