@@ -200,6 +200,13 @@ class ModelConfig(BaseModel):
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
     )
+    fused_projections: bool = Field(
+        False,
+        description="Hold attention's wq/wk/wv as one wqkv Linear and the gated FFN's w1/w3 as "
+        "one w13 (2 input GEMMs per block instead of 5). In memory only: checkpoints and "
+        "exports keep the unfused names. Not with parallel.tp > 1 or LoRA; MLA attention "
+        "(DeepSeek) stays unfused, its dense FFNs fuse.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -256,6 +263,11 @@ class ModelConfig(BaseModel):
                 f"model.topk_groups ({self.topk_groups}) must be in [1, n_expert_groups={g}] and "
                 f"hold top_k ({self.top_k}) experts"
             )
+
+    def checkpoint_dump(self) -> dict:
+        """The config a checkpoint's kiln.json records: its shape, without in-memory layout
+        choices (fused_projections), which the run reading it makes for itself."""
+        return self.model_dump(mode="json", exclude={"fused_projections"})
 
     def is_moe_layer(self, layer_id: int) -> bool:
         """Whether this layer's feed-forward is a mixture of experts (else dense)."""

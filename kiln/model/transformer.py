@@ -17,6 +17,7 @@ from torch import nn
 from kiln.model.attention import AttentionCore
 from kiln.model.chunked_cross_entropy import linear_cross_entropy
 from kiln.model.config import ModelConfig
+from kiln.model.fused_projections import Fusion, fuse
 from kiln.model.kv_cache import KVCache, LayerKV
 from kiln.model.mla import MultiHeadLatentAttention
 from kiln.model.moe import MoE
@@ -36,16 +37,33 @@ def _normal(linear: nn.Module, std: float) -> None:
         nn.init.zeros_(linear.bias)
 
 
+def _init_rows(linear: nn.Linear, sizes: tuple[int, ...], stds: tuple[float, ...]) -> None:
+    """Draw a fused Linear's row blocks one after another, as the unfused Linears draw: the same
+    seed gives the same weights fused or not."""
+    for rows, std in zip(linear.weight.split(list(sizes)), stds, strict=True):
+        nn.init.normal_(rows, mean=0.0, std=std)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
 class Attention(nn.Module):
-    """Multi-head attention with GQA/MQA (n_kv_heads <= n_heads), RoPE and an exchangeable core."""
+    """Multi-head attention with GQA/MQA (n_kv_heads <= n_heads), RoPE and an exchangeable core.
+
+    With `cfg.fused_projections` q, k and v come from one Linear `wqkv` (rows [q; k; v]); its
+    state dict still names them wq, wk, wv (fused_projections.py)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int = 0):
         super().__init__()
         self.head_dim = cfg.head_dim
-        kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
-        self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.qkv_sizes = (q_dim, kv_dim, kv_dim)
+        if cfg.fused_projections:
+            self.wqkv = nn.Linear(cfg.dim, sum(self.qkv_sizes), bias=cfg.qkv_bias)
+            fuse(self, Fusion("wqkv", ("wq", "wk", "wv"), self.qkv_sizes))
+        else:
+            self.wq = nn.Linear(cfg.dim, q_dim, bias=cfg.qkv_bias)
+            self.wk = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
+            self.wv = nn.Linear(cfg.dim, kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         # qk-norm (Qwen3, Gemma 3): one RMSNorm shared by all heads, over each head's width
         q_norm, k_norm = (
@@ -77,13 +95,14 @@ class Attention(nn.Module):
         The rows are gathered here, per layer, from x's own length: under sequence parallelism
         the block's input is sharded along the sequence and x is the gathered whole."""
         B, S, _ = x.shape
+        q, k, v = self._project(x)
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q = self.wq(x).view(B, S, -1, self.head_dim)
-        k = self.wk(x).view(B, S, -1, self.head_dim)
+        q = q.view(B, S, -1, self.head_dim)
+        k = k.view(B, S, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.wv(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        v = v.view(B, S, -1, self.head_dim).transpose(1, 2)
         cos, sin = rope_rows(rope_cos, rope_sin, S, positions)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is None:
@@ -93,9 +112,17 @@ class Attention(nn.Module):
             out = self.core(q, k, v, mask=mask)
         return self.wo(out.transpose(1, 2).reshape(B, S, -1))
 
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if hasattr(self, "wqkv"):
+            return self.wqkv(x).split(list(self.qkv_sizes), dim=-1)
+        return self.wq(x), self.wk(x), self.wv(x)
+
     def init_weights(self, init_std: float) -> None:
-        for linear in (self.wq, self.wk, self.wv):
-            _normal(linear, BASE_STD)
+        if hasattr(self, "wqkv"):
+            _init_rows(self.wqkv, self.qkv_sizes, (BASE_STD,) * 3)
+        else:
+            for linear in (self.wq, self.wk, self.wv):
+                _normal(linear, BASE_STD)
         _normal(self.wo, init_std)
         if self.q_norm is not None:
             self.q_norm.reset_parameters()
@@ -104,22 +131,40 @@ class Attention(nn.Module):
 
 class FeedForward(nn.Module):
     """Gated FFN: w2(act(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down. SwiGLU with silu,
-    GeGLU with gelu_tanh."""
+    GeGLU with gelu_tanh. `fused`: gate and up are one Linear `w13` (rows [gate; up]), still
+    named w1 and w3 in its state dict (fused_projections.py)."""
 
-    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu"):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu", fused: bool = False):
         super().__init__()
         self.act = ACTIVATIONS[activation]
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.hidden_dim = hidden_dim
+        if fused:
+            self.w13 = nn.Linear(dim, 2 * hidden_dim, bias=False)
+            fuse(self, Fusion("w13", ("w1", "w3"), (hidden_dim,) * 2, ("w1", "w2", "w3")))
+        else:
+            self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        if not fused:
+            self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.act(self.w1(x)) * self.w3(x))
+        if hasattr(self, "w13"):
+            gate, up = self.w13(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        return self.w2(self.act(gate) * up)
 
     def init_weights(self, init_std: float) -> None:
-        _normal(self.w1, BASE_STD)
-        _normal(self.w2, init_std)
-        _normal(self.w3, BASE_STD)
+        # draws in the unfused order (w1, w2, w3): the same seed gives the same weights
+        if hasattr(self, "w13"):
+            gate, up = self.w13.weight.chunk(2)
+            nn.init.normal_(gate, mean=0.0, std=BASE_STD)
+            _normal(self.w2, init_std)
+            nn.init.normal_(up, mean=0.0, std=BASE_STD)
+        else:
+            _normal(self.w1, BASE_STD)
+            _normal(self.w2, init_std)
+            _normal(self.w3, BASE_STD)
 
 
 def _router(cfg: ModelConfig) -> nn.Module | None:
@@ -169,9 +214,13 @@ class TransformerBlock(nn.Module):
             )
             if cfg.n_shared_experts:  # every token's dense SwiGLU beside the routed experts
                 shared_dim = cfg.n_shared_experts * cfg.expert_hidden_dim
-                self.shared_experts = FeedForward(cfg.dim, shared_dim, cfg.ffn_activation)
+                self.shared_experts = FeedForward(
+                    cfg.dim, shared_dim, cfg.ffn_activation, cfg.fused_projections
+                )
         else:
-            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim, cfg.ffn_activation)
+            self.feed_forward = FeedForward(
+                cfg.dim, cfg.ffn_hidden_dim, cfg.ffn_activation, cfg.fused_projections
+            )
 
     def forward(
         self,

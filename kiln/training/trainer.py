@@ -259,7 +259,7 @@ class Trainer:
             train_state=self.train_state,
             dims=self.dims,
             total_steps=cfg.steps,
-            model_config=cfg.model.model_dump(mode="json"),
+            model_config=cfg.model.checkpoint_dump(),
             train_config=cfg.model_dump(mode="json", by_alias=True),
         )
 

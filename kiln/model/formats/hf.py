@@ -152,7 +152,7 @@ def write_hf_dir(
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
-    info = {"model_name": model_name, "model": cfg.model_dump(mode="json")}
+    info = {"model_name": model_name, "model": cfg.checkpoint_dump()}
     with open(os.path.join(out_dir, "kiln_export.json"), "w") as f:
         json.dump(info, f, indent=2)  # the served name and the exact kiln shape
     return {

@@ -11,6 +11,9 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.tensor import Shard
+
+from kiln.model.fused_projections import fused_modules
 
 
 def apply_fsdp(
@@ -37,10 +40,24 @@ def apply_fsdp(
         else OffloadPolicy(),
         "ignored_params": ignored_params or None,
     }
+    if placement := _fused_placement(model):
+        kwargs["shard_placement_fn"] = placement
     for block in [*model.layers.values(), *(model.mtp or ())]:  # MTP modules: a unit each
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
     # The root's parameters are used last in forward and first in backward: no point resharding.
     fully_shard(model, reshard_after_forward=False, **kwargs)
+
+
+def _fused_placement(model: nn.Module):
+    """Fused projection weights (`wqkv`, `w13`) shard by columns, all others by rows (None).
+
+    Their state dicts split them by rows into wq/wk/wv and w1/w3 (fused_projections.py): with
+    row shards that split would gather each weight and its Adam moments whole on every rank at
+    each checkpoint (an 8B model's fused weights: 4.5B numbers); column shards split in place."""
+    weights = {id(getattr(m, m.fusion.fused).weight) for m in fused_modules(model).values()}
+    if not weights:
+        return None
+    return lambda param: Shard(1) if id(param) in weights else None
 
 
 def apply_replicate(
