@@ -8,6 +8,7 @@ prefix, still cached unless evicted, comes back as a cache hit). Pure bookkeepin
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from kiln.engine.kv_cache_manager import KVCacheManager
 from kiln.engine.request import EngineRequest
@@ -17,9 +18,17 @@ Plan = list[tuple[EngineRequest, int]]  # (request, tokens it computes this step
 
 class Scheduler:
     def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_len: int
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_len: int,
+        can_run: Callable[[EngineRequest, list[EngineRequest]], bool] | None = None,
     ) -> None:
+        """`can_run(request, running)`: whatever else a waiting request needs before it runs
+        beside `running` (its LoRA adapter a slot, lora_batch.py); False keeps it waiting."""
         self.kv = kv
+        self.can_run = can_run
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_len = max_len
@@ -91,6 +100,8 @@ class Scheduler:
             if request.finished:
                 self.waiting.popleft()
                 continue
+            if self.can_run is not None and not self.can_run(request, self.running):
+                break
             hit = kv.cached_prefix(request)
             if kv.enable_prefix_caching:
                 if inflight is None:
