@@ -28,6 +28,7 @@ from kiln.serving.api.metrics import (
     engine_queues,
     engine_stats,
 )
+from kiln.serving.api.openai import lora_routes
 from kiln.serving.api.openai import routes as openai_routes
 from kiln.serving.api.protocol import Limits, RequestError, kserve_error, openai_error
 from kiln.serving.api.triton_generate import routes as triton_generate_routes
@@ -54,6 +55,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.add_exception_handler(StarletteHTTPException, _on_http_error)
     api.add_exception_handler(Exception, _on_server_error)
     api.include_router(openai_routes.router)
+    api.include_router(lora_routes.router)
     api.include_router(kserve_routes.router)
     api.include_router(triton_generate_routes.router)
     api.include_router(metrics.router)
