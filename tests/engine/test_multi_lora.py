@@ -154,26 +154,25 @@ def test_bad_adapters_are_refused_naming_the_field(setup, tmp_path):
         Engine(base).submit([1, 2], greedy, lambda e: None, lora="alpha")
 
 
-def test_gathered_lora_matmul_equals_each_rows_own_adapter():
+@pytest.mark.parametrize(
+    "slot_of",
+    [[2, None, 0, 1, 2], [2, 2, 0, 0, 1], [2, None, 0, 1], [1, 1, 1, 1, 1]],
+    ids=["grouped with base rows", "grouped", "one adapter per row (bmm)", "uniform"],
+)
+def test_lora_matmul_gives_each_row_its_own_adapter(slot_of):
     """add_lora over rows of 3 adapters and the base: each adapter row gets x A^T B^T of its
     own slot, base rows stay bit-identical."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(3, 4, 8, generator=g), torch.randn(3, 6, 4, generator=g)
-    x, out = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 6, generator=g)
-    slot_of = [2, None, 0, 1, 2]
-    picked = [(i, s) for i, s in enumerate(slot_of) if s is not None]
-    rows = RowSlots(
-        torch.tensor([i for i, _ in picked]),
-        torch.tensor([s for _, s in picked]),
-        frozenset(s for _, s in picked),
-        picked[0][1],
-        uniform=False,
-    )
-    got = add_lora(out.clone(), x, a, b, rows)
+    x = torch.randn(len(slot_of), 2, 8, generator=g)
+    out = torch.randn(len(slot_of), 2, 6, generator=g)
+    got = add_lora(out.clone(), x, a, b, RowSlots.of(slot_of, torch.device("cpu")))
     for i, s in enumerate(slot_of):
-        want = out[i] if s is None else out[i] + x[i] @ a[s].T @ b[s].T
-        torch.testing.assert_close(got[i], want, rtol=0, atol=0 if s is None else 1e-5)
-    assert torch.equal(got[1], out[1])
+        if s is None:
+            assert torch.equal(got[i], out[i])
+        else:
+            torch.testing.assert_close(got[i], out[i] + x[i] @ a[s].T @ b[s].T)
+    assert RowSlots.of([None, None], torch.device("cpu")) is None
 
 
 def test_an_engine_without_adapter_rows_runs_the_base_forward(setup):
