@@ -317,6 +317,8 @@ class Engine:
         and written through the requests' block tables; logits (and a sampled token) for the
         requests whose chunk reaches their last token. A request's computed count advances
         only after the forward succeeded."""
+        if self.loras is not None:  # each adapter's rows side by side: slices, not gathers
+            group = sorted(group, key=lambda item: item[0].lora.uid if item[0].lora else 0)
         width = max(n for _, n in group)
         tokens = torch.zeros(len(group), width, dtype=torch.long)
         for row, (request, n) in enumerate(group):

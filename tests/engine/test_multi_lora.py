@@ -156,8 +156,8 @@ def test_bad_adapters_are_refused_naming_the_field(setup, tmp_path):
 
 @pytest.mark.parametrize(
     "slot_of",
-    [[2, None, 0, 1, 2], [2, 2, 0, 0, 1], [2, None, 0, 1], [1, 1, 1, 1, 1]],
-    ids=["grouped with base rows", "grouped", "one adapter per row (bmm)", "uniform"],
+    [[2, None, 0, 1, 2], [2, 2, 0, 0, 1], [None, 1, 1, 0, 0], [2, None, 0, 1], [1, 1, 1, 1]],
+    ids=["gathered with base rows", "adjacent", "adjacent with base", "bmm per row", "uniform"],
 )
 def test_lora_matmul_gives_each_row_its_own_adapter(slot_of):
     """add_lora over rows of 3 adapters and the base: each adapter row gets x A^T B^T of its
