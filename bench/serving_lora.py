@@ -15,7 +15,8 @@ in turn, `--new` greedy tokens each. Sides, alternated `--rounds` times, medians
                requests at once, the adapters one after the other (the usual alternative);
   base only    the base model serving every request at once: no adapter work (what the LoRA
                matmuls cost, as a ceiling).
-Printed: output tokens/s per side, the multi-LoRA / merged ratio and multi-LoRA / base, and how
+Printed: output tokens/s and tokens per CPU-second (process time: steadier than wall time on a
+shared machine) per side, the multi-LoRA / merged and multi-LoRA / base ratios, and how
 many requests' greedy tokens agree between multi-LoRA and merged (fp32 rounds x W + x A B and
 x (W + A B) differently, so a near-tie can flip on random weights).
 """
@@ -67,16 +68,17 @@ def make_adapters(base: Transformer, k: int, rank: int, root: str) -> list[Trans
 
 
 def run_engine(engine: Engine, jobs: list[tuple[list[int], str | None]], new: int) -> list:
-    """Submit every job at once, step until all finish: (wall seconds, each job's tokens)."""
+    """Submit every job at once, step until all finish on this thread: [wall seconds, CPU
+    seconds, each job's tokens]."""
     params = SamplingParams(max_new_tokens=new, temperature=0.0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     requests = [engine.submit(ids, params, lambda e: None, lora=lora) for ids, lora in jobs]
     for _ in engine.run(requests):
         pass
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     for r in requests:
         assert r.error is None, r.error
-    return [wall, [r.seq.token_ids for r in requests]]
+    return [wall, cpu, [r.seq.token_ids for r in requests]]
 
 
 def main() -> None:
@@ -114,14 +116,14 @@ def main() -> None:
         plain = Engine(Generator(copy.deepcopy(base), None, eos_token_ids=[]), max_slots=args.slots)
 
         def one_at_a_time():
-            wall, tokens = 0.0, [None] * len(jobs)
+            wall, cpu, tokens = 0.0, 0.0, [None] * len(jobs)
             for i, engine in enumerate(per_adapter):
                 mine = [j for j, (_, name) in enumerate(jobs) if name == f"adapter-{i}"]
-                w, out = run_engine(engine, [(jobs[j][0], None) for j in mine], args.new)
-                wall += w
+                w, c, out = run_engine(engine, [(jobs[j][0], None) for j in mine], args.new)
+                wall, cpu = wall + w, cpu + c
                 for j, t in zip(mine, out, strict=True):
                     tokens[j] = t
-            return [wall, tokens]
+            return [wall, cpu, tokens]
 
         sides = {
             "multi-LoRA": lambda: run_engine(multi, jobs, args.new),
@@ -137,8 +139,10 @@ def main() -> None:
                     engine.reset_prefix_cache()
                 runs[name].append(side())
     total = args.requests * args.new
-    tok_s = {name: statistics.median(total / w for w, _ in rs) for name, rs in runs.items()}
-    agree = sum(a == b for a, b in zip(runs["multi-LoRA"][0][1], runs["merged"][0][1], strict=True))
+    tok_s = {name: statistics.median(total / w for w, _, _ in rs) for name, rs in runs.items()}
+    tok_cpu = {name: statistics.median(total / c for _, c, _ in rs) for name, rs in runs.items()}
+    multi_tokens, merged_tokens = runs["multi-LoRA"][0][2], runs["merged"][0][2]
+    agree = sum(a == b for a, b in zip(multi_tokens, merged_tokens, strict=True))
     print(
         f"multi-LoRA: {args.requests} requests over {args.adapters} rank-{args.rank} adapters "
         f"(all linear layers), prompts 32-128 tokens, {args.new} greedy new tokens, "
@@ -146,11 +150,13 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, median of {args.rounds} rounds"
     )
     for name, value in tok_s.items():
-        print(f"  {name:12} {value:9.1f} output tok/s")
-    print(
-        f"  multi-LoRA / merged one adapter at a time: {tok_s['multi-LoRA'] / tok_s['merged']:.2f}x"
-        f"   multi-LoRA / base only: {tok_s['multi-LoRA'] / tok_s['base only']:.2f}x"
-    )
+        print(f"  {name:12} {value:9.1f} output tok/s {tok_cpu[name]:9.1f} tok per CPU-second")
+    for label, figures in (("tok/s", tok_s), ("tok per CPU-second", tok_cpu)):
+        print(
+            f"  {label}: multi-LoRA / merged one adapter at a time "
+            f"{figures['multi-LoRA'] / figures['merged']:.2f}x, multi-LoRA / base only "
+            f"{figures['multi-LoRA'] / figures['base only']:.2f}x"
+        )
     print(f"  greedy tokens equal to the merged engines': {agree}/{args.requests} requests")
     print(
         f"  slot loads {multi.loras.slots.loads}, mixed forwards {multi.loras.slots.mixed_forwards}"
