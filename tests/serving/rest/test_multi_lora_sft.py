@@ -39,7 +39,9 @@ MAX_TOKENS = 8
 def train_adapter(root, name: str, base: str, seed: int) -> str:
     rows = [{"prompt": q, "response": a} for q, a in DATA[name].items()] * 4
     (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    prepare_chat(root / f"{name}.jsonl", root / f"{name}-chat", tokenizer=chat_tokenizer(), seq_len=SEQ)
+    prepare_chat(
+        root / f"{name}.jsonl", root / f"{name}-chat", tokenizer=chat_tokenizer(), seq_len=SEQ
+    )
     cfg = PostTrainConfig(
         objective="sft",
         base=base,
