@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.serving.api import metrics
 from kiln.serving.api.kserve import routes as kserve_routes
+from kiln.serving.api.lora_metrics import LoRAInfoCollector, lora_requests
 from kiln.serving.api.metrics import (
     MeteredBackend,
     ServerMetrics,
@@ -48,6 +49,8 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.state.metrics = ServerMetrics(
         backend.model_name, engine_queues(backend), engine_stats(backend)
     )
+    if (adapters := lora_requests(backend)) is not None:
+        api.state.metrics.registry.register(LoRAInfoCollector(adapters))
     api.state.backend = MeteredBackend(backend, api.state.metrics)
     api.state.limits = limits
     api.add_exception_handler(RequestError, _on_request_error)

@@ -227,6 +227,23 @@ class LocalBackend:
         loras = self._engine.loras
         return loras.adapters() if loras is not None else []
 
+    def lora_requests(self) -> dict | None:
+        """The adapters of running and waiting requests and the slot count (vLLM's
+        lora_requests_info); None without LoRA serving. Read from another thread: a moment's."""
+        loras, sched = self._engine.loras, self._engine.scheduler
+        if loras is None:
+            return None
+        running, waiting = list(sched.running), list(sched.waiting)  # copied under the GIL
+
+        def names(requests) -> list[str]:
+            return sorted({r.lora.name for r in requests if r.lora is not None})
+
+        return {
+            "max_lora": loras.slots.max_loras,
+            "running": names(running),
+            "waiting": names(waiting),
+        }
+
     async def load_lora(self, name: str, path: str) -> None:
         """Serve the PEFT folder `path` as `name` from now on (RequestError 400 naming the
         field when LoRA serving is off, the name is taken or the folder does not fit)."""

@@ -155,7 +155,7 @@ def test_load_and_unload_while_requests_run_lose_no_request(served):
     assert stats["lora_slot_evictions"] >= 1 and stats["num_requests_running"] == 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     assert unloaded.status_code == 404 and "'gamma'" in unloaded.json()["error"]["message"]
-    assert "vllm:num_requests_running" in metrics.text
+    assert 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",' in metrics.text
 
 
 ERRORS = {
