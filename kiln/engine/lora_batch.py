@@ -16,7 +16,8 @@ at once.
 
 Slots are loaded on the engine thread when the scheduler admits a request (`admit`): an adapter
 already in a slot is reused; otherwise a free slot, else the least recently used slot whose
-adapter no running request uses, takes its weights; when every slot is busy the request waits.
+adapter no running request uses, takes its weights; when every slot is busy the request waits
+(the scheduler admits the requests behind it meanwhile).
 Ranks below `max_rank` are zero-padded (the pad adds exact zeros).
 """
 

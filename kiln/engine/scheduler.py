@@ -93,15 +93,17 @@ class Scheduler:
     def _admit(self, plan: Plan, budget: int) -> None:
         """Oldest waiting requests first, each with its cached prefix, while the budget, the
         sequence cap and free blocks allow; one whose next block another request is computing
-        right now waits a step for it to be cached."""
-        kv, inflight = self.kv, None
+        right now waits a step for it to be cached. One `can_run` refuses (its LoRA adapter has
+        no slot) is passed over, keeping its place, as vLLM's scheduler skips it."""
+        kv, inflight, passed = self.kv, None, []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.finished:
                 self.waiting.popleft()
                 continue
             if self.can_run is not None and not self.can_run(request, self.running):
-                break
+                passed.append(self.waiting.popleft())
+                continue
             hit = kv.cached_prefix(request)
             if kv.enable_prefix_caching:
                 if inflight is None:
@@ -119,6 +121,7 @@ class Scheduler:
             budget -= n
             if inflight is not None:
                 inflight |= kv.inflight([request])
+        self.waiting.extendleft(reversed(passed))
 
     def prefill_groups(self, plan: Plan) -> list[Plan]:
         """Split the multi-token chunks of a plan into forwards: chunks right-padded to the

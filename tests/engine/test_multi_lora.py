@@ -206,3 +206,23 @@ def test_adapters_run_over_an_int8_model(setup):
     assert all(g != p for g, p in zip(got[1::2], plain, strict=True))  # the adapter acts
     merged = reference(setup, jobs[1::2])
     assert sum(g == m for g, m in zip(got[1::2], merged, strict=True)) >= 3
+
+
+def test_a_request_waiting_for_a_slot_lets_later_requests_pass(setup):
+    """One slot held by alpha's running request: beta's request waits, keeping its place, and
+    the base request queued behind it is admitted meanwhile (vLLM's scheduler skips it too)."""
+    engine = lora_engine(setup, max_loras=1)
+    ids = prompts(3, seed=11)
+    long, short = (SamplingParams(max_new_tokens=n, temperature=0.0) for n in (NEW, 2))
+    first = engine.submit(ids[0], long, lambda e: None, lora="alpha")
+    waiting = engine.submit(ids[1], short, lambda e: None, lora="beta")
+    behind = engine.submit(ids[2], short, lambda e: None)
+    steps = engine.run([first, waiting, behind])
+    next(steps)
+    sched = engine.scheduler
+    assert first in sched.running and behind in sched.running
+    assert list(sched.waiting) == [waiting]
+    for _ in steps:
+        pass
+    assert behind.seq.done and behind.seq.token_ids == reference(setup, [(ids[2], None)])[0][:2]
+    assert waiting.seq.token_ids == reference(setup, [(ids[1], "beta")])[0][:2]
