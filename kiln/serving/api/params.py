@@ -42,10 +42,11 @@ def limits_of(request: Request) -> Limits:
     return request.app.state.limits
 
 
-def lora_names(backend: Backend) -> list[str]:
-    """The LoRA adapters the backend serves besides its model (none where it has no LoRA)."""
+def lora_paths(backend: Backend) -> dict[str, str]:
+    """{name: folder} of the LoRA adapters the backend serves besides its model (none where it
+    has no LoRA), in load order."""
     adapters = getattr(backend, "lora_adapters", None)
-    return [a.name for a in adapters()] if callable(adapters) else []
+    return {a.name: a.path for a in adapters()} if callable(adapters) else {}
 
 
 def require_model(request: Request, model: str | None, with_adapters: bool = False) -> str | None:
@@ -55,7 +56,7 @@ def require_model(request: Request, model: str | None, with_adapters: bool = Fal
     name = backend.model_name
     if model is None or model == name:
         return None
-    adapters = lora_names(backend) if with_adapters else []
+    adapters = list(lora_paths(backend)) if with_adapters else []
     if model in adapters:
         return model
     also = f" and LoRA adapters {adapters}" if adapters else ""

@@ -98,6 +98,7 @@ def test_models_lists_the_adapters_with_the_base_as_parent(served):
     assert {"tiny", "alpha", "beta"} <= set(cards)
     assert cards["tiny"]["parent"] is None and cards["alpha"]["parent"] == "tiny"
     assert one.json()["id"] == "beta" and one.json()["parent"] == "tiny"
+    assert one.json()["root"] == folders["beta"] and cards["tiny"]["root"] == "tiny"
 
 
 def test_a_streamed_chat_names_the_adapter_and_equals_its_answer(served):

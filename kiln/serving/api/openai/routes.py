@@ -43,7 +43,7 @@ from kiln.serving.api.openai.tools import (
 from kiln.serving.api.params import (
     backend_of,
     limits_of,
-    lora_names,
+    lora_paths,
     prepare_jobs,
     primed,
     require_model,
@@ -60,7 +60,7 @@ router = APIRouter(prefix="/v1")
 @router.get("/models")
 async def list_models(request: Request) -> ModelList:
     backend = backend_of(request)
-    return ModelList(data=[_card(backend), *(_card(backend, a) for a in lora_names(backend))])
+    return ModelList(data=[_card(backend), *(_card(backend, a) for a in lora_paths(backend))])
 
 
 @router.get("/models/{model_id:path}")
@@ -69,12 +69,13 @@ async def get_model(model_id: str, request: Request) -> ModelCard:
 
 
 def _card(backend: Backend, lora: str | None = None) -> ModelCard:
-    """The base model's card, or a LoRA adapter's (its `parent` the base, as vLLM lists it)."""
+    """The base model's card, or a LoRA adapter's: `root` its folder, `parent` the base (as
+    vLLM lists them)."""
     return ModelCard(
         id=lora or backend.model_name,
         max_model_len=backend.context_length,
         has_chat_template=bool(backend.chat_template),
-        root=lora or backend.model_name,
+        root=lora_paths(backend).get(lora, lora) if lora else backend.model_name,
         parent=backend.model_name if lora else None,
     )
 
