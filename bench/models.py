@@ -8,6 +8,11 @@ config loaded by both from one HF folder, fp32 on CPU with the same threads:
   tokens, fresh copies of the same weights, runs interleaved (median), and whether both
   decoded the same tokens.
 
+Training also reports tokens per CPU-second of the process (its OpenMP workers included) and
+the load average: on a shared machine wall time moves with other work, and with more threads
+than the load leaves cores free, each operator's workers wait for one another's time slices
+(both figures then swing several-fold run to run; --threads 1 is the steady measure there).
+
 Prints kiln's figure, transformers' and the ratio for each; then KV-cache bytes per token of MLA
 (the latent and the RoPE key) against full attention of the same widths (every head's key and
 value), for the bench's DeepSeek shape and the real DeepSeek-V3 one.
@@ -19,6 +24,7 @@ value), for the bench's DeepSeek shape and the real DeepSeek-V3 one.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -113,27 +119,40 @@ class _Loop:
         self.model, self.logits_of = model.train(), logits_of
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
-    def step(self, tokens: torch.Tensor) -> float:
-        start = time.perf_counter()
+    def step(self, tokens: torch.Tensor) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of the whole process) of one step."""
+        start, cpu = time.perf_counter(), time.process_time()
         logits = self.logits_of(self.model, tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
 
-def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float]:
-    """Median step time of each, their steps interleaved so both see the same machine load;
-    the first step of each (allocations, optimizer state) is not counted."""
-    times: tuple[list[float], list[float]] = ([], [])
+def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float, float, float]:
+    """(kiln, transformers) tokens per wall second, then per CPU-second: median step of each,
+    their steps interleaved so both see the same machine load; the first step of each
+    (allocations, optimizer state) is not counted."""
+    times: tuple[list[tuple[float, float]], ...] = ([], [])
     for step, tokens in enumerate(batches):
         for loop, record in ((ours, times[0]), (theirs, times[1])):
             elapsed = loop.step(tokens)
             if step:
                 record.append(elapsed)
     n = batches[0][:, :-1].numel()
-    return tuple(n / statistics.median(t) for t in times)
+    wall = tuple(n / statistics.median(w for w, _ in t) for t in times)
+    cpu = tuple(n / statistics.median(c for _, c in t) for t in times)
+    return (*wall, *cpu)
+
+
+def _load(threads: int) -> str:
+    """The 1-minute load average, and a warning when it leaves fewer cores than threads."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    note = f"load {load:.1f} on {cores} cores"
+    if threads > 1 and load + threads > cores:
+        note += f": {threads} threads wait on each other's time slices here, figures swing"
+    return note
 
 
 def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
@@ -198,12 +217,18 @@ def main() -> None:
             hf.save_pretrained(tmp)
             _, cfg, state = read_hf_dir(tmp)
             kiln = build_model(cfg, state, device="cpu")
-            ours, theirs = _tokens_per_s(
+            before = _load(args.threads)
+            ours, theirs, ours_cpu, theirs_cpu = _tokens_per_s(
                 _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
             )
             print(
                 f"{arch:9s} train  tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
                 f"ratio {ours / theirs:.2f}"
+            )
+            print(
+                f"{arch:9s} train  tokens/CPU-s  kiln {ours_cpu:8.0f}  "
+                f"transformers {theirs_cpu:8.0f}  ratio {ours_cpu / theirs_cpu:.2f}  "
+                f"(before: {before}; after: {_load(args.threads)})"
             )
             # decoding: fresh copies of the saved weights (training moved both models)
             hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
