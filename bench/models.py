@@ -9,9 +9,11 @@ config loaded by both from one HF folder, fp32 on CPU with the same threads:
   decoded the same tokens.
 
 Training also reports tokens per CPU-second of the process (its OpenMP workers included) and
-the load average: on a shared machine wall time moves with other work, and with more threads
-than the load leaves cores free, each operator's workers wait for one another's time slices
-(both figures then swing several-fold run to run; --threads 1 is the steady measure there).
+the load average around it. Idle OpenMP workers sleep (OMP_WAIT_POLICY=passive, unless the
+environment sets it): spinning ones, OpenMP's default, burn the time slices their peers need
+on a machine busy with other work: there one step's time ranged 5-11x within a run and the
+kiln/transformers ratio 0.7-1.7 between runs (docs/benchmarks.md, the DeepSeek-V3 row of 0.20).
+OMP_WAIT_POLICY=active measures the default.
 
 Prints kiln's figure, transformers' and the ratio for each; then KV-cache bytes per token of MLA
 (the latent and the RoPE key) against full attention of the same widths (every head's key and
@@ -29,15 +31,18 @@ import statistics
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
+# Read once, when torch starts OpenMP: it must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-from kiln.engine.generator import Generator
-from kiln.engine.sampler import SamplingParams
-from kiln.model.config import ModelConfig
-from kiln.model.formats.hf import read_hf_dir
-from kiln.model.formats.weights import build_model
-from kiln.model.kv_cache import KVCache
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kiln.engine.generator import Generator  # noqa: E402
+from kiln.engine.sampler import SamplingParams  # noqa: E402
+from kiln.model.config import ModelConfig  # noqa: E402
+from kiln.model.formats.hf import read_hf_dir  # noqa: E402
+from kiln.model.formats.weights import build_model  # noqa: E402
+from kiln.model.kv_cache import KVCache  # noqa: E402
 
 SHAPE = {
     "vocab_size": 4096,
@@ -146,13 +151,9 @@ def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float, fl
     return (*wall, *cpu)
 
 
-def _load(threads: int) -> str:
-    """The 1-minute load average, and a warning when it leaves fewer cores than threads."""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    note = f"load {load:.1f} on {cores} cores"
-    if threads > 1 and load + threads > cores:
-        note += f": {threads} threads wait on each other's time slices here, figures swing"
-    return note
+def _load() -> str:
+    """The 1-minute load average: other work on the machine moves the wall-clock figures."""
+    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
 def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
@@ -208,7 +209,8 @@ def main() -> None:
     print(
         f"threads={args.threads} fp32; train: batch={args.batch} seq={args.seq} "
         f"steps={args.steps}; decode: batch={args.decode_batch} prompt={args.prompt} "
-        f"new={args.new_tokens} runs={args.decode_runs}"
+        f"new={args.new_tokens} runs={args.decode_runs}; "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     )
     for arch in args.arch:
         with tempfile.TemporaryDirectory() as tmp:
@@ -217,7 +219,7 @@ def main() -> None:
             hf.save_pretrained(tmp)
             _, cfg, state = read_hf_dir(tmp)
             kiln = build_model(cfg, state, device="cpu")
-            before = _load(args.threads)
+            before = _load()
             ours, theirs, ours_cpu, theirs_cpu = _tokens_per_s(
                 _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
             )
@@ -228,7 +230,7 @@ def main() -> None:
             print(
                 f"{arch:9s} train  tokens/CPU-s  kiln {ours_cpu:8.0f}  "
                 f"transformers {theirs_cpu:8.0f}  ratio {ours_cpu / theirs_cpu:.2f}  "
-                f"(before: {before}; after: {_load(args.threads)})"
+                f"(before: {before}; after: {_load()})"
             )
             # decoding: fresh copies of the saved weights (training moved both models)
             hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()
