@@ -163,13 +163,21 @@ def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
     params = SamplingParams(max_new_tokens=new, temperature=0.0)
     rows = prompts.tolist()
     hf.generation_config.pad_token_id = 0
+    # Every prompt token is real: without a mask, generate takes a prompt's token 0 (the pad
+    # id) for padding and masks it out, and the two sides decode different tokens.
+    mask = torch.ones_like(prompts)
 
     def ours():
         return gen.generate_ids(rows, params)
 
     def theirs():
         out = hf.generate(
-            prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
+            prompts,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
         )
         return out[:, prompts.shape[1] :].tolist()
 
