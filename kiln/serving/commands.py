@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from kiln.platform.errors import InputError
 from kiln.platform.runtime import Runtime
 from kiln.platform.signals import stop_on_signals
 from kiln.serving.client import KilnClient
@@ -33,11 +34,31 @@ def serve_settings(args: argparse.Namespace) -> dict:
         "triton_url": args.triton_url,
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
-        "batching": {"max_batch_size": args.max_batch_size},
+        "batching": {
+            "max_batch_size": args.max_batch_size,
+            "speculative": speculative_settings(args),
+        },
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
         "deployment": deployment,
     }
+
+
+def speculative_settings(args: argparse.Namespace) -> dict | None:
+    """`batching.speculative` from --speculative, --speculative-model and
+    --num-speculative-tokens (None: speculative decoding off)."""
+    method, model = args.speculative, args.speculative_model
+    tokens = args.num_speculative_tokens
+    if method is None and model is None:
+        if tokens is not None:
+            raise InputError(
+                "--num-speculative-tokens: needs --speculative ngram or --speculative-model PATH"
+            )
+        return None
+    options: dict = {"method": method, "model": model}
+    if tokens is not None:
+        options["num_speculative_tokens"] = tokens
+    return options
 
 
 def serve_command(args: argparse.Namespace) -> int:
