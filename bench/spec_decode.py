@@ -173,6 +173,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, (spec, model) in sides.items():
             result = run_side(gen, jobs, args, spec, model)
+            print(f"  {name}: {result['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
             if name not in best or result["tok_s"] > best[name]["tok_s"]:
                 best[name] = result
     base = best["plain"]
