@@ -96,6 +96,7 @@ class SpeculativeDecoder:
     ) -> None:
         """`draft_model`: an already built draft model (else `config.model` is loaded)."""
         self.k = config.num_speculative_tokens
+        self.disable_by_batch_size = config.disable_by_batch_size
         self.kv = kv
         self._forward = forward
         self.stop_rule = stop_rule
@@ -121,6 +122,8 @@ class SpeculativeDecoder:
 
     def decode(self, rows: Plan) -> Plan:
         """Speculate for the decoding rows that can; return the rest for plain decoding."""
+        if self.disable_by_batch_size is not None and len(rows) >= self.disable_by_batch_size:
+            return rows
         candidates, rest = [], []
         for request, n in rows:
             k = self._room(request)

@@ -26,6 +26,12 @@ class SpeculativeConfig(BaseModel):
     num_speculative_tokens: int = Field(
         4, ge=1, le=16, description="tokens drafted (and verified in one forward) per step"
     )
+    disable_by_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="decode plainly in steps where this many rows or more decode (a CPU's "
+        "matmuls already busy: verifying k+1 positions per row costs more than it saves)",
+    )
     prompt_lookup_max: int = Field(
         4, ge=1, description="ngram: longest suffix of the text looked up earlier in it"
     )

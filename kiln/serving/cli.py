@@ -58,6 +58,12 @@ def _register_serve(subparsers) -> None:
         help="tokens drafted and verified per step (default 4)",
     )
     p.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        metavar="N",
+        help="decode plainly in steps where N or more requests decode at once",
+    )
+    p.add_argument(
         "--quantize",
         choices=["int8", "int4", "fp8"],
         help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",

@@ -45,19 +45,23 @@ def serve_settings(args: argparse.Namespace) -> dict:
 
 
 def speculative_settings(args: argparse.Namespace) -> dict | None:
-    """`batching.speculative` from --speculative, --speculative-model and
-    --num-speculative-tokens (None: speculative decoding off)."""
+    """`batching.speculative` from --speculative, --speculative-model, --num-speculative-tokens
+    and --speculative-disable-by-batch-size (None: speculative decoding off)."""
     method, model = args.speculative, args.speculative_model
-    tokens = args.num_speculative_tokens
+    extra = {
+        "num_speculative_tokens": (args.num_speculative_tokens, "--num-speculative-tokens"),
+        "disable_by_batch_size": (
+            args.speculative_disable_by_batch_size,
+            "--speculative-disable-by-batch-size",
+        ),
+    }
     if method is None and model is None:
-        if tokens is not None:
-            raise InputError(
-                "--num-speculative-tokens: needs --speculative ngram or --speculative-model PATH"
-            )
+        for value, flag in extra.values():
+            if value is not None:
+                raise InputError(f"{flag}: needs --speculative ngram or --speculative-model PATH")
         return None
     options: dict = {"method": method, "model": model}
-    if tokens is not None:
-        options["num_speculative_tokens"] = tokens
+    options.update({key: value for key, (value, _) in extra.items() if value is not None})
     return options
 
 

@@ -161,6 +161,23 @@ def test_each_accepted_draft_saves_one_target_forward(target):
     assert spec.stats()["spec_decode_mean_acceptance_length"] > 1.0
 
 
+def test_disabled_while_many_rows_decode(target):
+    """`disable_by_batch_size`: rows decoding in lockstep at or above it never speculate; a lone
+    row does."""
+    spec = SpeculativeConfig(disable_by_batch_size=3)
+    # three prompts of one length, under one block (none waits for another's cached prefix),
+    # all admitted in the first step: they decode together to the end
+    prompts = [[i + 1, i + 2, i + 3] * 4 for i in range(3)]
+    jobs = [(p, SamplingParams(max_new_tokens=32)) for p in prompts]
+    crowded = Engine(target, max_slots=3, prefill_chunk=64, speculative=spec)
+    plain = run(Engine(target, max_slots=3, prefill_chunk=64), jobs)
+    assert run(crowded, jobs) == plain
+    assert crowded.stats()["spec_decode_num_drafts"] == 0
+    alone = Engine(target, max_slots=3, prefill_chunk=64, speculative=spec)
+    assert run(alone, jobs[:1]) == plain[:1]
+    assert alone.stats()["spec_decode_num_drafts"] > 0
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_rollback_leaks_no_blocks_under_preemption_and_cancellation(target, method):
     """A pool too small for the batch: drafts get fewer blocks than they want, requests are

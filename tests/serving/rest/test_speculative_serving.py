@@ -90,6 +90,12 @@ def test_speculative_flags_refused_with_their_names():
     assert serve_settings(parse(["serve", "m"]))["batching"]["speculative"] is None
     with pytest.raises(InputError, match="--num-speculative-tokens: needs --speculative"):
         serve_settings(parse(["serve", "m", "--num-speculative-tokens", "3"]))
+    with pytest.raises(InputError, match="--speculative-disable-by-batch-size: needs"):
+        serve_settings(parse(["serve", "m", "--speculative-disable-by-batch-size", "4"]))
+    on = serve_settings(
+        parse(["serve", "m", "--speculative", "ngram", "--speculative-disable-by-batch-size", "4"])
+    )
+    assert on["batching"]["speculative"]["disable_by_batch_size"] == 4
     bad = serve_settings(parse(["serve", "m", "--speculative", "draft_model"]))
     with pytest.raises(ValueError, match="speculative.model"):
         AppSettings.model_validate({**bad, "model_dir": "m"})
