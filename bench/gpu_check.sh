@@ -9,7 +9,7 @@
 #             reachable, installed with pip --target or, without pip, `python -m zipfile`
 #   imports   kiln.training imports with Ray absent; every torch API the trainer calls is there
 #   bench     MFU per row against its floor (compiled and eager, 1b and an 8B slice), every
-#             step's loss and grad norm finite, step 0 at ln V, SDPA on cuDNN/flash only
+#             step's loss and grad norm finite, step 0 at ln V + s^2/2, SDPA on cuDNN/flash only
 #   parity    torchrun at world 1: first-step loss and grad norm of one process, replicate and
 #             fully_shard equal (fp32)
 #   learn     the 1b preset learns a repeated batch (loss falls by the stated margin)

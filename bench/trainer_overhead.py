@@ -6,12 +6,14 @@ lr schedule, loss to Python for logging); the difference is the trainer's bookke
 writer (a JSON line and TensorBoard scalars per step). Runs alternate A/B/A/B and report
 medians, so load from other processes hits both sides alike.
 
-A second table sets kiln's speed options against kiln's plain path on the same batch: tokens/s
-and the step's peak tensor memory (torch's MemTracker over one step: parameters, gradients,
-optimizer state, activations and temporaries) and the ratios of both.
+A second table sets kiln's speed options (chunked cross entropy, fused projections, both)
+against kiln's plain path on the same batch: tokens/s and the step's peak tensor memory (torch's
+MemTracker over one step: parameters, gradients, optimizer state, activations and temporaries)
+and the ratios of both.
 
     .venv/bin/python bench/trainer_overhead.py [--steps 10] [--rounds 3] [--threads 1]
         [--dim 128 --layers 2 --seq 128 --batch 4] [--vocab 8192] [--loss-chunk 1024]
+        [--options "chunked CE,fused proj,fused+chunked"] [--no-overhead]
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ def plain_loop(model_cfg: ModelConfig, batch, steps: int, precision: str) -> flo
 
 def kiln_config(model_cfg: ModelConfig, batch, steps: int, precision: str, **options):
     tokens, _ = batch
+    model = options.pop("model", {})  # model options (fused_projections) over the shape
     return TrainConfig(
-        model=model_cfg,
+        model=model_cfg.model_copy(update=model),
         seq_len=tokens.shape[1],
         global_batch_size=tokens.shape[0],
         micro_batch_size=tokens.shape[0],
@@ -115,7 +118,10 @@ def kiln_peak_bytes(model_cfg: ModelConfig, batch, precision: str, **options) ->
 
 def options_table(model_cfg: ModelConfig, batch, args) -> None:
     """Each speed option against kiln's plain path: tokens/s, peak memory, and their ratios."""
-    variants = {"chunked CE": {"loss_chunk_tokens": args.loss_chunk}}
+    chunked = {"loss_chunk_tokens": args.loss_chunk}
+    fused = {"model": {"fused_projections": True}}
+    variants = {"chunked CE": chunked, "fused proj": fused, "fused+chunked": {**chunked, **fused}}
+    variants = {k: v for k, v in variants.items() if k in args.options.split(",")}
     print(
         f"\n{'precision':<10}{'option':<14}{'plain tok/s':>12}{'option tok/s':>13}{'ratio':>7}"
         f"{'plain MiB':>11}{'option MiB':>11}{'ratio':>7}"
@@ -146,6 +152,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--loss-chunk", type=int, default=1024, help="loss_chunk_tokens")
     parser.add_argument(
+        "--options",
+        default="chunked CE,fused proj,fused+chunked",
+        help="comma-separated rows of the options table",
+    )
+    parser.add_argument(
+        "--no-overhead", action="store_true", help="only the options table, not the plain loop"
+    )
+    parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)"
     )
     args = parser.parse_args()
@@ -167,6 +181,13 @@ def main() -> None:
         f"model: {model_cfg.num_params() / 1e6:.1f}M params, batch {args.batch}x{args.seq}, "
         f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads"
     )
+    if not args.no_overhead:
+        overhead_table(model_cfg, batch, args)
+    options_table(model_cfg, batch, args)
+
+
+def overhead_table(model_cfg: ModelConfig, batch, args) -> None:
+    """Kiln's Trainer against the hand-written loop: tokens/s and the overhead."""
     print(f"{'precision':<10}{'plain tok/s':>14}{'kiln tok/s':>14}{'overhead':>10}")
     for precision in ("fp32", "bf16"):
         plain, kiln = [], []
@@ -175,7 +196,6 @@ def main() -> None:
             kiln.append(kiln_loop(model_cfg, batch, args.steps, precision))
         p, k = statistics.median(plain), statistics.median(kiln)
         print(f"{precision:<10}{p:>14.0f}{k:>14.0f}{100 * (p - k) / p:>9.1f}%")
-    options_table(model_cfg, batch, args)
 
 
 if __name__ == "__main__":

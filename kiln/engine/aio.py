@@ -59,17 +59,22 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
 
 
 async def stream_events(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+    engine: Engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    cache_salt: str | None = None,
+    lora: str | None = None,
 ) -> AsyncIterator[EngineEvent]:
     """Yield the request's token events, then its finish event; its error is raised here.
-    Leaving early (a client that went away) cancels the request and frees its slot."""
+    Leaving early (a client that went away) cancels the request and frees its slot. `lora`: the
+    name of the LoRA adapter to decode with (None: the base model)."""
     box = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
     def listener(event: EngineEvent) -> None:
         box.post(events, event)
 
-    request = engine.submit(prompt_ids, params, listener, cache_salt=cache_salt)
+    request = engine.submit(prompt_ids, params, listener, cache_salt=cache_salt, lora=lora)
     try:
         while True:
             event = await events.get()
@@ -83,10 +88,14 @@ async def stream_events(
 
 
 async def complete(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+    engine: Engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    cache_salt: str | None = None,
+    lora: str | None = None,
 ) -> EngineEvent:
     """The finish event of one request (its error raised)."""
-    async for event in stream_events(engine, prompt_ids, params, cache_salt):
+    async for event in stream_events(engine, prompt_ids, params, cache_salt, lora):
         if event.kind == "finish":
             return event
     raise RuntimeError("engine stream ended without a finish event")

@@ -20,6 +20,7 @@ responsive.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -32,6 +33,7 @@ from torch import nn
 
 from kiln.engine.grammar import GrammarCompiler
 from kiln.engine.kv_cache_manager import DEFAULT_BLOCK_SIZE, KVCacheManager, blocks_for
+from kiln.engine.lora_registry import DEFAULT_MAX_LORA_RANK, LoRARegistry
 from kiln.engine.model_runner import ModelRunner
 from kiln.engine.request import EngineRequest, Listener
 from kiln.engine.sampler import SamplingParams, make_generator, sample_next
@@ -81,13 +83,17 @@ class Engine:
         enable_prefix_caching: bool = True,
         speculative: SpeculativeConfig | None = None,
         draft_model: nn.Module | None = None,
+        max_loras: int = 0,
+        max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
         lock: threading.Lock | None = None,
     ) -> None:
         """`max_slots`: sequences running at once (vLLM's max_num_seqs). Tokens computed per
         step: `max_num_batched_tokens`, by default `prefill_chunk` beyond one per running
         sequence. KV blocks: `num_blocks`, else `kv_cache_memory` bytes' worth, else enough for
-        `max_slots` full contexts up to 4 GiB (kv_cache_manager.blocks_for). `speculative`:
-        speculative decoding (speculative.py); `draft_model` a built draft model for it."""
+        `max_slots` full contexts up to 4 GiB (kv_cache_manager.blocks_for). `max_loras` > 0
+        serves LoRA adapters (`self.loras`), that many at once in a forward, of rank up to
+        `max_lora_rank`. `speculative`: speculative decoding (speculative.py); `draft_model` a
+        built draft model for it."""
         if max_slots < 1 or prefill_chunk < 1 or block_size < 1:
             raise InputError("engine: max_slots, prefill_chunk and block_size must be >= 1")
         model = target.model
@@ -111,7 +117,9 @@ class Engine:
         )
         self.kv = KVCacheManager(cache, enable_prefix_caching=enable_prefix_caching)
         budget = max_num_batched_tokens or prefill_chunk + max_slots
-        self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len)
+        self.loras = LoRARegistry(model, max_loras, max_lora_rank) if max_loras else None
+        can_run = self._lora_resident if self.loras is not None else None
+        self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len, can_run)
         self._forward = ModelRunner(model)
         self.speculator = (
             SpeculativeDecoder(
@@ -166,13 +174,24 @@ class Engine:
         listener: Listener,
         *,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> EngineRequest:
         """Queue one sequence; `listener` gets its events on the engine thread. Raises
         InputError here (nothing queued) for an empty prompt, one that fills the context, or a
         grammar that cannot be built.
         Token ids are the caller's to check (LocalBackend.prepare does): one outside the
         vocabulary fails its own prefill, and only that request. Requests share cached
-        prefixes only with requests of the same `cache_salt` (an adapter, a tenant)."""
+        prefixes only with requests of the same `cache_salt` (a tenant) and LoRA adapter `lora`
+        (a name in `self.loras`; None: the base model)."""
+        adapter = None
+        if lora is not None:
+            if self.loras is None:
+                raise InputError(f"model: {lora!r} names a LoRA adapter; this engine serves none")
+            adapter = self.loras.get(lora)
+            # both parts encoded: no tenant's salt can spell an adapter's key
+            cache_salt = json.dumps([adapter.cache_key, cache_salt])
+        elif cache_salt is not None:
+            cache_salt = json.dumps([None, cache_salt])
         ids = list(prompt_ids)
         if not ids:
             raise InputError("prompt: no tokens")
@@ -181,7 +200,7 @@ class Engine:
         seq = Sequence(ids, params, make_generator(params, self.device))
         if params.grammar is not None:
             seq.grammar = self.grammars.matcher(params.grammar)
-        request = EngineRequest(seq, listener, cache_salt=cache_salt)
+        request = EngineRequest(seq, listener, cache_salt=cache_salt, lora=adapter)
         self._inbox.put(request)
         return request
 
@@ -292,6 +311,16 @@ class Engine:
             "kv_blocks_cached": kv.pool.num_cached,
             "num_requests_running": len(sched.running),
             "num_requests_waiting": len(sched.waiting),
+            **(self._lora_stats() if self.loras is not None else {}),
+        }
+
+    def _lora_stats(self) -> dict[str, float]:
+        slots = self.loras.slots
+        return {
+            "lora_adapters_loaded": len(self.loras.adapters()),
+            "lora_adapters_resident": len(slots.resident()),
+            "lora_slot_loads": slots.loads,
+            "lora_slot_evictions": slots.evictions,
         }
 
     def _prefill(self, group: Plan) -> None:
@@ -316,6 +345,8 @@ class Engine:
         and written through the requests' block tables; logits (and a sampled token) for the
         requests whose chunk reaches their last token. A request's computed count advances
         only after the forward succeeded."""
+        if self.loras is not None:  # each adapter's rows side by side: slices, not gathers
+            group = sorted(group, key=lambda item: item[0].lora.uid if item[0].lora else 0)
         width = max(n for _, n in group)
         tokens = torch.zeros(len(group), width, dtype=torch.long)
         for row, (request, n) in enumerate(group):
@@ -327,7 +358,8 @@ class Engine:
         )
         ending = [row for row, (r, n) in enumerate(group) if r.uncomputed == n]
         cols = [group[row][1] - 1 for row in ending]
-        logits = self._forward(tokens.to(self.device), batch, ending, cols)
+        with self._lora_rows([r for r, _ in group]):
+            logits = self._forward(tokens.to(self.device), batch, ending, cols)
         if width > 1:
             self.prefill_forwards += 1
             self.prefill_chunks += len(group)
@@ -335,6 +367,16 @@ class Engine:
             kv.commit(request, n)
         if ending:
             self._sample([group[row][0] for row in ending], logits)
+
+    def _lora_resident(self, request: EngineRequest, running: list[EngineRequest]) -> bool:
+        """The scheduler's admission check: the request's adapter gets a slot."""
+        return self.loras.slots.admit(request.lora, [r.lora for r in running])
+
+    def _lora_rows(self, requests: list[EngineRequest]):
+        """Each row's adapter for the forward inside (nothing without LoRA serving)."""
+        if self.loras is None:
+            return nullcontext()
+        return self.loras.slots.rows([r.lora for r in requests], self.device)
 
     def _sample(self, rows: list[EngineRequest], logits: torch.Tensor) -> None:
         """Each row's next token with its own parameters; a row that cannot be sampled fails

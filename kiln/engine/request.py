@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kiln.engine.block_pool import KVBlock
+from kiln.engine.lora_adapter import LoRAAdapter
 from kiln.engine.sequence import Sequence
 
 _ids = itertools.count()
@@ -39,6 +40,7 @@ class EngineRequest:
     listener: Listener
     id: int = field(default_factory=lambda: next(_ids))
     cache_salt: str | None = None  # keeps this request's cached prefixes apart from others'
+    lora: LoRAAdapter | None = None  # the adapter its forwards add (None: the base model)
     blocks: list[KVBlock] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, chained
     computed: int = 0  # tokens whose keys/values are in its blocks

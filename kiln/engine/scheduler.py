@@ -8,6 +8,7 @@ prefix, still cached unless evicted, comes back as a cache hit). Pure bookkeepin
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from kiln.engine.kv_cache_manager import KVCacheManager
 from kiln.engine.request import EngineRequest
@@ -17,9 +18,17 @@ Plan = list[tuple[EngineRequest, int]]  # (request, tokens it computes this step
 
 class Scheduler:
     def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_len: int
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_len: int,
+        can_run: Callable[[EngineRequest, list[EngineRequest]], bool] | None = None,
     ) -> None:
+        """`can_run(request, running)`: whatever else a waiting request needs before it runs
+        beside `running` (its LoRA adapter a slot, lora_batch.py); False keeps it waiting."""
         self.kv = kv
+        self.can_run = can_run
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_len = max_len
@@ -84,12 +93,16 @@ class Scheduler:
     def _admit(self, plan: Plan, budget: int) -> None:
         """Oldest waiting requests first, each with its cached prefix, while the budget, the
         sequence cap and free blocks allow; one whose next block another request is computing
-        right now waits a step for it to be cached."""
-        kv, inflight = self.kv, None
+        right now waits a step for it to be cached. One `can_run` refuses (its LoRA adapter has
+        no slot) is passed over, keeping its place, as vLLM's scheduler skips it."""
+        kv, inflight, passed = self.kv, None, []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.finished:
                 self.waiting.popleft()
+                continue
+            if self.can_run is not None and not self.can_run(request, self.running):
+                passed.append(self.waiting.popleft())
                 continue
             hit = kv.cached_prefix(request)
             if kv.enable_prefix_caching:
@@ -108,6 +121,7 @@ class Scheduler:
             budget -= n
             if inflight is not None:
                 inflight |= kv.inflight([request])
+        self.waiting.extendleft(reversed(passed))
 
     def prefill_groups(self, plan: Plan) -> list[Plan]:
         """Split the multi-token chunks of a plan into forwards: chunks right-padded to the

@@ -8,7 +8,8 @@ count stops after the kept tokens and its blocks past them go back to the pool (
 model's likewise).
 
 Rows under a grammar or with penalties (whose distributions depend on every previous token in
-ways the verifier does not replay), rows whose drafter finds nothing, and rows too near their
+ways the verifier does not replay), rows of a LoRA adapter (verified by the base model's forward
+otherwise), rows whose drafter finds nothing, and rows too near their
 context's end or their `max_new_tokens` decode as usual, in the same step. Draft tokens are
 computed beyond the scheduler's token budget, and only into blocks the pool can spare: a row
 that cannot get them drafts fewer tokens (never preempting anyone).
@@ -157,6 +158,8 @@ class SpeculativeDecoder:
         """Tokens this row may draft: 0 when it must decode plainly."""
         seq = request.seq
         if request.uncomputed != 1 or seq.grammar is not None or seq.params.penalized:
+            return 0
+        if request.lora is not None:  # the verify forward (and a draft) run the base model
             return 0
         # the widest verification forward reaches position num_tokens - 1 + k (pads included)
         if request.num_tokens + self.k > self.max_len:

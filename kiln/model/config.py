@@ -183,9 +183,29 @@ class ModelConfig(BaseModel):
         "times sign(mean load - expert load), aux-loss-free balancing (DeepSeek-V3: 0.001; "
         "0 keeps the bias fixed).",
     )
+    mtp_depth: int = Field(
+        0,
+        ge=0,
+        description="Multi-token prediction (DeepSeek-V3): this many sequential training-only "
+        "modules, the k-th predicting the token k+1 ahead through one more block and the shared "
+        "embedding and output head (0: none; DeepSeek-V3: 1). Serving ignores them.",
+    )
+    mtp_loss_weight: float = Field(
+        0.3,
+        ge=0,
+        description="Multi-token prediction: the training loss adds this times the mean of the "
+        "modules' losses (DeepSeek-V3: 0.3, later 0.1).",
+    )
     attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
         "auto",
         description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
+    )
+    fused_projections: bool = Field(
+        False,
+        description="Hold attention's wq/wk/wv as one wqkv Linear and the gated FFN's w1/w3 as "
+        "one w13 (2 input GEMMs per block instead of 5). In memory only: checkpoints and "
+        "exports keep the unfused names. Not with parallel.tp > 1 or LoRA; MLA attention "
+        "(DeepSeek) stays unfused, its dense FFNs fuse.",
     )
 
     @model_validator(mode="after")
@@ -244,6 +264,11 @@ class ModelConfig(BaseModel):
                 f"hold top_k ({self.top_k}) experts"
             )
 
+    def checkpoint_dump(self) -> dict:
+        """The config a checkpoint's kiln.json records: its shape, without in-memory layout
+        choices (fused_projections), which the run reading it makes for itself."""
+        return self.model_dump(mode="json", exclude={"fused_projections"})
+
     def is_moe_layer(self, layer_id: int) -> bool:
         """Whether this layer's feed-forward is a mixture of experts (else dense)."""
         return self.n_experts > 0 and layer_id >= self.first_dense_layers
@@ -279,6 +304,10 @@ class ModelConfig(BaseModel):
             attn += 2 * self.head_dim if self.qk_norm else 0
         norms = (4 if self.sandwich_norm else 2) * d
         layers = sum(attn + self.ffn_params(i) + norms for i in range(self.n_layers))
+        # each MTP module: its block (layer n_layers + k), two input norms, the 2d -> d
+        # projection and its head norm; the embedding and output head are the main model's
+        mtp_layers = range(self.n_layers, self.n_layers + self.mtp_depth)
+        layers += sum(attn + self.ffn_params(i) + norms + 3 * d + 2 * d * d for i in mtp_layers)
         emb = self.vocab_size * d
         out = 0 if self.tie_embeddings else self.vocab_size * d
         total = layers + d + emb + out

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from kiln.model.fused_projections import fused_modules
 from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 
@@ -202,6 +203,11 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, freeze_base: bool = True) -> l
         raise ConfigError(
             f"lora.targets {ffn}: a mixture-of-experts model's experts are grouped 3-D weights, "
             "not linear layers; target the attention projections (wq, wk, wv, wo)"
+        )
+    if fused_modules(model):
+        raise ConfigError(
+            "lora with model.fused_projections is not supported (the adapters target wq/wk/wv "
+            "and w1/w3, which are fused); set model.fused_projections: false"
         )
     swapped = []
     blocks = _adapted_blocks(model, cfg.layers)

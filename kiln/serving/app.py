@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 
+from kiln.engine.lora_config import LoRAServingConfig
 from kiln.model.quantize import QuantMethod
 from kiln.serving.api.protocol import Limits
 from kiln.serving.api.server import create_api
@@ -98,6 +99,11 @@ class AppSettings(BaseModel):
     quantize_group_size: Literal[32, 64, 128, 256] = Field(
         32, description="int4: inputs that share one scale"
     )
+    lora: LoRAServingConfig | None = Field(
+        None,
+        description="local backend: serve PEFT LoRA adapters over the model, chosen per request "
+        "by `model` (and POST /v1/load_lora_adapter)",
+    )
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     @model_validator(mode="after")
@@ -111,6 +117,8 @@ class AppSettings(BaseModel):
                 "quantize applies to the local backend; a Triton model is quantized by its "
                 "export (export.triton.quantize)"
             )
+        if self.backend == "triton" and self.lora is not None:
+            raise ValueError("lora applies to the local backend")
         if self.quantize == "fp8" and not self.deployment.num_gpus:
             raise ValueError("quantize fp8 runs on a GPU: give the replicas deployment.num_gpus")
         return self
@@ -124,6 +132,7 @@ def make_backend(settings: AppSettings):
             settings.batching,
             quantize=settings.quantize,
             quantize_group_size=settings.quantize_group_size,
+            lora=settings.lora,
         )
 
     return TritonBackend(settings.triton_url, settings.triton_model, settings.model_name)  # type: ignore[arg-type]

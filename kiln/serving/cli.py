@@ -75,6 +75,20 @@ def _register_serve(subparsers) -> None:
         default=32,
         help="int4: inputs that share one scale (default 32)",
     )
+    p.add_argument(
+        "--lora",
+        action="append",
+        metavar="NAME=PATH",
+        help="local backend: serve the PEFT LoRA adapter folder PATH as model NAME (repeatable; "
+        "turns on POST /v1/load_lora_adapter)",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        help="LoRA adapters held at once, the least recently used idle one evicted (default 4; "
+        "alone it turns LoRA serving on with no adapter yet)",
+    )
+    p.add_argument("--max-lora-rank", type=int, help="largest LoRA rank accepted (default 16)")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this")
     p.add_argument(

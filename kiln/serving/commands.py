@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from kiln.engine.lora_config import parse_lora_flags
 from kiln.platform.errors import InputError
 from kiln.platform.runtime import Runtime
 from kiln.platform.signals import stop_on_signals
@@ -40,6 +41,7 @@ def serve_settings(args: argparse.Namespace) -> dict:
         },
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
+        "lora": lora_settings(args),
         "deployment": deployment,
     }
 
@@ -63,6 +65,16 @@ def speculative_settings(args: argparse.Namespace) -> dict | None:
     options: dict = {"method": method, "model": model}
     options.update({key: value for key, (value, _) in extra.items() if value is not None})
     return options
+
+
+def lora_settings(args: argparse.Namespace) -> dict | None:
+    """The `lora` settings of `--lora NAME=PATH` / `--max-loras` / `--max-lora-rank` (None when
+    none is given: LoRA serving off)."""
+    flags = {"max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank}
+    if not args.lora and all(v is None for v in flags.values()):
+        return None
+    lora = {k: v for k, v in flags.items() if v is not None}
+    return {"adapters": parse_lora_flags(args.lora), **lora}
 
 
 def serve_command(args: argparse.Namespace) -> int:

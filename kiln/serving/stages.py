@@ -22,6 +22,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from kiln.engine.lora_config import LoRAServingConfig
 from kiln.model.quantize import QuantMethod
 from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Resources
@@ -68,6 +69,11 @@ class ServeConfig(StageConfig):
     quantize_group_size: Literal[32, 64, 128, 256] = Field(
         32, description="int4: inputs that share one scale"
     )
+    lora: LoRAServingConfig | None = Field(
+        None,
+        description="local backend: PEFT LoRA adapters served over the model ({adapters: {name: "
+        "path}, max_loras, max_lora_rank}), chosen per request by `model`",
+    )
     deployment: DeploymentOptions = Field(
         default_factory=DeploymentOptions,
         description="Replicas, autoscaling and resources of the Ray Serve deployment.",
@@ -109,6 +115,7 @@ class ServeStage(Stage):
                 "batching",
                 "quantize",
                 "quantize_group_size",
+                "lora",
                 "deployment",
             }
         )

@@ -109,6 +109,12 @@ class TrainConfig(_Strict):
     activation_offload: bool = Field(
         False, description="Keep saved activations in host memory between forward and backward."
     )
+    activation_offload_layers: int | None = Field(
+        None,
+        gt=0,
+        description="With activation_offload: only the first this many blocks (None: all), "
+        "whose activations wait longest for backward.",
+    )
     loss_chunk_tokens: int = Field(
         0,
         ge=0,
@@ -177,6 +183,8 @@ class TrainConfig(_Strict):
             raise ConfigError(
                 f"seq_len ({self.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
             )
+        if self.activation_offload_layers is not None and not self.activation_offload:
+            raise ConfigError("activation_offload_layers needs activation_offload: true")
         if self.parallel.pp > 1 and self.model.tie_embeddings:
             raise ConfigError(
                 "model.tie_embeddings is not supported with parallel.pp > 1 "
@@ -202,6 +210,14 @@ class TrainConfig(_Strict):
             for field in ("query_pre_attn_scalar", "attn_logit_softcap"):
                 if getattr(self.model, field) is not None:
                     raise ConfigError(f"model.{field} is not supported with parallel.cp > 1")
+        if self.model.fused_projections and self.parallel.tp > 1:
+            # column-wise sharding of [q; k; v] rows would give ranks q rows and no k/v
+            raise ConfigError(
+                "model.fused_projections is not supported with parallel.tp > 1; "
+                "set it to false for tensor parallelism"
+            )
+        if self.model.mtp_depth:
+            self._check_mtp_layout()
         if self.loss_chunk_tokens and (self.parallel.tp > 1 or self.parallel.pp > 1):
             # tp: the head's logits are vocabulary-sharded (loss_parallel's path, not this one);
             # pp: the last stage hands logits to the schedule's loss function.
@@ -210,6 +226,17 @@ class TrainConfig(_Strict):
                 "set it to 0 there"
             )
         return self
+
+    def _check_mtp_layout(self) -> None:
+        """Multi-token prediction trains in one process and under dp_shard / dp_replicate / ep.
+        pp: its modules need the first stage's embedding on the last stage; tp and cp: they
+        shift tokens along a sequence that those layouts split, and have no sharding plan."""
+        for dim in ("pp", "tp", "cp"):
+            if getattr(self.parallel, dim) > 1:
+                raise ConfigError(
+                    f"model.mtp_depth > 0 (multi-token prediction) is not supported with "
+                    f"parallel.{dim} > 1; use dp_shard, dp_replicate or ep, or set mtp_depth: 0"
+                )
 
     def grad_accum_steps(self, dp_size: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank."""

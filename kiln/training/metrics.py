@@ -36,17 +36,20 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
     The LM head is a matmul even when it shares the embedding's weight (tied); the embedding
     lookup is not. Attention counts the keys a causal (windowed) query actually sees, as the
-    fused kernels compute them: about T/2, not T.
+    fused kernels compute them: about T/2, not T. Multi-token prediction adds its modules'
+    blocks and projections and one more head matmul per module.
     """
-    n = cfg.num_params(exclude_embedding=True)
+    n = cfg.num_params(exclude_embedding=True)  # multi-token prediction's modules included
     if cfg.tie_embeddings:
         n += cfg.vocab_size * cfg.dim
+    n += cfg.mtp_depth * cfg.vocab_size * cfg.dim  # each MTP module runs the head once more
+    blocks = cfg.n_layers + cfg.mtp_depth
     if cfg.n_experts:  # experts a token is not routed to do no work for it
-        n -= sum(cfg.ffn_params(i) - cfg.ffn_params(i, active=True) for i in range(cfg.n_layers))
+        n -= sum(cfg.ffn_params(i) - cfg.ffn_params(i, active=True) for i in range(blocks))
     keys = attended_keys(seq_len, cfg.sliding_window)
     # q.k over the query/key width, attention x v over the value width (MLA: different widths)
     width = cfg.head_dim if cfg.mla is None else (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) / 2
-    return 6 * n + 12 * cfg.n_layers * cfg.n_heads * width * keys
+    return 6 * n + 12 * blocks * cfg.n_heads * width * keys
 
 
 def peak_tflops_for(device_name: str, precision: str, tf32: bool = True) -> float | None:

@@ -53,7 +53,9 @@ class TrainStageConfig(TrainConfig, StageConfig):
 
 def continue_from_model(cfg: TrainConfig, checkpoint: str) -> TrainConfig:
     """Continued pretraining of a Checkpoint (import-model, train, sft): its weights to start
-    from (`checkpoint.init_from`, read in place) and its shape as `model:`."""
+    from (`checkpoint.init_from`, read in place) and its shape as `model:`, but for `model:`'s
+    multi-token prediction when it sets `mtp_depth` > 0 (a training option: modules the
+    checkpoint lacks start from their init) and its `fused_projections`."""
     sidecar = read_sidecar(checkpoint)
     if sidecar.get("adapter_only"):
         raise InputError(
@@ -63,8 +65,15 @@ def continue_from_model(cfg: TrainConfig, checkpoint: str) -> TrainConfig:
     model_cfg = ModelConfig(**sidecar["model"])
     if model_cfg.max_seq_len < cfg.seq_len:
         model_cfg = model_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
+    if cfg.model.mtp_depth:
+        mtp = {k: getattr(cfg.model, k) for k in ("mtp_depth", "mtp_loss_weight")}
+        model_cfg = model_cfg.model_copy(update=mtp)
+    # an in-memory layout (fused projections) is this run's choice, not the checkpoint's
+    model_cfg = model_cfg.model_copy(update={"fused_projections": cfg.model.fused_projections})
     init = cfg.checkpoint.model_copy(update={"init_from": resolve(checkpoint)})
-    return cfg.model_copy(update={"model": model_cfg, "checkpoint": init})
+    continued = cfg.model_copy(update={"model": model_cfg, "checkpoint": init})
+    # validated again: the checkpoint's shape meets the layout here (MLA under cp, MTP under tp)
+    return TrainConfig.model_validate(continued.model_dump(by_alias=True))
 
 
 class TrainStage(Stage):

@@ -86,6 +86,7 @@ class Trainer:
         self.checkpointer: Checkpointer | None = None
         self.model_parts: list[nn.Module] = []
         self.history: list[dict[str, Any]] = []
+        self._mtp_losses: list[torch.Tensor] = []  # this step's multi-token prediction losses
         self._clock = ProgressClock(cfg.steps)
 
     @property
@@ -258,7 +259,7 @@ class Trainer:
             train_state=self.train_state,
             dims=self.dims,
             total_steps=cfg.steps,
-            model_config=cfg.model.model_dump(mode="json"),
+            model_config=cfg.model.checkpoint_dump(),
             train_config=cfg.model_dump(mode="json", by_alias=True),
         )
 
@@ -281,23 +282,33 @@ class Trainer:
             if self.dims.pp_enabled:
                 return self._pipeline_forward_backward(tokens, labels)
             model = self.model_parts[0]
-            loss = self._token_loss(model, tokens, labels)
+            mtp = cfg.model.mtp_depth > 0
+            loss = self._token_loss(model, tokens, labels, mtp_labels=labels if mtp else None)
             total = loss
             if cfg.model.n_experts:
                 # a plain tensor: under loss_parallel `loss` is a DTensor, the aux loss is not
                 total = to_local_loss(loss) + cfg.model.moe_aux_loss_coef * moe_aux_loss(model)
+            if mtp:  # the logged loss stays the main model's; MTP's is logged as mtp_loss
+                total = total + cfg.model.mtp_loss_weight * model.mtp_loss
+                self._mtp_losses.append(model.mtp_loss.detach().float())
             (total * (self.scaler.scale / self.grad_accum)).backward()
             return to_local_loss(loss).detach()
 
     def _token_loss(
-        self, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        mtp_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The objective's mean token loss; with `loss_chunk_tokens` the model computes the
-        cross entropy itself, chunk by chunk, and the full logits never exist."""
+        cross entropy itself, chunk by chunk, and the full logits never exist. `mtp_labels`:
+        the model also sets `mtp_loss`, its multi-token prediction modules' mean loss."""
         chunk = self.cfg.loss_chunk_tokens
+        mtp = {} if mtp_labels is None else {"mtp_labels": mtp_labels}
         if chunk:
-            return model(tokens, labels=labels, loss_chunk_tokens=chunk)
-        return self.spec.loss(model(tokens), labels)
+            return model(tokens, labels=labels, loss_chunk_tokens=chunk, **mtp)
+        return self.spec.loss(model(tokens, **mtp), labels)
 
     def _pipeline_forward_backward(
         self, tokens: torch.Tensor, labels: torch.Tensor
@@ -322,6 +333,7 @@ class Trainer:
         start = time.perf_counter()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        self._mtp_losses: list[torch.Tensor] = []
         local_loss = self._accumulate_gradients()
         grad_norm = self._clip_and_step()
         loss = self._global_mean_loss(local_loss)
@@ -332,7 +344,10 @@ class Trainer:
         if self.step == 1 and self.cfg.parallel.compile:
             # torch.compile runs inside the first forward and backward: most of this step
             log.info("step 1 took %.1f s, torch.compile of each block included", elapsed)
-        return self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
+        metrics = self._metrics(loss, grad_norm, tokens / elapsed, elapsed)
+        if self._mtp_losses:
+            metrics["mtp_loss"] = self._global_mean_loss(torch.stack(self._mtp_losses).mean())
+        return metrics
 
     def _accumulate_gradients(self) -> torch.Tensor:
         """Forward and backward over grad_accum micro-batches; returns their mean local loss.

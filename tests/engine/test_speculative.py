@@ -19,7 +19,9 @@ from kiln.engine.rejection_sampler import verify_greedy, verify_sampled
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.speculative_config import SpeculativeConfig
 from kiln.model import Transformer
+from kiln.model.lora import LoRAConfig
 from kiln.platform.errors import InputError
+from tests.engine.lora_fixtures import make_adapter
 from tests.engine.tiny import tiny_config, tiny_model
 
 VOCAB = 64
@@ -176,6 +178,27 @@ def test_disabled_while_many_rows_decode(target):
     alone = Engine(target, max_slots=3, prefill_chunk=64, speculative=spec)
     assert run(alone, jobs[:1]) == plain[:1]
     assert alone.stats()["spec_decode_num_drafts"] > 0
+
+
+def test_lora_rows_decode_plainly_beside_speculating_base_rows(target, tmp_path):
+    """An adapter's rows are not verified by the base model's forward: they decode as the
+    merged adapter model does, while base rows in the same steps speculate."""
+    merged = make_adapter(target.model, LoRAConfig(rank=4, alpha=8), str(tmp_path / "a"), 1)
+    prompts = repetitive_prompts(6, seed=9)
+    greedy = SamplingParams(max_new_tokens=24)
+    spec = Engine(target, max_slots=6, max_loras=1, speculative=SpeculativeConfig())
+    spec.loras.add("a", str(tmp_path / "a"))
+    requests = [
+        spec.submit(p, greedy, lambda e: None, lora="a" if i % 2 else None)
+        for i, p in enumerate(prompts)
+    ]
+    for _ in spec.run(requests):
+        pass
+    base_jobs = [(p, greedy) for p in prompts[0::2]]
+    adapter_jobs = [(p, greedy) for p in prompts[1::2]]
+    assert [r.seq.token_ids for r in requests[0::2]] == run(Engine(target), base_jobs)
+    assert [r.seq.token_ids for r in requests[1::2]] == run(Engine(Target(merged)), adapter_jobs)
+    assert spec.stats()["spec_decode_num_drafts"] > 0
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])

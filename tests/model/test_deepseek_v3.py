@@ -122,6 +122,7 @@ def test_deepseek_v3_matches_transformers(tmp_path):
     hf = _random_hf(hf_dir)
     _, cfg, state = read_hf_dir(hf_dir)
     assert cfg.mla is not None and cfg.first_dense_layers == 1 and cfg.n_shared_experts == 1
+    assert cfg.mtp_depth == 0  # config.json announces DeepSeek's MTP layer; transformers saves none
     model = build_model(cfg, state, device="cpu").eval()
     prompts = _prompts()
     assert_logits_match(model, hf, prompts)

@@ -93,6 +93,12 @@ class SentenceDedupConfig(Section):
 
 
 class DedupConfig(Section):
+    memory_limit_mb: float | None = Field(
+        None,
+        gt=0,
+        description="memory exact, fuzzy and semantic dedup may hold (None: 80% of the "
+        "machine's available memory); a corpus needing more fails before dedup starts",
+    )
     exact: bool = Field(
         True, description="Drop documents whose normalized text hashes equal an earlier one's."
     )

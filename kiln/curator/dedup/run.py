@@ -11,6 +11,7 @@ from kiln.curator.dedup.components import duplicates_from_edges
 from kiln.curator.dedup.engine import cugraph_available
 from kiln.curator.dedup.exact import exact_duplicate_rows
 from kiln.curator.dedup.lsh import candidate_pairs
+from kiln.curator.dedup.memory import check_dedup_memory
 from kiln.curator.dedup.semantic import semantic_duplicate_rows
 from kiln.curator.dedup.verify import verify_pairs
 from kiln.curator.process import band_columns
@@ -34,6 +35,8 @@ ROWS_PER_PARTITION = 250_000  # ~50 MB of dedup keys per pandas partition
 def run_dedup(
     staging_files: list[str], cfg: CurateConfig, backend: str = "pandas", n_docs: int = 0
 ) -> DedupResult:
+    if backend == "pandas":  # the figures are host memory; cuDF's live on the GPU
+        check_dedup_memory(n_docs, cfg.dedup)
     result = exact_and_fuzzy(staging_files, cfg, backend, n_docs)
     if cfg.dedup.semantic.enabled and staging_files:  # opt-in, on what exact/fuzzy kept
         skip = np.concatenate([result.exact_rows, result.fuzzy_rows])

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from kiln.model.config import ModelConfig
 from kiln.model.formats import storage
 from kiln.model.formats.dcp_io import WRITE_ERRORS, make_reader, make_writer
 from kiln.model.formats.safe_reader import SafeKeysLoadPlanner
+from kiln.model.fused_projections import model_state_dict
 from kiln.platform.errors import InputError
 
 CHECKPOINT_FORMAT = "kiln-dcp-v1"
@@ -111,7 +111,7 @@ def write_checkpoint(out_dir: str, model: torch.nn.Module, *, step: int = 0) -> 
     fs, local = storage.fs_and_path(path)
     fs.makedirs(local, exist_ok=True)
     state = {
-        "model": get_model_state_dict(model),
+        "model": model_state_dict(model),
         "train": {"step": int(step), "tokens_seen": 0},
     }
     try:
@@ -136,7 +136,7 @@ def _sidecar(model: torch.nn.Module, step: int) -> dict[str, Any]:
         "step": int(step),
         "model_only": False,
         "tokens_seen": 0,
-        "model": model.cfg.model_dump(mode="json"),
+        "model": model.cfg.checkpoint_dump(),
         "layout": {"world_size": 1, "dp_size": 1, "parallel": None},
         "dataloader": None,
         "train_config": None,

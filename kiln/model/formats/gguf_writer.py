@@ -28,6 +28,7 @@ from kiln.model.formats.gguf_arch import (
     norm_offset,
 )
 from kiln.model.formats.gguf_tokenizer import tokenizer_metadata
+from kiln.model.formats.mtp_names import without_mtp
 from kiln.model.rope import inverse_frequencies
 from kiln.platform.errors import ConfigError
 
@@ -102,6 +103,7 @@ def write_gguf(
 
     if gguf_type not in GGUF_TYPES:
         raise ConfigError(f"gguf_type {gguf_type!r}: expected one of {', '.join(GGUF_TYPES)}")
+    cfg, state = without_mtp(cfg, state)  # multi-token prediction is training-only
     arch = export_architecture(cfg)  # or a ConfigError naming the field it cannot hold
     head_dim = cfg.head_dim or cfg.dim // cfg.n_heads
     n_kv_heads = cfg.n_kv_heads or cfg.n_heads

@@ -14,6 +14,7 @@ import torch
 from kiln.model.config import ModelConfig
 from kiln.model.formats.hf_config import from_hf_config, to_hf_config
 from kiln.model.formats.hf_names import from_hf_state, to_hf_state
+from kiln.model.formats.mtp_names import held_mtp_depth
 from kiln.model.formats.shared_weights import write_blocks
 from kiln.platform.errors import InputError
 from kiln.text.tokenizer import end_of_text
@@ -49,6 +50,9 @@ def read_hf_dir(hf_dir: str) -> tuple[dict, ModelConfig, StateDict]:
                 f"{os.path.join(hf_dir, name)}: unreadable safetensors ({exc})"
             ) from exc
     cfg = from_hf_config(hf)
+    depth = held_mtp_depth(state, cfg)
+    if depth != cfg.mtp_depth:  # multi-token prediction layers announced but not saved
+        cfg = cfg.model_copy(update={"mtp_depth": depth})
     return hf, cfg, from_hf_state(state, cfg)
 
 
@@ -148,7 +152,7 @@ def write_hf_dir(
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({k: v for k, v in generation.items() if v is not None}, f, indent=2)
-    info = {"model_name": model_name, "model": cfg.model_dump(mode="json")}
+    info = {"model_name": model_name, "model": cfg.checkpoint_dump()}
     with open(os.path.join(out_dir, "kiln_export.json"), "w") as f:
         json.dump(info, f, indent=2)  # the served name and the exact kiln shape
     return {

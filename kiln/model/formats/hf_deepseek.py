@@ -49,7 +49,7 @@ def deepseek_v3_config(cfg: ModelConfig, body: dict) -> dict:
         "routed_scaling_factor": cfg.routed_scaling_factor,
         "norm_topk_prob": cfg.norm_topk_prob,
         "first_k_dense_replace": cfg.first_dense_layers,
-        "num_nextn_predict_layers": 0,  # kiln trains no MTP block
+        "num_nextn_predict_layers": cfg.mtp_depth,  # multi-token prediction layers
         "output_router_logits": False,
     }
 
@@ -84,4 +84,5 @@ def deepseek_v3_fields(hf: dict, cfg: dict) -> dict:
         "routed_scaling_factor": hf.get("routed_scaling_factor", 1.0),
         "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),
         "moe_aux_loss_coef": 0.0,  # aux-loss-free: the router's bias balances the experts
+        "mtp_depth": hf.get("num_nextn_predict_layers") or 0,
     }

@@ -14,6 +14,14 @@ import torch
 
 from kiln.model.config import ModelConfig
 from kiln.model.formats.mla_rope_layout import from_interleaved_rope, to_interleaved_rope
+from kiln.model.formats.mtp_names import (
+    add_shared_copies,
+    hf_mtp_layer,
+    is_shared_copy,
+    layers_as_mtp,
+    mtp_as_layers,
+    without_mtp,
+)
 from kiln.platform.errors import InputError
 
 # Per architecture (as torchtitan's state_dict_adapter): (kiln template, HF template) pairs;
@@ -69,7 +77,8 @@ _GEMMA3 = [
     ("layers.{i}.post_ffn_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
 ]
 # DeepSeek-V3: MLA (torchtitan's names), dense first layers, routed experts with a sigmoid
-# router's bias, shared experts.
+# router's bias, shared experts, and multi-token prediction layers after the last decoder layer
+# (a block plus these four weights; mtp_names.py).
 _MLA = [
     (f"layers.{{i}}.attention.{k}.weight", f"model.layers.{{i}}.self_attn.{h}.weight")
     for k, h in (
@@ -97,6 +106,15 @@ _DEEPSEEK_V3 = [
             f"model.layers.{{i}}.mlp.shared_experts.{hf}_proj.weight",
         )
         for w, hf in (("w1", "gate"), ("w2", "down"), ("w3", "up"))
+    ],
+    *[
+        (f"layers.{{i}}.{k}.weight", f"model.layers.{{i}}.{h}.weight")
+        for k, h in (
+            ("enorm", "enorm"),
+            ("hnorm", "hnorm"),
+            ("eh_proj", "eh_proj"),
+            ("norm", "shared_head.norm"),
+        )
     ],
 ]
 NAME_MAPS: dict[str, list[tuple[str, str]]] = {
@@ -195,17 +213,21 @@ def stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load)."""
+    """Rename a kiln state dict to HF names (lm_head dropped when tied: HF re-ties it on load);
+    DeepSeek-V3's multi-token prediction modules become the layers after the last one; the other
+    architectures have no place for them and export the main model alone."""
+    if cfg.mla is None:
+        cfg, state = without_mtp(cfg, state)
     out = {}
     table = _TO_HF[hf_model_type(cfg)]
-    for name, tensor in split_experts(to_interleaved_rope(state, cfg)).items():
+    for name, tensor in split_experts(to_interleaved_rope(mtp_as_layers(state, cfg), cfg)).items():
         hf = _rename(name, table)
         if hf is None:
             raise InputError(f"checkpoint parameter {name!r} has no Hugging Face name")
         if cfg.tie_embeddings and hf == "lm_head.weight":
             continue
         out[hf] = tensor.detach().contiguous()
-    return out
+    return add_shared_copies(out, state, cfg) if cfg.mtp_depth else out
 
 
 def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -225,7 +247,7 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
                     out[f"{prefix}.w1.weight"] = gate.contiguous()
                     out[f"{prefix}.w3.weight"] = up.contiguous()
             continue
-        if name.endswith("rotary_emb.inv_freq") or _is_mtp_layer(name, cfg):
+        if name.endswith("rotary_emb.inv_freq") or _skipped_mtp_weight(name, cfg):
             continue
         kiln = _rename(name, table)
         if kiln is None:
@@ -233,11 +255,12 @@ def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         out[kiln] = tensor
     if cfg.tie_embeddings:
         out["output.weight"] = out["tok_embeddings.weight"]
-    return stack_experts(from_interleaved_rope(out, cfg))
+    return layers_as_mtp(stack_experts(from_interleaved_rope(out, cfg)), cfg)
 
 
-def _is_mtp_layer(name: str, cfg: ModelConfig) -> bool:
-    """DeepSeek-V3's multi-token-prediction block sits after the last layer (`layers.61` of 61);
-    transformers skips it on load, and so does kiln."""
-    m = re.match(r"^model\.layers\.(\d+)\.", name)
-    return cfg.mla is not None and m is not None and int(m.group(1)) >= cfg.n_layers
+def _skipped_mtp_weight(name: str, cfg: ModelConfig) -> bool:
+    """DeepSeek-V3's multi-token prediction layers sit after the last layer (`layers.61` of 61):
+    kiln reads the first `mtp_depth` of them (num_nextn_predict_layers) except their copies of
+    the shared embedding and head, and skips any beyond, as transformers skips them all."""
+    k = hf_mtp_layer(name, cfg)
+    return k is not None and (k >= cfg.mtp_depth or is_shared_copy(name))

@@ -100,11 +100,9 @@ def _kiln_adapter_name(peft_name: str, folder: str) -> str:
     return f"layers.{index}.{_KILN_BLOCK[block]}.{_KILN_MODULE[module]}.{ab.lower()}"
 
 
-def read_peft_adapter(
-    folder: str, base: str | None = None
-) -> tuple[str, dict[str, torch.Tensor], float]:
-    """(base path, kiln-named adapters, scaling) of a PEFT LoRA adapter folder; the base defaults
-    to the adapter's `base_model_name_or_path` and must be a local model."""
+def read_peft_tensors(folder: str) -> tuple[dict, dict[str, torch.Tensor], float]:
+    """(adapter_config.json, kiln-named adapters, scaling) of a PEFT LoRA adapter folder,
+    whichever base it names (a server checks the tensors against the model it serves)."""
     from safetensors.torch import load_file
 
     with open(os.path.join(folder, CONFIG_FILE)) as f:
@@ -114,12 +112,21 @@ def read_peft_adapter(
         unsupported.append("peft_type/bias")
     if unsupported:
         raise InputError(f"{folder}/{CONFIG_FILE}: unsupported LoRA options {unsupported}")
+    rank, alpha = config["r"], config["lora_alpha"]
+    scaling = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
+    tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
+    return config, {_kiln_adapter_name(k, folder): v for k, v in tensors.items()}, scaling
+
+
+def read_peft_adapter(
+    folder: str, base: str | None = None
+) -> tuple[str, dict[str, torch.Tensor], float]:
+    """(base path, kiln-named adapters, scaling) of a PEFT LoRA adapter folder; the base defaults
+    to the adapter's `base_model_name_or_path` and must be a local model."""
+    config, adapters, scaling = read_peft_tensors(folder)
     base = base or config.get("base_model_name_or_path")
     if not base or not os.path.exists(base):
         raise InputError(
             f"{folder}/{CONFIG_FILE}: base_model_name_or_path {base!r} is not a local model"
         )
-    rank, alpha = config["r"], config["lora_alpha"]
-    scaling = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
-    tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
-    return base, {_kiln_adapter_name(k, folder): v for k, v in tensors.items()}, scaling
+    return base, adapters, scaling

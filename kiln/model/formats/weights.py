@@ -25,6 +25,7 @@ from kiln.model.formats.gguf import read_gguf, resolve_gguf
 from kiln.model.formats.gguf_tokenizer import write_tokenizer_files
 from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.hub import local_model
+from kiln.model.formats.mtp_names import without_mtp
 from kiln.model.formats.peft import is_peft_folder, read_peft_adapter
 from kiln.model.meta import build_on_meta
 from kiln.model.transformer import Transformer
@@ -54,9 +55,13 @@ def build_model(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    keep_mtp: bool = False,
 ) -> Transformer:
     """A `Transformer` of this shape holding `state` (if given), in eval mode, attention on SDPA
-    (any machine runs it; the training backend need not be installed here)."""
+    (any machine runs it; the training backend need not be installed here). Multi-token
+    prediction modules are training-only: left out unless `keep_mtp` (a checkpoint's copy)."""
+    if not keep_mtp:
+        cfg, state = without_mtp(cfg, state)
     cfg = cfg.model_copy(update={"attention_backend": "sdpa"})
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if state is None:
@@ -120,7 +125,7 @@ def read_model(
 
 def write_model_checkpoint(out_dir: str, model_cfg, state: StateDict, *, step: int = 0) -> str:
     """A weights-only kiln checkpoint of (config, kiln-named state); returns the step folder."""
-    model = build_model(_model_config(model_cfg), state, device="cpu")
+    model = build_model(_model_config(model_cfg), state, device="cpu", keep_mtp=True)
     return write_checkpoint(out_dir, model, step=step)
 
 

@@ -42,10 +42,27 @@ def limits_of(request: Request) -> Limits:
     return request.app.state.limits
 
 
-def require_model(request: Request, model: str | None) -> None:
-    name = backend_of(request).model_name
-    if model is not None and model != name:
-        raise RequestError(f"model {model!r} not found; this server serves {name!r}", 404, "model")
+def lora_paths(backend: Backend) -> dict[str, str]:
+    """{name: folder} of the LoRA adapters the backend serves besides its model (none where it
+    has no LoRA), in load order."""
+    adapters = getattr(backend, "lora_adapters", None)
+    return {a.name: a.path for a in adapters()} if callable(adapters) else {}
+
+
+def require_model(request: Request, model: str | None, with_adapters: bool = False) -> str | None:
+    """None for the base model; with `with_adapters` (the OpenAI routes), the LoRA adapter `model`
+    names; 404 for any other name."""
+    backend = backend_of(request)
+    name = backend.model_name
+    if model is None or model == name:
+        return None
+    adapters = list(lora_paths(backend)) if with_adapters else []
+    if model in adapters:
+        return model
+    also = f" and LoRA adapters {adapters}" if adapters else ""
+    raise RequestError(
+        f"model {model!r} not found; this server serves {name!r}{also}", 404, "model"
+    )
 
 
 def sampling_params(
@@ -86,10 +103,11 @@ async def prepare_jobs(
     truncate: int | None = None,
     fit_context: bool = False,
     cache_salt: str | None = None,
+    lora: str | None = None,
 ) -> list[Job]:
     """`copies` jobs per prompt (n / best_of), prompt-major; a seeded request seeds copy j with
     seed + j so the copies differ yet repeat. `cache_salt` keeps their cached prefixes apart
-    from other requests'."""
+    from other requests'; `lora` names the adapter they decode with."""
     jobs = []
     for prompt in prompts:
         first = await backend.prepare(prompt, params, truncate=truncate, fit_context=fit_context)
@@ -97,5 +115,5 @@ async def prepare_jobs(
             p = first.params
             if j and p.seed is not None:
                 p = p.model_copy(update={"seed": (p.seed + j) % 2**63})
-            jobs.append(Job(first.prompt, p, first.prompt_ids, cache_salt=cache_salt))
+            jobs.append(Job(first.prompt, p, first.prompt_ids, cache_salt=cache_salt, lora=lora))
     return jobs

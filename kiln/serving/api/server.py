@@ -22,12 +22,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiln.serving.api import metrics
 from kiln.serving.api.kserve import routes as kserve_routes
+from kiln.serving.api.lora_metrics import LoRAInfoCollector, lora_requests
 from kiln.serving.api.metrics import (
     MeteredBackend,
     ServerMetrics,
     engine_queues,
     engine_stats,
 )
+from kiln.serving.api.openai import lora_routes
 from kiln.serving.api.openai import routes as openai_routes
 from kiln.serving.api.protocol import Limits, RequestError, kserve_error, openai_error
 from kiln.serving.api.triton_generate import routes as triton_generate_routes
@@ -47,6 +49,8 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.state.metrics = ServerMetrics(
         backend.model_name, engine_queues(backend), engine_stats(backend)
     )
+    if (adapters := lora_requests(backend)) is not None:
+        api.state.metrics.registry.register(LoRAInfoCollector(adapters))
     api.state.backend = MeteredBackend(backend, api.state.metrics)
     api.state.limits = limits
     api.add_exception_handler(RequestError, _on_request_error)
@@ -54,6 +58,7 @@ def create_api(backend: Backend, limits: Limits, api_key: str | None = None) -> 
     api.add_exception_handler(StarletteHTTPException, _on_http_error)
     api.add_exception_handler(Exception, _on_server_error)
     api.include_router(openai_routes.router)
+    api.include_router(lora_routes.router)
     api.include_router(kserve_routes.router)
     api.include_router(triton_generate_routes.router)
     api.include_router(metrics.router)

@@ -35,6 +35,7 @@ class Job:
     params: SamplingParams
     prompt_ids: list[int] | None = None
     cache_salt: str | None = None  # shares cached prefixes only with jobs of the same salt
+    lora: str | None = None  # the LoRA adapter it is decoded with (None: the base model)
     # set by a backend's `stream` when it ends: text deltas are not tokens (bytes merge,
     # stop strings are held back), so only the backend knows why and after how many tokens
     finish_reason: Literal["stop", "length"] | None = None

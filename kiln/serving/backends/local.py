@@ -17,6 +17,9 @@ from kiln.engine.detokenize import IncrementalText, hold_back
 from kiln.engine.generator import Generator
 from kiln.engine.grammar import Grammar
 from kiln.engine.logprobs import score_tokens, token_bytes
+from kiln.engine.lora_adapter import LoRAAdapter
+from kiln.engine.lora_config import LoRAServingConfig
+from kiln.engine.lora_registry import UnknownAdapter
 from kiln.platform.errors import InputError, KilnError
 from kiln.serving.api.protocol import RequestError
 from kiln.serving.backends.backend import BatchingConfig, Job, Prompt, Result
@@ -39,7 +42,9 @@ class LocalBackend:
         *,
         quantize: str | None = None,
         quantize_group_size: int = 32,
+        lora: LoRAServingConfig | None = None,
     ):
+        """`lora`: serve PEFT adapters over this model, chosen per request by `model`."""
         # fp8's kernels are CUDA's: that model lives on the replica's GPU (Ray sets its device)
         device = "cuda" if quantize == "fp8" and torch.cuda.is_available() else None
         self.generator = Generator.load(
@@ -54,7 +59,14 @@ class LocalBackend:
         batching = batching or BatchingConfig()
         # one model, one forward at a time: the engine's steps and scoring never interleave
         self._lock = threading.Lock()
-        self._engine = Engine(self.generator, **batching.engine_options(), lock=self._lock).start()
+        lora_options = lora.engine_options() if lora is not None else {}
+        self._engine = Engine(
+            self.generator, **batching.engine_options(), **lora_options, lock=self._lock
+        )
+        for name, path in (lora.adapters if lora is not None else {}).items():
+            self._check_adapter_name(name)
+            self._engine.loras.add(name, path)
+        self._engine.start()
         self._inferences = 0  # jobs completed
 
     def _stop_at_end_of_turn(self) -> None:
@@ -118,6 +130,8 @@ class LocalBackend:
         """Each job's result; the first failing job's error is raised (only this request's)."""
         try:
             return list(await asyncio.gather(*(self._run_continuous(j) for j in jobs)))
+        except UnknownAdapter as e:  # unloaded since the route checked the name
+            raise RequestError(str(e), 404, "model") from e
         except KilnError as e:
             raise RequestError(str(e)) from e
 
@@ -127,7 +141,9 @@ class LocalBackend:
         assert job.prompt_ids is not None
         by_ids = not isinstance(job.prompt, str)
         params = job.params.model_copy(update={"stop": []}) if by_ids else job.params
-        end = await complete(self._engine, job.prompt_ids, params, cache_salt=job.cache_salt)
+        end = await complete(
+            self._engine, job.prompt_ids, params, cache_salt=job.cache_salt, lora=job.lora
+        )
         self._inferences += 1
         if by_ids:
             return self._result_from_ids(job, end.token_ids)
@@ -150,7 +166,9 @@ class LocalBackend:
         assert job.prompt_ids is not None
         decode, sent = self.generator.decode, ""
         text_so_far = IncrementalText(decode)
-        events = stream_events(self._engine, job.prompt_ids, job.params, cache_salt=job.cache_salt)
+        events = stream_events(
+            self._engine, job.prompt_ids, job.params, cache_salt=job.cache_salt, lora=job.lora
+        )
         async for event in events:
             if event.kind == "finish":
                 self._inferences += 1
@@ -197,8 +215,64 @@ class LocalBackend:
         try:
             async for delta in self._stream_continuous(job):
                 yield delta
+        except UnknownAdapter as e:
+            raise RequestError(str(e), 404, "model") from e
         except KilnError as e:  # this request's own mistake (its grammar): a 400, not a 500
             raise RequestError(str(e)) from e
+
+    # ---- LoRA adapters (kiln.engine.lora_registry) ---------------------------------------
+
+    def lora_adapters(self) -> list[LoRAAdapter]:
+        """The adapters served over this model, in load order (none without LoRA serving)."""
+        loras = self._engine.loras
+        return loras.adapters() if loras is not None else []
+
+    def lora_requests(self) -> dict | None:
+        """The adapters of running and waiting requests and the slot count (vLLM's
+        lora_requests_info); None without LoRA serving. Read from another thread: a moment's."""
+        loras, sched = self._engine.loras, self._engine.scheduler
+        if loras is None:
+            return None
+        running, waiting = list(sched.running), list(sched.waiting)  # copied under the GIL
+
+        def names(requests) -> list[str]:
+            return sorted({r.lora.name for r in requests if r.lora is not None})
+
+        return {
+            "max_lora": loras.slots.max_loras,
+            "running": names(running),
+            "waiting": names(waiting),
+        }
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT folder `path` as `name` from now on (RequestError 400 naming the
+        field when LoRA serving is off, the name is taken or the folder does not fit)."""
+        loras = self._lora_registry()
+        try:
+            self._check_adapter_name(name)
+            await asyncio.to_thread(loras.add, name, path)  # reads the folder: off the loop
+        except KilnError as e:
+            field = str(e).partition(":")[0]
+            raise RequestError(str(e), param=field if field.startswith("lora_") else None) from e
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop serving `name` (404 when no such adapter); its running requests finish."""
+        try:
+            self._lora_registry().remove(name)
+        except UnknownAdapter as e:
+            raise RequestError(str(e), 404, "lora_name") from e
+
+    def _lora_registry(self):
+        if self._engine.loras is None:
+            raise RequestError(
+                "LoRA adapters are off on this server: start it with --lora NAME=PATH or "
+                "--max-loras N"
+            )
+        return self._engine.loras
+
+    def _check_adapter_name(self, name: str) -> None:
+        if name == self.model_name:
+            raise InputError(f"lora_name: {name!r} is the base model's name")
 
     # ---- log-probabilities --------------------------------------------------------------
 

@@ -131,7 +131,8 @@ class Checkpointer:
         except WRITE_ERRORS as exc:
             raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
         model_sd, model_keys = self._model_state()
-        state: dict[str, Any] = {"model": model_sd}
+        fresh = self._fresh_mtp_modules(path, model_sd, available, weights_only)
+        state: dict[str, Any] = {"model": {k: v for k, v in model_sd.items() if k not in fresh}}
         has_optimizer = any(k.startswith("optimizer.") for k in available)
         # a run's last save without optimizer state still resumes: step, data position, schedule
         model_only = bool(sidecar.get("model_only")) and not weights_only
@@ -152,11 +153,12 @@ class Checkpointer:
             )
         except WRITE_ERRORS as exc:  # a truncated or corrupt shard file: one line, no traceback
             raise InputError(f"{path}: {storage.read_failure(exc)}") from exc
-        self._apply_model_state(state["model"], model_keys)
+        self._apply_model_state({**model_sd, **state["model"]}, model_keys)
         if full:
             self._apply_training_state(state, optim_keys, sidecar)
-        self._last_saved_step = int(sidecar.get("step", -1))
-        self.committed = (self._last_saved_step, path)
+        if not weights_only:  # a resume: that save is this run's; a new run has saved nothing
+            self._last_saved_step = int(sidecar.get("step", -1))
+            self.committed = (self._last_saved_step, path)
         log.info(
             "loaded checkpoint %s (step %s) in %.2fs",
             path,
@@ -164,6 +166,22 @@ class Checkpointer:
             time.perf_counter() - t0,
         )
         return True
+
+    @staticmethod
+    def _fresh_mtp_modules(
+        path: str, model_sd: dict[str, Any], available: set[str], weights_only: bool
+    ) -> set[str]:
+        """Multi-token prediction weights the checkpoint lacks (an import, or a run without
+        `mtp_depth`): a new run from it (`init_from`) keeps their fresh init; a resume refuses."""
+        missing = {k for k in model_sd if k.startswith("mtp.") and f"model.{k}" not in available}
+        if missing and not weights_only:
+            raise InputError(
+                f"{path} holds no multi-token prediction modules ({min(missing)}): resume it "
+                "with model.mtp_depth: 0, or start a new run from it with checkpoint.init_from"
+            )
+        if missing:
+            log.info("%s: no MTP modules in it, they start from their init", path)
+        return missing
 
     def _source(self) -> tuple[str, bool] | None:
         """(checkpoint folder, weights only?): load_from, else dir's latest, else init_from."""

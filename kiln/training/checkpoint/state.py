@@ -13,7 +13,9 @@ Model and optimizer keys use global parameter names, so a checkpoint written und
 (pp, dp_replicate, dp_shard, cp, tp, ep) layout loads into any other, and into one process.
 Expert-parallel weights are plain tensors holding rows of the whole [E, ., .] weights; their
 model state is already a dim-0 DTensor shard (expert_parallel.shard_expert_state), and their
-optimizer state becomes one here, so DCP writes whole expert tensors.
+optimizer state becomes one here, so DCP writes whole expert tensors. Fused projections
+(`model.fused_projections`) are saved under their unfused names, model and optimizer state
+alike, so a checkpoint loads fused or not.
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from kiln.model.fused_projections import (
+    join_flat_state,
+    load_model_state_dict,
+    model_state_dict,
+    split_flat_state,
+)
 from kiln.model.moe import GroupedExperts
 from kiln.training.parallel.expert_parallel import ExpertParallelMoE
 
@@ -45,7 +51,7 @@ def model_state(parts: list[torch.nn.Module]) -> tuple[dict[str, Any], list[list
     merged: dict[str, Any] = {}
     keys = []
     for part in parts:
-        sd = get_model_state_dict(part)
+        sd = model_state_dict(part)
         keys.append(list(sd))
         merged.update(sd)
     return merged, keys
@@ -73,6 +79,7 @@ def optimizer_state(parts, optimizers) -> tuple[dict[str, Any], list[list[str]]]
     keys = []
     for part, opt in zip(parts, optimizers, strict=True):
         sd = get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS)
+        split_flat_state(sd, part)
         meshes = _expert_meshes(part)
         for key, value in sd.items():
             if (mesh := _expert_mesh(key, value, meshes)) is not None:
@@ -84,7 +91,7 @@ def optimizer_state(parts, optimizers) -> tuple[dict[str, Any], list[list[str]]]
 
 def apply_model_state(parts, state: dict[str, Any], keys: list[list[str]]) -> None:
     for part, part_keys in zip(parts, keys, strict=True):
-        set_model_state_dict(part, {k: state[k] for k in part_keys})
+        load_model_state_dict(part, {k: state[k] for k in part_keys})
 
 
 def apply_optimizer_state(parts, optimizers, state: dict[str, Any], keys: list[list[str]]) -> None:
@@ -95,6 +102,7 @@ def apply_optimizer_state(parts, optimizers, state: dict[str, Any], keys: list[l
         for key, value in part_state.items():
             if isinstance(value, DTensor) and _expert_mesh(key, value, meshes) is not None:
                 part_state[key] = value.to_local()  # the rows this rank's parameter holds
+        join_flat_state(part_state, part)
         set_optimizer_state_dict(part, opt, part_state, options=_OPTIM_OPTIONS)
         for group, flags in zip(opt.param_groups, kernels, strict=True):
             group.update(flags)

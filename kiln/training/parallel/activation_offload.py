@@ -22,9 +22,64 @@ from torch import nn
 
 
 def worth_offloading(tensor: torch.Tensor) -> bool:
-    """Saved activations on an accelerator; not parameters (they stay resident anyway, so an
-    offloaded copy only costs PCIe time and host memory) and not tensors already on the host."""
-    return not isinstance(tensor, nn.Parameter) and tensor.device.type != "cpu"
+    """Saved activations on an accelerator; not parameters nor views and casts of them (they
+    stay resident, or are recast for free: an offloaded copy only costs PCIe time and host
+    memory), and not tensors already on the host."""
+    return (
+        not isinstance(tensor, nn.Parameter)
+        and tensor.device.type != "cpu"
+        and not is_weight_cast(tensor)
+    )
+
+
+# Autograd nodes that only view or cast their one input: a saved tensor reached from a parameter
+# through these alone (Linear saves `weight.t()`, autocast its bf16 copy) is the weight again.
+_VIEW_OR_CAST = {
+    "ToCopyBackward0",
+    "TBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ReshapeAliasBackward0",
+    "ExpandBackward0",
+    "UnsqueezeBackward0",
+    "SqueezeBackward0",
+    "SqueezeBackward1",
+    "SliceBackward0",
+    "SelectBackward0",
+    "AsStridedBackward0",
+}
+
+
+def is_weight_cast(tensor: torch.Tensor, depth: int = 4) -> bool:
+    """A view or dtype cast of a parameter (e.g. autocast's transposed bf16 weight)."""
+    fn = tensor.grad_fn
+    for _ in range(depth):
+        if fn is None or fn.name() not in _VIEW_OR_CAST:
+            return False
+        inputs = [nxt for nxt, _ in fn.next_functions if nxt is not None]
+        if len(inputs) != 1:
+            return False
+        fn = inputs[0]
+        if type(fn).__name__ == "AccumulateGrad":
+            return isinstance(fn.variable, nn.Parameter)
+    return False
+
+
+def _alias_key(tensor: torch.Tensor) -> tuple:
+    """Tensors with this key are the same memory seen the same way: offloaded once."""
+    try:
+        storage = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (fake tensors): only itself
+        return (id(tensor),)
+    return (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+
+
+def _host_like(tensor: torch.Tensor, pin_memory: bool) -> torch.Tensor:
+    """A host buffer with the tensor's strides: a compiled block's backward asserts the strides
+    of what it saved (a transposed q/k/v view comes back transposed, not contiguous)."""
+    return torch.empty_like(tensor, device="cpu", pin_memory=pin_memory)
 
 
 class SyncCopier:
@@ -34,9 +89,7 @@ class SyncCopier:
         self.pin_memory = pin_memory
 
     def to_host(self, tensor: torch.Tensor) -> Any:
-        host = torch.empty(
-            tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=self.pin_memory
-        )
+        host = _host_like(tensor, self.pin_memory)
         host.copy_(tensor, non_blocking=self.pin_memory)
         return host
 
@@ -55,7 +108,7 @@ class StreamCopier:
         self.h2d = torch.cuda.Stream(device)
 
     def to_host(self, tensor: torch.Tensor) -> Any:
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
+        host = _host_like(tensor, pin_memory=True)
         self.d2h.wait_stream(torch.cuda.current_stream(tensor.device))  # after its producer
         with torch.cuda.stream(self.d2h):
             host.copy_(tensor, non_blocking=True)
@@ -94,6 +147,7 @@ class _Group:
         # weak: the autograd graph owns the entries (and through them the group), so an
         # offloaded copy goes when the graph does, with no reference cycle to wait for the GC
         self.entries: list[weakref.ref] = []
+        self.aliases: dict[tuple, weakref.ref] = {}  # _alias_key -> the entry already made
         self.previous = previous  # the block forwarded before this one: backward's next
         self.fetched = False
 
@@ -102,6 +156,7 @@ class _Entry:
     def __init__(self, group: _Group, device: torch.device, handle: Any):
         self.group, self.device, self.handle = group, device, handle
         self.fetched: Any = None
+        self.uses = 1  # saved-tensor slots holding this entry (an alias adds one)
 
 
 class OffloadHooks:
@@ -130,8 +185,15 @@ class OffloadHooks:
         group = groups[-1] if groups else None
         if group is None or not self.worth(tensor):
             return tensor
+        key = _alias_key(tensor)
+        known = group.aliases.get(key)
+        entry = known() if known is not None else None
+        if entry is not None:  # saved again (by another op of the block): one copy serves both
+            entry.uses += 1
+            return entry
         entry = _Entry(group, tensor.device, self._copier(tensor.device).to_host(tensor))
         group.entries.append(weakref.ref(entry))
+        group.aliases[key] = weakref.ref(entry)
         return entry
 
     def unpack(self, packed):
@@ -145,7 +207,10 @@ class OffloadHooks:
             self._fetch(previous)  # overlaps with this block's backward
         if packed.fetched is None:  # unpacked again (a retained graph): fetch it anew
             packed.fetched = self._copier(packed.device).to_device(packed.handle, packed.device)
-        fetched, packed.fetched = packed.fetched, None  # the device copy is autograd's now
+        packed.uses -= 1
+        fetched = packed.fetched
+        if packed.uses <= 0:
+            packed.fetched = None  # the device copy is autograd's now
         return self._copier(packed.device).ready(fetched)
 
     def _fetch(self, group: _Group) -> None:
@@ -170,11 +235,16 @@ class OffloadHooks:
         self.local.groups.pop()
 
 
-def apply_activation_offload(model: nn.Module, hooks: OffloadHooks | None = None) -> OffloadHooks:
+def apply_activation_offload(
+    model: nn.Module, hooks: OffloadHooks | None = None, layers: int | None = None
+) -> OffloadHooks:
     """Tensors saved for backward inside each block (not its weights) live in host memory
-    until the backward pass; returns the hooks (tests follow them)."""
+    until the backward pass; returns the hooks (tests follow them). `layers`: only the first
+    that many blocks (their activations wait longest for backward; the last blocks' are used
+    almost at once, so offloading them buys little memory for the same PCIe time)."""
     hooks = hooks or OffloadHooks()
-    for block in model.layers.values():
+    blocks = list(model.layers.values())
+    for block in blocks if layers is None else blocks[:layers]:
         block.register_forward_pre_hook(hooks.pre)
         block.register_forward_hook(hooks.post)
     return hooks

@@ -43,9 +43,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> nn.Mo
             apply_context_parallel(model, dims.mesh("cp"), seq_len=cfg.seq_len)
     apply_recompute(model, cfg.recompute, cfg.selective_recompute)
     if cfg.activation_offload:
-        apply_activation_offload(model)
+        apply_activation_offload(model, layers=cfg.activation_offload_layers)
     if cfg.parallel.compile:
-        _apply_compile(model)
+        _apply_compile(model, hooks_outside=cfg.activation_offload)
     if distributed:
         _apply_data_parallel(model, dims, cfg)
     return model
@@ -64,10 +64,16 @@ def _apply_ep(model: nn.Module, dims: ParallelDims) -> None:
     apply_expert_parallel(model, ep_mesh, dp_mesh=dims.mesh("dp_cp"))
 
 
-def _apply_compile(model: nn.Module) -> None:
-    """torch.compile each block in place (same graph for every layer: compiles once)."""
+def _apply_compile(model: nn.Module, hooks_outside: bool = False) -> None:
+    """torch.compile each block in place (same graph for every layer: compiles once).
+    `hooks_outside`: compile only `forward`, so the block's hooks run eagerly around it. The
+    activation-offload hooks keep weak references and a thread-local stack that dynamo cannot
+    trace; their saved-tensor hooks still see every tensor the compiled graph saves."""
     for block in model.layers.values():
-        block.compile()
+        if hooks_outside:
+            block.forward = torch.compile(block.forward)
+        else:
+            block.compile()
 
 
 def _apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: TrainConfig) -> None:

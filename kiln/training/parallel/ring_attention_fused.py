@@ -117,6 +117,11 @@ def _fused_forward(q, k, v, block: Block, scale: float, groups: int):
     return out, lse, saved
 
 
+def _seq_major(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, S, D] seen over [B, S, H, D] memory (a copy unless it already is)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _fused_backward(dout, q, k, v, out, lse, block: Block, scale, groups, saved: _Saved):
     """dq, dk, dv of one block from the final output and log-sum-exp (flash-style backward)."""
     rows = block.q
@@ -145,6 +150,10 @@ def _fused_backward(dout, q, k, v, out, lse, block: Block, scale, groups, saved:
         bias = _bias(block, q.dtype, align=16)
         if bias is not None:
             bias = bias.expand(qb.shape[0], qb.shape[1], *bias.shape)
+        # The kernel reads the output and its gradient in the layout its forward writes
+        # ([B, S, H, D] memory): handed [B, H, S, D] memory, bf16 dq/dk came back wrong or NaN
+        # on an H200 (torch 2.11; dv and fp32 were right).
+        ob, do = _seq_major(ob), _seq_major(do)
         padded = -(-lb.shape[2] // 32) * 32  # the kernel reads its own padded layout
         lse_in = lb.new_zeros(*lb.shape[:2], padded)
         lse_in[:, :, : lb.shape[2]] = lb

@@ -114,15 +114,19 @@ def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) 
             inputs = micro_batch(trainer, first)
             tracker.reset_mod_stats()  # per-module stats only: one call per module allowed
             before = _total(tracker)
+            # multi-token prediction (pp = tp = cp = 1: one part) runs its modules on the labels
+            mtp = {"mtp_labels": inputs.roll(-1, 1)} if cfg.model.mtp_depth else {}
             if last and cfg.loss_chunk_tokens:  # tp = pp = 1: one part, the head fused in
                 labels = torch.randint(0, cfg.model.vocab_size, inputs.shape[:2], device=dev)
                 chunk = {"labels": labels, "loss_chunk_tokens": cfg.loss_chunk_tokens}
-                out = _stage_forward(trainer, part, inputs, **chunk) * grad_scale
+                out = _stage_forward(trainer, part, inputs, **chunk, **mtp) * grad_scale
             else:
-                out = _stage_forward(trainer, part, inputs)
+                out = _stage_forward(trainer, part, inputs, **mtp)
             if last and not cfg.loss_chunk_tokens:
                 labels = torch.randint(0, cfg.model.vocab_size, out.shape[:2], device=out.device)
                 out = cross_entropy_loss(out, labels) * grad_scale
+            if mtp:
+                out = out + cfg.model.mtp_loss_weight * grad_scale * part.mtp_loss
             saved.append(_total(tracker) - before)
             if last:
                 out.backward()

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from kiln.model.config import ModelConfig
 from kiln.model.formats.adapter_checkpoint import check_base
@@ -22,6 +23,7 @@ from kiln.model.formats.checkpoint import load_model_state, read_sidecar
 from kiln.model.formats.hub import local_model
 from kiln.model.formats.peft import export_peft_adapter
 from kiln.model.formats.weights import read_weights
+from kiln.model.fused_projections import fused_modules
 from kiln.model.lora import LORA_PARAMS
 from kiln.platform.config import load_body, override_paths, validate
 from kiln.platform.errors import ConfigError, KilnError
@@ -38,6 +40,14 @@ def _full_state(trainer) -> dict[str, torch.Tensor]:
     """The whole model's state on CPU (a collective under FSDP/TP: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    part = trainer.model_parts[0]
+    if trainer.distributed and fused_modules(part):
+        # torch's helper cannot name a fused module's parts (fused_projections.model_state_dict)
+        state = part.state_dict()
+        return {
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+            for k, v in state.items()
+        }
     if trainer.distributed:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(trainer.model_parts[0], options=options)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model.formats.mtp_names import without_mtp
 from kiln.model.formats.weights import read_weights
 from kiln.model.lora import LORA_PARAMS, adapters_disabled
 from kiln.platform.errors import ConfigError, InputError
@@ -63,6 +64,8 @@ class PostTrainer(Trainer):
         base_state = None
         if cfg.base:
             _, base_cfg, base_state = read_weights(cfg.base)
+            # post-training trains the main model: multi-token prediction is pretraining's
+            base_cfg, base_state = without_mtp(base_cfg, base_state)
             if base_cfg.max_seq_len < cfg.seq_len:
                 base_cfg = base_cfg.model_copy(update={"max_seq_len": cfg.seq_len})
             cfg = cfg.model_copy(update={"model": base_cfg})

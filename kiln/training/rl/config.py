@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiln.model.lora import LoRAConfig
-from kiln.training.config import OptimizerConfig
+from kiln.platform.errors import ConfigError
+from kiln.training.config import OptimizerConfig, ParallelConfig
 from kiln.training.rl.rewards import RewardSpec
 
 
@@ -27,6 +28,12 @@ class RolloutConfig(BaseModel):
     )
     max_retries: int = Field(
         3, ge=0, description="A dead rollout actor is replaced and its share retried this often."
+    )
+    recompute_logprobs: bool = Field(
+        False,
+        description="Deterministic log-probs: after sampling, the engine scores its completions "
+        "with one full forward, as the trainer does, so on CPU fp32 (full fine-tuning) they "
+        "equal the trainer's bit for bit (off: the sampler's own, from the KV-cache decode).",
     )
     verify_refit: bool = Field(
         True,
@@ -89,8 +96,28 @@ class GRPOConfig(OnPolicyConfig):
     )
     overlong_filter: bool = Field(False, description="DAPO: truncated completions get no loss.")
     tis_cap: float | None = Field(
-        2.0, gt=0, description="Truncated importance sampling cap (None: off)."
+        2.0,
+        gt=0,
+        description="Truncated importance sampling cap: tokens weighted by min(pi_trainer / "
+        "pi_behaviour, cap), the behaviour policy being the engine's weights the rollouts were "
+        "sampled with (None: off).",
     )
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        description="Async rollouts: the engines sample up to this many steps ahead with the "
+        "weights they hold, so a step trains on rollouts of a policy at most this many updates "
+        "old, corrected by tis_cap (0: on-policy, each step samples after the last refit).",
+    )
+
+    @model_validator(mode="after")
+    def _check_off_policy(self) -> GRPOConfig:
+        if self.max_policy_lag > 0 and self.tis_cap is None:
+            # without the behaviour policy's ratio, stale rollouts bias the gradient silently
+            raise ConfigError(
+                "tis_cap: max_policy_lag > 0 needs the importance correction; set a cap (e.g. 2.0)"
+            )
+        return self
 
 
 class GRPORunConfig(GRPOConfig):
@@ -111,3 +138,9 @@ class GRPORunConfig(GRPOConfig):
         "the same rewards): math_exact's mean is the accuracy.",
     )
     eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")
+    parallel: ParallelConfig | None = Field(
+        None,
+        description="The policy laid out over the ranks torchrun starts (dp_shard: FSDP2, each "
+        "rank scoring its share of a step; tp): `torchrun --nproc-per-node N -m "
+        "kiln.training.rl.run`. None: one process.",
+    )

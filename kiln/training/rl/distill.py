@@ -99,13 +99,7 @@ class OnPolicyDistill(OnPolicyLoop):
         loss = per_token.mean()  # every sampled token weighs the same
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        clip = self.cfg.optimizer.grad_clip
-        grad_norm = (
-            torch.nn.utils.clip_grad_norm_(params, clip)
-            if clip
-            else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        )
+        grad_norm = self.clip_grads([p for p in self.policy.parameters() if p.requires_grad])
         self.optimizer.step()
         # the engine's sampling log-probs against the trainer's, as GRPO reports them
         trainer = token_logprobs(student.logits.detach(), student.targets, self.cfg.temperature)

@@ -6,7 +6,14 @@ The policy is a kiln `Transformer` (full fine-tuning, or LoRA adapters via kiln/
 Reference log-probs come from the frozen base: the same model with its adapters disabled under
 LoRA, a frozen copy only for full fine-tuning with beta > 0. Each engine decodes from its own
 plain copy of the weights (the engine lays out the LM head for decoding, and LoRA is merged
-into it at each refit), so a step's rollouts always use the latest policy.
+into it at each refit), so at `max_policy_lag: 0` a step's rollouts use the latest policy.
+
+Async (`max_policy_lag` L > 0): the engines sample the next L steps' batches while this step
+trains (on_policy.py `take_batch`), so a step's rollouts come from a policy up to L updates old
+(`policy_lag`, logged). The clipped ratio stays relative to the trainer's log-probs at the
+step's start (the proximal policy); the truncated importance weight min(pi_trainer /
+pi_behaviour, tis_cap), with the engine's sampling log-probs as pi_behaviour, corrects for the
+staleness (decoupled PPO, Hilton et al. 2022 and AReaL; TIS, Yao et al. 2025).
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ import copy
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from kiln.model.lora import adapters_disabled
+from kiln.platform.errors import KilnError
+from kiln.training.rl.batch_split import BatchSplit
 from kiln.training.rl.config import GRPOConfig
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.objectives import (
+    behaviour_ratio,
     group_advantages,
     grpo_loss,
     informative_groups,
@@ -32,6 +43,18 @@ from kiln.training.rl.objectives import (
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.rewards import RewardSet
 from kiln.training.rl.rollout import Rollout
+
+
+@dataclass
+class UpdateBatch:
+    """What the last update trained on, for inspection: its rollouts, the trainer's log-probs
+    at the step's start, the engine's (behaviour policy's) and their ratio, per token."""
+
+    rollouts: list[Rollout]
+    old_logp: torch.Tensor  # [B, T] the trainer's, before this step's updates
+    behaviour_logp: torch.Tensor  # [B, T] the engine's, as it sampled
+    mask: torch.Tensor  # [B, T]
+    is_ratio: torch.Tensor  # [B, T] exp(old_logp - behaviour_logp), before the cap
 
 
 class GRPO(OnPolicyLoop):
@@ -53,6 +76,9 @@ class GRPO(OnPolicyLoop):
             policy, tokenizer, rows, cfg, chat_template=chat_template, eos_token_ids=eos_token_ids
         )
         self.rewards = RewardSet.from_specs(cfg.rewards)
+        self.lag = cfg.max_policy_lag
+        self.split = BatchSplit()  # one process: the whole batch (layouts.py sets the ranks')
+        self.last_update: UpdateBatch | None = None
         self.reference = None
         if cfg.lora is None and cfg.beta > 0:
             self.reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -66,9 +92,13 @@ class GRPO(OnPolicyLoop):
 
     def step(self, step: int) -> dict:
         cfg, started = self.cfg, time.perf_counter()
-        picked = self.next_prompts()
-        rollouts = self.sample(picked, cfg.group_size, step)
-        rollout_s = time.perf_counter() - started
+        picked, rollouts = self.take_batch(step, cfg.group_size)
+        rollout_s = time.perf_counter() - started  # sampled ahead: only the wait for the rest
+        lag = self.policy_version - min(r.policy_version for r in rollouts)
+        if lag > self.lag:  # the engines' queue order guarantees it; a broken one must not train
+            raise KilnError(
+                f"step {step + 1}: rollouts {lag} updates old, max_policy_lag {self.lag}"
+            )
         rows = [self.rows[picked[r.prompt_index]] for r in rollouts]
         texts = [self.decode(r.completion_ids) for r in rollouts]
         results = self.rewards.score(
@@ -80,6 +110,7 @@ class GRPO(OnPolicyLoop):
         if cfg.dynamic_sampling:
             keep = informative_groups(rewards, cfg.group_size)
         m = self._reward_metrics(step, rewards, results, rollouts, keep)
+        m["policy_lag"] = float(lag)
         train_started = time.perf_counter()
         if keep.any():
             m.update(self._update([r for r, k in zip(rollouts, keep, strict=True) if k],
@@ -87,7 +118,10 @@ class GRPO(OnPolicyLoop):
         train_s = time.perf_counter() - train_started
         m.update(self.refit())
         generated = sum(len(r.completion_ids) for r in rollouts)
-        m["rollout_tokens_per_s"] = generated / max(rollout_s, 1e-9)
+        m["rollout_wait_s"] = rollout_s
+        # sampled ahead, generation overlaps training: count it against the whole step
+        sampling_s = rollout_s if self.lag == 0 else time.perf_counter() - started
+        m["rollout_tokens_per_s"] = generated / max(sampling_s, 1e-9)
         m["train_tokens_per_s"] = (
             cfg.num_iterations * sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
         ) / max(train_s, 1e-9)
@@ -127,7 +161,16 @@ class GRPO(OnPolicyLoop):
                 return self._scores(self.policy, rollouts).logp
 
     def _update(self, rollouts: list[Rollout], advantages: torch.Tensor) -> dict:
+        """`num_iterations` updates on the batch; under a data-parallel layout (layouts.py)
+        each rank takes its share and every figure returned is the whole batch's."""
         cfg = self.cfg
+        n = len(rollouts)
+        split = self.split if self.split.active(n) else BatchSplit()
+        lo, hi = split.bounds(n)
+        rollouts, advantages = rollouts[lo:hi], advantages[lo:hi]
+        # listed before any forward: FSDP2 swaps its root's unsharded parameters in until the
+        # backward, and their gradients land on the sharded ones
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         # the first forward is both iteration 1's graph and the batch's old log-probs
         scores = self._scores(self.policy, rollouts)
         old_logp, mask = scores.logp.detach(), scores.mask
@@ -137,10 +180,18 @@ class GRPO(OnPolicyLoop):
         for i, r in enumerate(rollouts):
             engine[i, : len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float64)
         lp_mean, lp_max = mismatch(engine, old_logp, scores.mask)
+        ratio = behaviour_ratio(old_logp, engine, scores.mask)
+        self.last_update = UpdateBatch(rollouts, old_logp, engine, scores.mask, ratio)
         tis = None if cfg.tis_cap is None else tis_weights(old_logp, engine, mask, cfg.tis_cap)
+        real = scores.mask > 0
         ref = self._reference_logp(rollouts)
-        params = [p for p in self.policy.parameters() if p.requires_grad]
         entropy = float((scores.entropy * scores.mask).sum() / scores.mask.sum().clamp(min=1.0))
+        # this rank's share of what the loss averages over: FSDP2 averages the ranks' gradients,
+        # so a share weighted share x ranks sums to the whole batch's loss
+        if cfg.loss_aggregation == "token":
+            share = float(mask.sum()) / max(split.total(float(mask.sum())), 1.0)
+        else:
+            share = (hi - lo) / n
         for iteration in range(cfg.num_iterations):
             if iteration > 0:
                 scores = self._scores(self.policy, rollouts)
@@ -159,21 +210,28 @@ class GRPO(OnPolicyLoop):
                 max_completion_length=cfg.max_new_tokens,
                 tis=tis,
             )
+            if split.size > 1:
+                loss = loss * (share * split.size)
             loss.backward()
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(params, cfg.optimizer.grad_clip)
-                if cfg.optimizer.grad_clip
-                else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            )
+            grad_norm = self.clip_grads(params)
             self.optimizer.step()
+        tokens, loss_tokens = float(real.sum()), float(mask.sum())
+        truncated = (
+            float((ratio[real] > cfg.tis_cap).double().mean())
+            if cfg.tis_cap is not None and real.any()
+            else 0.0
+        )
         return {
-            "loss": float(loss.detach()),
-            "kl": stats.kl,
-            "clip_fraction": stats.clip_fraction,
-            "entropy": entropy,
+            "loss": split.total(float(loss.detach()) / split.size),
+            "kl": split.mean(stats.kl, loss_tokens),
+            "clip_fraction": split.mean(stats.clip_fraction, loss_tokens),
+            "entropy": split.mean(entropy, tokens),
             "grad_norm": float(grad_norm),
-            "logprob_mismatch_mean": lp_mean,
-            "logprob_mismatch_max": lp_max,
+            "logprob_mismatch_mean": split.mean(lp_mean, tokens),
+            "logprob_mismatch_max": split.maximum(lp_max),
+            "is_ratio_mean": split.mean(float(ratio[real].mean()) if real.any() else 1.0, tokens),
+            "is_ratio_max": split.maximum(float(ratio[real].max()) if real.any() else 1.0),
+            "is_truncated_fraction": split.mean(truncated, tokens),
         }
 
 
@@ -187,6 +245,7 @@ def format_step(m: dict) -> str:
         f"entropy {m.get('entropy', 0.0):.2f}",
         f"len {m['completion_len']:.1f}",
         f"lp-mismatch {m.get('logprob_mismatch_max', 0.0):.1e}",
+        f"lag {m.get('policy_lag', 0.0):.0f}",
         f"rollout {m['rollout_tokens_per_s']:.0f} tok/s",
         f"train {m['train_tokens_per_s']:.0f} tok/s",
         f"refit {m['refit_s']:.3f}s",

@@ -41,8 +41,14 @@ def completion_logits(
     model: nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
 ) -> CompletionLogits:
     """One `Transformer.forward` over each prompt + completion (right-padded: causal attention
-    never looks at the padding), the logits at the positions that predict completion tokens."""
+    never looks at the padding), the logits at the positions that predict completion tokens.
+
+    Under tensor parallelism the blocks hand the head sequence shards, which positions cannot
+    index: the head then runs on every position (the width padded to a multiple of tp) and the
+    wanted rows are taken from its replicated logits."""
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    tp = _tensor_parallel_size(model)
+    width = -(-width // tp) * tp
     device = next(model.parameters()).device
     tokens = torch.zeros(len(prompts), width, dtype=torch.long)
     rows, cols, targets = [], [], []
@@ -53,9 +59,21 @@ def completion_logits(
             cols.append(len(p) + j - 1)  # the position whose logits predict token j
             targets.append(token)
     index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    logits = model(tokens.to(device), logits_positions=index)
+    if tp > 1:
+        logits = model(tokens.to(device))[index]
+    else:
+        logits = model(tokens.to(device), logits_positions=index)
     place = (index[0], torch.tensor([j for c in completions for j in range(len(c))]))
     return CompletionLogits(logits, torch.tensor(targets, device=device), place)
+
+
+def _tensor_parallel_size(model: nn.Module) -> int:
+    """The tp degree of a model laid out by kiln/training/parallel (1 for a plain model)."""
+    weight = model.output.weight if model.output is not None else model.tok_embeddings.weight
+    mesh = getattr(weight, "device_mesh", None)  # a DTensor's; a plain tensor has none
+    if mesh is None or "tp" not in (mesh.mesh_dim_names or ()):
+        return 1
+    return mesh.size(mesh.mesh_dim_names.index("tp"))
 
 
 def per_completion(values: torch.Tensor, out: CompletionLogits, rows: int) -> torch.Tensor:

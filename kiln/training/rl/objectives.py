@@ -61,13 +61,22 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1
 
 
+def behaviour_ratio(
+    old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """pi_trainer / pi_behaviour per token, exp(old_logp - sampling_logp) (1 on padding): the
+    trainer's current policy over the one the engine sampled with, which differs by the
+    engine's arithmetic on-policy, and by up to `max_policy_lag` updates when sampled ahead."""
+    return torch.exp((old_logp - sampling_logp) * mask).detach()
+
+
 def tis_weights(
     old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, cap: float
 ) -> torch.Tensor:
     """Truncated importance sampling: min(pi_trainer / pi_engine, cap) per token, correcting for
-    the sampler's log-probs differing from the trainer's (TRL's `token_truncate`)."""
-    ratio = torch.exp((old_logp - sampling_logp) * mask)
-    return torch.clamp(ratio, max=cap).detach()
+    the sampler's log-probs differing from the trainer's (TRL's `token_truncate`; Yao et al.
+    2025's TIS, also the off-policy correction of rollouts sampled ahead)."""
+    return torch.clamp(behaviour_ratio(old_logp, sampling_logp, mask), max=cap)
 
 
 @dataclass

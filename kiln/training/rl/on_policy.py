@@ -5,22 +5,31 @@ checksum of every engine's weights against the trainer's), and the state a run r
 
 Resuming is exact: a step's completions are seeded by the step number, the prompt order by a
 saved RNG, and the policy and AdamW state are restored bit for bit, so on CPU a resumed run
-repeats the rewards and losses an uninterrupted one gets (tests/training/rl/test_resume.py)."""
+repeats the rewards and losses an uninterrupted one gets (tests/training/rl/test_resume.py).
+
+Sampling ahead (`lag` > 0, GRPO's `max_policy_lag`): a step submits the batches of the next
+`lag` steps before it trains, so the engines sample them with the weights they hold while the
+trainer trains; a batch is then used `lag` updates after the weights that sampled it (each
+rollout says which: `policy_version`, the number of updates its engine had seen). A saved state
+keeps the batches already sampled ahead, so a resumed run uses the same ones."""
 
 from __future__ import annotations
 
 import os
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from kiln.engine.sampler import SamplingParams
 from kiln.model.lora import apply_lora
 from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
-from kiln.training.optimizer import build_optimizer
+from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_norm
 from kiln.training.rl.config import OnPolicyConfig
 from kiln.training.rl.prompts import render_prompt
 from kiln.training.rl.refit import merged_policy_state, state_checksum
@@ -34,11 +43,23 @@ class RefitMismatch(KilnError):
     """A rollout engine's weights differ from the trainer's after a refit."""
 
 
+@dataclass
+class Batch:
+    """A step's prompts (row indices) and its rollouts: `pending` is the engines' handle until
+    they are collected into `rollouts`."""
+
+    step: int
+    picked: list[int]
+    pending: object = None
+    rollouts: list[Rollout] | None = None
+
+
 class OnPolicyLoop:
     """`run()` trains `policy` in place, `step(k)` is the subclass's; `metrics` holds one dict
     per step. Call `close()` when done (it stops Ray rollout actors)."""
 
     score_name = "reward"  # the per-step metric `evaluate` measures on held-out prompts
+    lag = 0  # steps sampled ahead of the one training (GRPO: max_policy_lag)
 
     def __init__(
         self,
@@ -70,8 +91,10 @@ class OnPolicyLoop:
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
         )
         self.metrics: list[dict] = []
+        self.policy_version = 0  # updates the policy has taken (each one refits the engines)
         self._order: list[int] = []
         self._rng = random.Random(cfg.seed)
+        self._ahead: deque[Batch] = deque()  # submitted, not yet trained on, in step order
 
     def step(self, step: int) -> dict:
         raise NotImplementedError
@@ -128,6 +151,30 @@ class OnPolicyLoop:
             seed=self.cfg.seed + step * SEEDS_PER_STEP,
         )
 
+    def take_batch(self, step: int, group_size: int) -> tuple[list[int], list[Rollout]]:
+        """Step `step`'s prompts and rollouts, after submitting the batches of every step up to
+        `step + lag` not yet submitted (each draws its prompts in step order, so at lag 0 this
+        is `sample(next_prompts())`)."""
+        submitted = self._ahead[-1].step + 1 if self._ahead else step
+        for ahead in range(submitted, min(step + self.lag, self.cfg.steps - 1) + 1):
+            picked = self.next_prompts()
+            pending = self.rollouts.submit(
+                [self.prompt_ids[i] for i in picked],
+                group_size,
+                self.params,
+                seed=self.cfg.seed + ahead * SEEDS_PER_STEP,
+            )
+            self._ahead.append(Batch(ahead, picked, pending))
+        batch = self._ahead.popleft()
+        if batch.step != step:
+            raise KilnError(f"sampled ahead for step {batch.step + 1}, training step {step + 1}")
+        return batch.picked, self._collect(batch)
+
+    def _collect(self, batch: Batch) -> list[Rollout]:
+        if batch.rollouts is None:
+            batch.rollouts, batch.pending = self.rollouts.wait(batch.pending), None
+        return batch.rollouts
+
     def greedy(self, rows: Sequence[dict]) -> tuple[list[str], list[Rollout]]:
         """Each row's rendered prompt and its greedy completion under the engines' weights."""
         prompts = [self.render(r) for r in rows]
@@ -146,6 +193,16 @@ class OnPolicyLoop:
             "order": list(self._order),
             "rng": self._rng.getstate(),
             "metrics": self.metrics,
+            "policy_version": self.policy_version,
+            # batches sampled ahead: they were drawn from the weights before this state's
+            "ahead": [
+                {
+                    "step": b.step,
+                    "picked": b.picked,
+                    "rollouts": [asdict(r) for r in self._collect(b)],
+                }
+                for b in self._ahead
+            ],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -155,7 +212,12 @@ class OnPolicyLoop:
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
         self.metrics = list(state["metrics"])
-        self.rollouts.refit(merged_policy_state(self.policy))
+        self.policy_version = state.get("policy_version", len(self.metrics))
+        self._ahead = deque(
+            Batch(b["step"], list(b["picked"]), rollouts=[Rollout(**r) for r in b["rollouts"]])
+            for b in state.get("ahead", [])
+        )
+        self.rollouts.refit(merged_policy_state(self.policy), self.policy_version)
 
     def save(self, path: str) -> None:
         """The state to `path`, replaced atomically (a crash mid-write keeps the last one)."""
@@ -170,12 +232,30 @@ class OnPolicyLoop:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return True
 
+    # -- updates ------------------------------------------------------------------------------
+
+    def clip_grads(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The gradients' global norm, clipped to `optimizer.grad_clip` when set. A policy laid
+        out over ranks (layouts.py: DTensor gradients) takes the trainer's norm, reduced over
+        each mesh; a plain one torch's. List `params` before a forward: FSDP2 swaps its root's
+        unsharded parameters in until the backward, and the gradients land on the sharded."""
+        clip = self.cfg.optimizer.grad_clip
+        if any(isinstance(p, DTensor) for p in params):
+            norm = global_grad_norm(params)
+            if clip:
+                clip_grads_(params, clip, norm)
+            return norm
+        if clip:
+            return torch.nn.utils.clip_grad_norm_(params, clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
     # -- refit --------------------------------------------------------------------------------
 
     def refit(self) -> dict:
         """The updated policy's weights into every rollout engine: seconds, replaced actors."""
         state = merged_policy_state(self.policy)
-        m = {"refit_s": self.rollouts.refit(state)}
+        self.policy_version += 1
+        m = {"refit_s": self.rollouts.refit(state, self.policy_version)}
         if self.cfg.rollout.workers and self.cfg.rollout.verify_refit:
             if not self.engines_match(state):
                 raise RefitMismatch("a rollout actor's weights differ from the trainer's")

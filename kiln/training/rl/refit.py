@@ -25,10 +25,17 @@ WireState = dict[str, tuple[np.ndarray, str]]  # name -> (array, torch dtype nam
 
 @torch.no_grad()
 def merged_policy_state(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """The policy as a plain model's state dict (LoRA adapters merged into their weights)."""
-    state = policy.state_dict()
+    """The policy as a plain model's state dict (LoRA adapters merged into their weights). A
+    policy laid out over ranks (FSDP2, TP: DTensor parameters) is gathered whole: every rank
+    must call this together."""
+    state = {name: _gathered(t) for name, t in policy.state_dict().items()}
     scaling = {name: layer.scaling for name, layer in lora_layers(policy)}
     return merged_state_dict(state, scaling) if scaling else state
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    # a DTensor (sharded or replicated over a mesh) has `full_tensor`; a plain tensor is whole
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @torch.no_grad()

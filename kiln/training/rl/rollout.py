@@ -17,7 +17,7 @@ import torch
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence as EngineSequence
-from kiln.training.rl.logprobs import token_logprobs
+from kiln.training.rl.logprobs import completion_logprobs, token_logprobs
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Rollout:
     completion_ids: list[int]  # ends with the end-of-text token when the model stopped
     logprobs: list[float]  # the engine's, one per completion token
     truncated: bool  # cut at max_new_tokens (DAPO's overlong filter drops these)
+    policy_version: int = 0  # updates the engine's weights had seen when it sampled this
 
 
 class RolloutEngine(Engine):
@@ -55,9 +56,14 @@ def generate_rollouts(
     params: SamplingParams,
     seed: int,
     max_batch_size: int = 64,
+    policy_version: int = 0,
+    recompute_logprobs: bool = False,
 ) -> list[Rollout]:
     """`group_size` completions of every prompt (a group's adjacent), seeded per completion
-    (seed + index) so a run repeats; `generator` is a kiln.engine Generator."""
+    (seed + index) so a run repeats; `generator` is a kiln.engine Generator whose weights are
+    the policy after `policy_version` updates. `recompute_logprobs`: the log-probs from one
+    full forward of the engine's model over the whole batch (the trainer's computation, so
+    equal to its bit for bit on CPU fp32) instead of the KV-cached decode's."""
     if params.penalized:
         raise ValueError("rollouts take no penalties: the trainer could not recompute them")
     jobs = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(group_size)]
@@ -83,8 +89,25 @@ def generate_rollouts(
         # to emit it, so a rollout keeps every sampled token
         completion, logprobs = engine.sampled.get(id(seq), ([], []))
         out.append(
-            Rollout(i, list(ids), completion, logprobs, truncated=seq.finish_reason == "length")
+            Rollout(
+                i,
+                list(ids),
+                completion,
+                logprobs,
+                truncated=seq.finish_reason == "length",
+                policy_version=policy_version,
+            )
         )
+    if recompute_logprobs and out:
+        with torch.no_grad():
+            scores = completion_logprobs(
+                generator.model,
+                [r.prompt_ids for r in out],
+                [r.completion_ids for r in out],
+                params.temperature,
+            )
+        for row, r in zip(scores.logp, out, strict=True):
+            r.logprobs = row[: len(r.completion_ids)].tolist()
     return out
 
 

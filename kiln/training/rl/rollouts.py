@@ -18,7 +18,9 @@ def open_rollouts(
 ) -> LocalRollouts | RayRollouts:
     """The rollout engines of `policy` (before LoRA is applied: the engines hold plain weights)."""
     if cfg.rollout.workers == 0:
-        return LocalRollouts(policy, tokenizer, eos_token_ids, cfg.max_batch_size)
+        return LocalRollouts(
+            policy, tokenizer, eos_token_ids, cfg.max_batch_size, cfg.rollout.recompute_logprobs
+        )
     return RayRollouts(
         cfg.rollout,
         merged_policy_state(policy),

@@ -4,22 +4,27 @@ with every step's metrics. The reading and writing helpers serve `distill` too."
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 
+import torch.distributed as dist
 from torch import nn
 
 from kiln.model.formats.weights import build_model, read_weights, write_model_checkpoint
 from kiln.platform.config import load_body, override_paths, validate
-from kiln.platform.errors import ConfigError, InputError
+from kiln.platform.errors import ConfigError, InputError, KilnError
 from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
+from kiln.training.launch import init_process_group_from_env
 from kiln.training.rl.config import GRPORunConfig
-from kiln.training.rl.grpo import GRPO
+from kiln.training.rl.grpo import GRPO, format_step
+from kiln.training.rl.layouts import lay_out_run
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.prompts import load_prompts
 from kiln.training.rl.refit import merged_policy_state
@@ -54,10 +59,10 @@ def load_policy(base: str) -> tuple[nn.Module, object, str | None]:
     return build_model(model_cfg, state, device="cpu"), tok, tok_dir
 
 
-def write_policy(out_dir: str, policy: nn.Module, tok_dir: str | None, step: int) -> None:
-    """The policy (LoRA merged) as a Checkpoint, its tokenizer files beside the weights."""
+def write_policy(out_dir: str, model_cfg, state: dict, tok_dir: str | None, step: int) -> None:
+    """The policy's merged `state` as a Checkpoint, its tokenizer files beside the weights."""
     os.makedirs(out_dir, exist_ok=True)
-    write_model_checkpoint(out_dir, policy.cfg, merged_policy_state(policy), step=step)
+    write_model_checkpoint(out_dir, model_cfg, state, step=step)
     for name in TOKENIZER_FILES:  # the tokenizer (and chat template) travel with the weights
         if tok_dir is not None and os.path.exists(os.path.join(tok_dir, name)):
             shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
@@ -87,10 +92,12 @@ def train_and_write(
     on_step: Callable[[dict], None] | None,
     state_dir: str | None,
     started: float,
+    main: bool = True,
 ) -> dict:
     """The held-out score of the base, the loop's steps (resumed from a saved state if one is
     there), the held-out score after; then the Checkpoint and run.json. The summary names the
-    loop's score (`loop.score_name`: reward for GRPO, reverse_kl for distillation)."""
+    loop's score (`loop.score_name`: reward for GRPO, reverse_kl for distillation). Laid out
+    over ranks, every rank trains and gathers the weights; only the `main` one writes."""
     score = loop.score_name
     held_out = load_prompts(cfg.eval_prompts)[: cfg.eval_limit] if cfg.eval_prompts else []
     try:
@@ -102,7 +109,10 @@ def train_and_write(
         after = loop.evaluate(held_out) if held_out else None
     finally:
         loop.close()
-    write_policy(out_dir, policy, tok_dir, cfg.steps)
+    weights = merged_policy_state(policy)  # every rank: a gather when laid out
+    if not main:
+        return {"steps": len(metrics), "metrics": metrics}
+    write_policy(out_dir, policy.cfg, weights, tok_dir, cfg.steps)
     summary = {
         "steps": len(metrics),
         f"first_{score}": metrics[0][score],
@@ -143,4 +153,37 @@ def run_grpo(
         chat_template=chat_template(cfg.chat_template, tok_dir),
         eos_token_ids=end_of_text_ids(tok, tok_dir),
     )
-    return train_and_write(loop, cfg, out_dir, policy, tok_dir, on_step, state_dir, started)
+    main = True if cfg.parallel is None else lay_out_run(loop, cfg.parallel)
+    return train_and_write(
+        loop, cfg, out_dir, policy, tok_dir, on_step if main else None, state_dir, started, main
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under torchrun (`parallel:` set): every rank runs the same config, rank 0
+    prints each step and writes the Checkpoint and run.json."""
+    parser = argparse.ArgumentParser(prog="python -m kiln.training.rl.run")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--out", required=True, help="the Checkpoint folder to write")
+    args = parser.parse_args(argv)
+    joined = False  # a process group this entry point started is its to end
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if not dist.is_initialized():
+            init_process_group_from_env("cpu", optimizer_offload=False)
+            joined = dist.is_initialized()
+        summary = run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True))
+        if "final" in summary:
+            print(json.dumps(summary["final"], default=str))
+    except KilnError as exc:
+        print(f"kiln: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if joined:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

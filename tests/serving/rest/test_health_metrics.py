@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,7 +79,12 @@ def test_prefix_cache_hits_and_kv_usage_in_metrics(tiny_model_dir):
         for tail in ("and runs away", "and sleeps"):
             body = {"prompt": shared + tail, "max_tokens": 2, "temperature": 0}
             assert client.post("/v1/completions", json=body).status_code == 200
-        after = _samples(client)
+        # the answer leaves with its last token; the engine thread frees the request right after
+        deadline = time.monotonic() + 10
+        while (after := _samples(client))["vllm:num_requests_running"] and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
     asyncio.run(backend.close())
     queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
     hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]

@@ -63,3 +63,20 @@ def test_init_from_imported_hf_weights_then_resume_wins(tmp_path):
         torch.testing.assert_close(
             resumed.model_parts[0].state_dict()[name], tensor, rtol=0, atol=0
         )
+
+
+def test_a_new_run_from_another_runs_checkpoint_saves_its_own_last_step(tmp_path):
+    """init_from a checkpoint taken at step N, then train N steps: the new run's final save is
+    its own (it used to be skipped as "already saved at step N", and the source was reported as
+    the new run's newest checkpoint)."""
+    model_cfg = {"preset": "tiny", "n_layers": 1}
+    first = str(tmp_path / "first")
+    Trainer(_config(model_cfg, first, None, steps=2)).setup().train()
+    second = str(tmp_path / "second")
+    trainer = Trainer(_config(model_cfg, second, first, steps=2)).setup()
+    assert trainer.checkpointer.committed is None  # nothing of this run is saved yet
+    trainer.train()
+    step, path = trainer.checkpointer.committed
+    assert step == 2 and path.startswith(second)
+    resumed = Trainer(_config(model_cfg, second, first, steps=3)).setup()
+    assert resumed.step == 2

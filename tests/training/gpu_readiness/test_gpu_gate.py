@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
+
+from kiln.model.config import ModelConfig
+from kiln.model.transformer import BASE_STD, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 import gpu_check  # noqa: E402
 import gpu_check_train  # noqa: E402
 from gpu_gate import (  # noqa: E402
+    INITIAL_LOSS_TOLERANCE_NATS,
     MFU_FLOORS,
     GateFailure,
     check_apis,
@@ -25,6 +30,7 @@ from gpu_gate import (  # noqa: E402
     check_learns,
     check_mfu,
     check_parity,
+    expected_initial_loss,
 )
 
 
@@ -48,10 +54,30 @@ def test_torchrun_figures_fail_on_a_nan_step(tmp_path):
     assert gpu_check.main(["torchrun-figures", str(metrics)]) == 1
 
 
-def test_step_zero_loss_must_be_ln_vocab():
-    check_initial_loss(math.log(128256) + 0.1, 128256)
+def test_step_zero_loss_must_be_ln_vocab_plus_the_head_variance():
+    # The H200 run's step-0 losses: 1b (dim 2048) 12.18, 8B slice (dim 4096) 12.60.
+    check_initial_loss(12.18, 128256, 2048, 0.02)
+    check_initial_loss(12.60, 128256, 4096, 0.02)
     with pytest.raises(GateFailure, match="ln\\(vocab=128256\\)"):
-        check_initial_loss(math.log(128256) / 8, 128256)  # e.g. divided by the accumulation
+        check_initial_loss(12.18 / 8, 128256, 2048, 0.02)  # e.g. divided by the accumulation
+    with pytest.raises(GateFailure, match="ln\\(vocab=128256\\)"):
+        check_initial_loss(math.log(128256), 128256, 4096, 0.02)  # the old rule's figure
+
+
+def test_a_fresh_model_starts_at_the_expected_loss():
+    """The rule's formula against a real freshly initialised model on uniform tokens: at dim
+    2048 the head's variance adds 0.41 nats to ln V, more than the tolerance."""
+    cfg = ModelConfig(vocab_size=4096, dim=2048, n_layers=1, n_heads=16, max_seq_len=128)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (32, 129))  # 4,096 targets: noise ~0.014 nats
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).item()
+    expected = expected_initial_loss(cfg.vocab_size, cfg.dim, BASE_STD)
+    assert expected - math.log(cfg.vocab_size) > INITIAL_LOSS_TOLERANCE_NATS
+    assert abs(loss - expected) < 0.05, (loss, expected)
+    check_initial_loss(loss, cfg.vocab_size, cfg.dim, BASE_STD)
 
 
 def test_parity_fails_on_a_doubled_gradient():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.model.config import ModelConfig
+from kiln.model.meta import build_on_meta
 from kiln.training.config import TrainConfig
 from kiln.training.metrics import flops_per_token
 from kiln.training.plan import cpu_stand_in, plan_rank
@@ -82,4 +83,31 @@ def test_plan_counts_deepseek_v3_mla_and_shared_experts():
     routed_off = 3 * shape.dim * 32 * (4 - 2)  # layer 1: 2 of its 4 experts idle per token
     active = shape.num_params(exclude_embedding=True) - routed_off  # the head included
     attention = 12 * 2 * shape.n_heads * (24 + 12) / 2 * (32 + 1) / 2  # causal: (T+1)/2 keys
+    assert flops_per_token(shape, 32) == pytest.approx(6 * active + attention)
+
+
+def test_plan_counts_deepseek_v3_mtp_modules():
+    """With mtp_depth 1 the planned rank also holds the MTP module (its MoE block, norms and
+    projection; not the shared embedding and head again), its step runs the module, and the
+    FLOPs add its block, projection and one more pass through the head."""
+    mtp = {**DEEPSEEK, "mtp_depth": 1}
+    cfg = cpu_stand_in(
+        TrainConfig(
+            model={"preset": "tiny", "n_layers": 2, **mtp},
+            seq_len=32,
+            global_batch_size=2,
+            micro_batch_size=2,
+        )
+    )
+    shape = ModelConfig.preset("tiny", n_layers=2, **mtp)
+    plain = ModelConfig.preset("tiny", n_layers=2, **DEEPSEEK)
+    info = plan_rank(cfg, 0, 1)
+    assert info["local_params"] == shape.num_params() > plain.num_params()
+    d = shape.dim
+    model = build_on_meta(shape)  # the module: an MoE block like layer 1, 3 norms, eh_proj
+    moe_block = sum(p.numel() for p in model.layers["1"].parameters())
+    assert shape.num_params() - plain.num_params() == moe_block + 3 * d + 2 * d * d
+    routed_off = 2 * 3 * d * 32 * (4 - 2)  # layers 1 and 2 (the module's): 2 of 4 experts idle
+    active = shape.num_params(exclude_embedding=True) + 256 * d - routed_off
+    attention = 12 * 3 * shape.n_heads * (24 + 12) / 2 * (32 + 1) / 2
     assert flops_per_token(shape, 32) == pytest.approx(6 * active + attention)

@@ -14,24 +14,29 @@ def share_of_target(prompt: str, completion: str, row: dict) -> float:
     return completion.count(TARGET) / max(1, len(completion))
 
 
-def _run(steps=10, **overrides):
+def _loop(steps=10, **overrides) -> GRPO:
+    """The toy task's loop: a tiny model rewarded for TARGET, 2 prompts x 8 a step."""
     tok = train_tokenizer()
     policy = tiny_model("llama", tok.get_vocab_size(), seed=1)
     with torch.no_grad():  # flatter logits than serving tests want: a group must differ
         policy.output.weight.mul_(0.3)
-    cfg = GRPOConfig(
-        rewards=[{"function": f"{__name__}:share_of_target"}],
-        steps=steps,
-        prompts_per_step=2,
-        group_size=8,
-        max_new_tokens=8,
-        prompt_format="raw",
-        optimizer={"lr": 1e-1, "weight_decay": 0.0},
-        **overrides,
-    )
+    fields = {
+        "rewards": [{"function": f"{__name__}:share_of_target"}],
+        "steps": steps,
+        "prompts_per_step": 2,
+        "group_size": 8,
+        "max_new_tokens": 8,
+        "prompt_format": "raw",
+        "optimizer": {"lr": 1e-1, "weight_decay": 0.0},
+    }
+    cfg = GRPOConfig(**{**fields, **overrides})
     rows = [{"prompt": p} for p in ("the quick", "hello world", "kiln turns", "ray serve")]
-    loop = GRPO(policy, tok, rows, cfg, eos_token_ids=[0])
-    return loop, loop.run(on_step=lambda m: print(format_step(m)))
+    return GRPO(policy, tok, rows, cfg, eos_token_ids=[0])
+
+
+def _run(steps=10, on_step=None, **overrides):
+    loop = _loop(steps, **overrides)
+    return loop, loop.run(on_step=on_step or (lambda m: print(format_step(m))))
 
 
 def test_reward_rises_with_a_fixed_seed():
@@ -70,3 +75,17 @@ def test_full_finetuning_with_kl_keeps_a_frozen_reference_and_dapo_options_run()
     assert not any(p.requires_grad for p in loop.reference.parameters())
     assert all(0 < m["kept_fraction"] <= 1 for m in metrics)
     assert metrics[-1]["kl"] > 0
+
+
+def test_recomputed_logprobs_equal_the_trainers_bit_for_bit():
+    """rollout.recompute_logprobs: the engine scores its completions with the trainer's full
+    forward, so on CPU fp32 the mismatch is exactly 0 and the importance ratio exactly 1; the
+    sampler's own (KV-cache decode) differ in the last bits."""
+    sampled, sampled_metrics = _run(steps=3, on_step=lambda m: None)
+    exact, metrics = _run(steps=3, on_step=lambda m: None, rollout={"recompute_logprobs": True})
+    assert all(m["logprob_mismatch_max"] == 0.0 for m in metrics)
+    update = exact.last_update
+    assert torch.equal(update.is_ratio, torch.ones_like(update.is_ratio))
+    assert max(m["logprob_mismatch_max"] for m in sampled_metrics) > 0.0
+    # the same completions either way: only the recorded log-probs differ
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in sampled_metrics]

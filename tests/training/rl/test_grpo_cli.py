@@ -4,16 +4,19 @@ import argparse
 import json
 import os
 
+import pytest
 import torch
 
 from kiln.engine.generator import Generator
 from kiln.model.formats.hf import write_hf_dir
+from kiln.platform.errors import ConfigError
 from kiln.platform.imports import import_object
 from kiln.training.rl import cli
 from tests.engine.tiny import tiny_model, train_tokenizer
 
 
-def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
+def _setup(tmp_path):
+    """A tiny base, two prompts, a grpo.yaml and the parser: (model, config path, parser)."""
     tok = train_tokenizer()
     model = tiny_model("llama", tok.get_vocab_size())
     write_hf_dir(model.cfg, model.state_dict(), str(tmp_path / "base"), tok=tok, tok_dir=None)
@@ -27,6 +30,11 @@ def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     )
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
+    return model, config, parser
+
+
+def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
+    model, config, parser = _setup(tmp_path)
     out = tmp_path / "out"
     args = parser.parse_args(
         ["grpo", "--config", str(config), "--set", "steps=2", "--out", str(out)]
@@ -41,3 +49,19 @@ def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
     loaded = Generator.load(str(out))
     trained = loaded.model.state_dict()
     assert any(not torch.equal(v, trained[k]) for k, v in model.state_dict().items())
+
+
+def test_grpo_command_samples_ahead_with_max_policy_lag(tmp_path, capsys):
+    _, config, parser = _setup(tmp_path)
+    out = tmp_path / "out"
+    argv = ["grpo", "--config", str(config), "--set", "steps=3", "--out", str(out)]
+    args = parser.parse_args([*argv, "--set", "max_policy_lag=1"])
+    assert import_object(args.handler)(args) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
+    assert [line.split("| lag ")[1][0] for line in lines] == ["0", "1", "1"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["max_policy_lag"] == 1
+    assert [m["policy_lag"] for m in run["metrics"]] == [0.0, 1.0, 1.0]
+    args = parser.parse_args([*argv, "--set", "max_policy_lag=1", "--set", "tis_cap=null"])
+    with pytest.raises(ConfigError, match=r"^tis_cap: max_policy_lag > 0 needs"):
+        import_object(args.handler)(args)

@@ -75,3 +75,57 @@ def test_lora_refit_reaches_the_actors_merged(ray_session):
         assert state_checksum(base, loop.rollouts.engine_names()) not in loop.rollouts.checksums()
     finally:
         loop.close()
+
+
+def _versions(loop: GRPO) -> list[set[int]]:
+    """Each step's rollout versions, as the engines stamped them (kept by the step's callback)."""
+    return loop.seen_versions
+
+
+def _keep_versions(loop: GRPO, also=None):
+    loop.seen_versions = []
+
+    def on_step(m):
+        loop.seen_versions.append({r.policy_version for r in loop.last_update.rollouts})
+        if also is not None:
+            also(m)
+
+    return on_step
+
+
+def test_async_on_actors_equals_async_in_process(ray_session):
+    local = _loop(0, max_policy_lag=1, steps=4)
+    expected = local.run()
+    loop = _loop(2, max_policy_lag=1, steps=4)
+    try:
+        metrics = loop.run(on_step=_keep_versions(loop))
+    finally:
+        loop.close()
+    # the actors stamp each batch with the weights they held: one update behind the trainer
+    assert _versions(loop) == [{0}, {0}, {1}, {2}]
+    assert [m["policy_lag"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in expected]
+    for ours, theirs in zip(metrics, expected, strict=True):
+        assert abs(ours["loss"] - theirs["loss"]) < 1e-5
+        assert abs(ours["is_ratio_max"] - theirs["is_ratio_max"]) < 1e-4
+
+
+def test_async_actor_killed_between_steps_is_replaced_once(ray_session):
+    """Killed after a refit, the actor's next batch was already sent to it: the next refit
+    replaces it, and that batch goes to the successor without a second replacement."""
+    loop = _loop(1, max_policy_lag=1, steps=4)
+
+    def kill(m):
+        if m["step"] == 2:
+            ray.kill(loop.rollouts.workers[0], no_restart=True)
+
+    try:
+        metrics = loop.run(on_step=_keep_versions(loop, also=kill))
+        assert _engines_equal_trainer(loop)
+    finally:
+        loop.close()
+    assert loop.rollouts.restarts == 1 and metrics[-1]["rollout_restarts"] == 1
+    # the batch lost with the actor was sampled again by its successor, built from the newest
+    # weights: the last step's rollouts are fresher than the lag allows, never staler
+    assert _versions(loop) == [{0}, {0}, {1}, {3}]
+    assert [m["policy_lag"] for m in metrics] == [0.0, 1.0, 1.0, 0.0]

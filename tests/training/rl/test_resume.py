@@ -1,6 +1,6 @@
 """Resuming an on-policy loop is exact on CPU: a run stopped after step 2 and started again from
 its saved state repeats the rewards and losses of an uninterrupted run (GRPO with LoRA and a KL
-to the base; on-policy distillation with full fine-tuning)."""
+to the base; the same at max_policy_lag 1; on-policy distillation with full fine-tuning)."""
 
 import json
 
@@ -71,3 +71,17 @@ def test_distill_resumes_with_identical_losses(tmp_path):
     run = _resumed_equals_straight(run_distill, cfg, tmp_path, "reverse_kl")
     assert run["steps"] == 4
     assert not (tmp_path / "straight" / "resume").exists()  # removed once the run succeeded
+
+
+def test_async_grpo_resumes_with_the_batches_sampled_ahead(tmp_path):
+    """At max_policy_lag 1 the saved state holds the next step's batch, sampled by the weights
+    before the save: the resumed run trains on those same rollouts."""
+    _, prompts = _models(tmp_path)
+    cfg = GRPORunConfig(
+        **_common(tmp_path, prompts),
+        rewards=[{"name": "regex", "params": {"pattern": "o"}}],
+        group_size=4,
+        max_policy_lag=1,
+    )
+    run = _resumed_equals_straight(run_grpo, cfg, tmp_path, "reward")
+    assert [m["policy_lag"] for m in run["metrics"]] == [0.0, 1.0, 1.0, 1.0]

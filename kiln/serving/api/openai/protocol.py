@@ -325,6 +325,9 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     # kiln's: whether /v1/chat/completions renders the model's own chat template (else ChatML)
     has_chat_template: bool = False
+    # vLLM's: the model a card stands for, and for a LoRA adapter the base it adapts
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):

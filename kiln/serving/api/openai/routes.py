@@ -43,6 +43,7 @@ from kiln.serving.api.openai.tools import (
 from kiln.serving.api.params import (
     backend_of,
     limits_of,
+    lora_paths,
     prepare_jobs,
     primed,
     require_model,
@@ -58,29 +59,40 @@ router = APIRouter(prefix="/v1")
 
 @router.get("/models")
 async def list_models(request: Request) -> ModelList:
-    return ModelList(data=[_card(backend_of(request))])
+    backend = backend_of(request)
+    return ModelList(data=[_card(backend), *(_card(backend, a) for a in lora_paths(backend))])
 
 
 @router.get("/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> ModelCard:
-    require_model(request, model_id)
-    return _card(backend_of(request))
+    return _card(backend_of(request), require_model(request, model_id, with_adapters=True))
 
 
-def _card(backend: Backend) -> ModelCard:
+def _card(backend: Backend, lora: str | None = None) -> ModelCard:
+    """The base model's card, or a LoRA adapter's: `root` its folder, `parent` the base (as
+    vLLM lists them)."""
     return ModelCard(
-        id=backend.model_name,
+        id=lora or backend.model_name,
         max_model_len=backend.context_length,
         has_chat_template=bool(backend.chat_template),
+        root=lora_paths(backend).get(lora, lora) if lora else backend.model_name,
+        parent=backend.model_name if lora else None,
     )
 
 
-def _check_common(request: Request, req: OpenAIRequest) -> None:
-    require_model(request, req.model)
+def _served(backend: Backend, job: Job) -> str:
+    """The `model` an answer names: the adapter the job decoded with, else the base."""
+    return job.lora or backend.model_name
+
+
+def _check_common(request: Request, req: OpenAIRequest) -> str | None:
+    """Checks every route shares; returns the LoRA adapter `model` names (None: the base)."""
+    lora = require_model(request, req.model, with_adapters=True)
     if req.logit_bias:
         raise RequestError("logit_bias is not supported", param="logit_bias")
     if req.stream and req.n != 1:
         raise RequestError("stream=true takes n=1", param="n")
+    return lora
 
 
 def _usage(results: list[Result], prompts: int) -> Usage | None:
@@ -98,7 +110,7 @@ def _usage(results: list[Result], prompts: int) -> Usage | None:
 @router.post("/completions")
 async def completions(req: CompletionRequest, request: Request):
     backend, limits = backend_of(request), limits_of(request)
-    _check_common(request, req)
+    lora = _check_common(request, req)
     best_of = req.best_of or req.n
     if best_of < req.n:
         raise RequestError(f"best_of ({best_of}) must be >= n ({req.n})", param="best_of")
@@ -128,6 +140,7 @@ async def completions(req: CompletionRequest, request: Request):
         copies=best_of,
         truncate=req.truncate_prompt_tokens,
         cache_salt=req.cache_salt,
+        lora=lora,
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
@@ -155,7 +168,7 @@ async def completions(req: CompletionRequest, request: Request):
                 )
             )
     return CompletionResponse(
-        model=backend.model_name, choices=choices, usage=_usage(results, len(prompts))
+        model=_served(backend, jobs[0]), choices=choices, usage=_usage(results, len(prompts))
     )
 
 
@@ -210,7 +223,7 @@ def _completion_logprobs(backend: Backend, r: Result, scores, top: int, echo: bo
 async def _completion_stream(
     backend: Backend, job: Job, req: CompletionRequest, stream: AsyncIterator[str] | None = None
 ) -> AsyncIterator[str]:
-    base = CompletionResponse(model=backend.model_name, choices=[])
+    base = CompletionResponse(model=_served(backend, job), choices=[])
 
     def chunk(text: str, reason=None) -> str:
         choice = CompletionChoice(text=text, index=0, finish_reason=reason)
@@ -234,7 +247,7 @@ async def _completion_stream(
 @router.post("/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     backend, limits = backend_of(request), limits_of(request)
-    _check_common(request, req)
+    lora = _check_common(request, req)
     tools = active_tools(req)
     grammar = requested_grammar(req)
     forced = forced_tools(req, tools)
@@ -279,6 +292,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         truncate=req.truncate_prompt_tokens,
         cache_salt=req.cache_salt,
         fit_context=max_tokens is None,  # no limit asked: up to the end of the context
+        lora=lora,
     )
     if req.stream:
         deltas = await primed(backend.stream(jobs[0]))  # fails before headers: a plain error
@@ -295,7 +309,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
             message, reason = tool_message(r.text, reason, req.parallel_tool_calls)
         choices.append(ChatChoice(index=i, message=message, logprobs=lp, finish_reason=reason))
     return ChatCompletionResponse(
-        model=backend.model_name, choices=choices, usage=_usage(results, 1)
+        model=_served(backend, jobs[0]), choices=choices, usage=_usage(results, 1)
     )
 
 
@@ -321,7 +335,7 @@ async def _chat_stream(
     stream: AsyncIterator[str] | None = None,
     with_tools: bool = False,
 ) -> AsyncIterator[str]:
-    base = ChatCompletionChunk(model=backend.model_name, choices=[])
+    base = ChatCompletionChunk(model=_served(backend, job), choices=[])
     calls = ToolCallDeltas(req.parallel_tool_calls) if with_tools else None
 
     def chunk(delta: ChatDelta, reason=None) -> str:
