@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kiln.engine.speculative_config import SpeculativeConfig
+
 
 class BatchingConfig(BaseModel):
     """How the local backend batches concurrent prompts: continuously (kiln.engine: rows join
@@ -36,6 +38,11 @@ class BatchingConfig(BaseModel):
     enable_prefix_caching: bool = Field(
         True, description="reuse the KV blocks of prompt prefixes across requests"
     )
+    speculative: SpeculativeConfig | None = Field(
+        None,
+        description="speculative decoding (vLLM's speculative_config): ngram prompt lookup or a "
+        "draft model proposes tokens, the model verifies them in one forward",
+    )
 
     def engine_options(self) -> dict:
         """The `Engine(...)` keyword arguments these options set."""
@@ -47,4 +54,5 @@ class BatchingConfig(BaseModel):
             "block_size": self.block_size,
             "kv_cache_memory": None if memory is None else int(memory * (1 << 30)),
             "enable_prefix_caching": self.enable_prefix_caching,
+            "speculative": self.speculative,
         }

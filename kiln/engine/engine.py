@@ -39,6 +39,8 @@ from kiln.engine.request import EngineRequest, Listener
 from kiln.engine.sampler import SamplingParams, make_generator, sample_next
 from kiln.engine.scheduler import Plan, Scheduler
 from kiln.engine.sequence import Sequence, StopRule
+from kiln.engine.speculative import SpeculativeDecoder
+from kiln.engine.speculative_config import SpeculativeConfig
 from kiln.model.paged_kv_cache import PagedKVCache
 from kiln.platform.errors import InputError
 
@@ -79,6 +81,8 @@ class Engine:
         num_blocks: int | None = None,
         kv_cache_memory: int | None = None,
         enable_prefix_caching: bool = True,
+        speculative: SpeculativeConfig | None = None,
+        draft_model: nn.Module | None = None,
         max_loras: int = 0,
         max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
         lock: threading.Lock | None = None,
@@ -88,7 +92,8 @@ class Engine:
         sequence. KV blocks: `num_blocks`, else `kv_cache_memory` bytes' worth, else enough for
         `max_slots` full contexts up to 4 GiB (kv_cache_manager.blocks_for). `max_loras` > 0
         serves LoRA adapters (`self.loras`), that many at once in a forward, of rank up to
-        `max_lora_rank`."""
+        `max_lora_rank`. `speculative`: speculative decoding (speculative.py); `draft_model` a
+        built draft model for it."""
         if max_slots < 1 or prefill_chunk < 1 or block_size < 1:
             raise InputError("engine: max_slots, prefill_chunk and block_size must be >= 1")
         model = target.model
@@ -116,6 +121,19 @@ class Engine:
         can_run = self._lora_resident if self.loras is not None else None
         self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len, can_run)
         self._forward = ModelRunner(model)
+        self.speculator = (
+            SpeculativeDecoder(
+                speculative,
+                kv=self.kv,
+                forward=self._forward,
+                stop_rule=self.stop_rule,
+                max_len=self.max_len,
+                target=model,
+                draft_model=draft_model,
+            )
+            if speculative is not None
+            else None
+        )
         self.steps = 0  # iterations that ran a forward
         self.prefill_forwards = 0  # prefill forwards, and the prompt chunks they carried
         self.prefill_chunks = 0
@@ -207,7 +225,7 @@ class Engine:
         while not all(r.finished for r in requests):
             with torch.inference_mode():
                 self.step()
-            self.scheduler.retire()
+            self._retire()
             yield
 
     # ---- the engine thread -----------------------------------------------------------------
@@ -225,7 +243,7 @@ class Engine:
                 for request in sched.running:
                     if not request.finished:
                         request.fail(e)
-            sched.retire()
+            self._retire()
         stopped = EngineStopped("the engine stopped")
         for request in [*sched.running, *sched.waiting]:
             if not request.finished:
@@ -260,19 +278,29 @@ class Engine:
         prompts = [(r, n) for r, n in plan if n > 1 or r.computed < len(r.prompt_ids)]
         for group in sched.prefill_groups(prompts):
             self._prefill(group)
+        if decoding and self.speculator is not None:
+            decoding = self.speculator.decode(decoding)  # the rows it did not take
         if decoding:
             self._decode(decoding)
         self.steps += bool(plan)
+
+    def _retire(self) -> None:
+        self.scheduler.retire()
+        if self.speculator is not None:
+            self.speculator.release_finished()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (call after changing the model's weights in place);
         returns how many blocks were cached. Engine thread, or while the engine is stopped."""
         return self.kv.reset_prefix_cache()
 
-    def stats(self) -> dict[str, float]:
-        """Prefix-cache and KV-block counts (vLLM's names without the prefix)."""
+    def stats(self) -> dict[str, Any]:
+        """Prefix-cache and KV-block counts, and speculative decoding's when it is on (vLLM's
+        names without the prefix)."""
         kv, sched = self.kv, self.scheduler
+        spec = self.speculator.stats.as_dict() if self.speculator is not None else {}
         return {
+            **spec,
             "prefix_cache_queries": kv.stats.queries,
             "prefix_cache_hits": kv.stats.hits,
             "prefix_cache_hit_rate": kv.stats.hit_rate,

@@ -101,20 +101,30 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
     return gen
 
 
-def sample_row(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> int:
-    """One token from one row [V] of float logits; argmax whenever sampling is ill-defined."""
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
+    """The distribution [V] (float64) a sampled row draws from: temperature, top-k, top-p over
+    one row [V] of logits; None where it cannot be formed (greedy, or non-finite logits), and
+    the row then takes its argmax. Speculative decoding verifies drafts against this same
+    distribution (kiln/engine/rejection_sampler.py)."""
     logits = torch.nan_to_num(logits.double(), nan=float("-inf"))
-    fallback = int(logits.argmax())
     if params.greedy or not torch.isfinite(logits).any():
-        return fallback
+        return None
     # shifting by the max first keeps logits / temperature finite for any temperature >= 1e-5
     finite_max = logits.masked_fill(~torch.isfinite(logits), float("-inf")).max()
     row = (logits - finite_max).clamp(min=-1e300) / max(params.temperature, TEMPERATURE_MIN)
     probs = torch.softmax(filter_logits(row, params.top_k, params.top_p), dim=-1)
     if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
-        return fallback
+        return None
+    return probs
+
+
+def sample_row(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """One token from one row [V] of float logits; argmax whenever sampling is ill-defined."""
+    probs = sampling_probs(logits, params)
+    if probs is None:
+        return int(torch.nan_to_num(logits.double(), nan=float("-inf")).argmax())
     return int(torch.multinomial(probs, 1, generator=generator)[0])
 
 

@@ -42,6 +42,28 @@ def _register_serve(subparsers) -> None:
         "--max-batch-size", type=int, default=8, help="local backend: sequences decoded at once"
     )
     p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft_model"],
+        help="local backend: speculative decoding by prompt lookup (ngram: no extra model) or a "
+        "draft model (--speculative-model)",
+    )
+    p.add_argument(
+        "--speculative-model",
+        metavar="PATH",
+        help="draft model for speculative decoding: a smaller model with the same vocabulary",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        help="tokens drafted and verified per step (default 4)",
+    )
+    p.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        metavar="N",
+        help="decode plainly in steps where N or more requests decode at once",
+    )
+    p.add_argument(
         "--quantize",
         choices=["int8", "int4", "fp8"],
         help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from kiln.engine.lora_config import parse_lora_flags
+from kiln.platform.errors import InputError
 from kiln.platform.runtime import Runtime
 from kiln.platform.signals import stop_on_signals
 from kiln.serving.client import KilnClient
@@ -34,12 +35,36 @@ def serve_settings(args: argparse.Namespace) -> dict:
         "triton_url": args.triton_url,
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
-        "batching": {"max_batch_size": args.max_batch_size},
+        "batching": {
+            "max_batch_size": args.max_batch_size,
+            "speculative": speculative_settings(args),
+        },
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
         "lora": lora_settings(args),
         "deployment": deployment,
     }
+
+
+def speculative_settings(args: argparse.Namespace) -> dict | None:
+    """`batching.speculative` from --speculative, --speculative-model, --num-speculative-tokens
+    and --speculative-disable-by-batch-size (None: speculative decoding off)."""
+    method, model = args.speculative, args.speculative_model
+    extra = {
+        "num_speculative_tokens": (args.num_speculative_tokens, "--num-speculative-tokens"),
+        "disable_by_batch_size": (
+            args.speculative_disable_by_batch_size,
+            "--speculative-disable-by-batch-size",
+        ),
+    }
+    if method is None and model is None:
+        for value, flag in extra.values():
+            if value is not None:
+                raise InputError(f"{flag}: needs --speculative ngram or --speculative-model PATH")
+        return None
+    options: dict = {"method": method, "model": model}
+    options.update({key: value for key, (value, _) in extra.items() if value is not None})
+    return options
 
 
 def lora_settings(args: argparse.Namespace) -> dict | None:

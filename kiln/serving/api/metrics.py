@@ -6,9 +6,10 @@ running and waiting (the continuous engine's own scheduler queues when the backe
 requests inside the backend and 0), time to first token and the gaps between tokens of
 streamed responses (a stream's delta is one token, as its usage counts it), end-to-end latency,
 prompt and generated tokens; and, read from the engine at scrape time, its prefix-cache queries
-and hits (tokens), preemptions and KV-cache usage. Each replica counts its own requests: with
-several replicas a scrape of /metrics reaches one of them (Ray's metrics export covers the whole
-cluster).
+and hits (tokens), preemptions and KV-cache usage, and with speculative decoding on, its drafts,
+drafted and accepted tokens (in all and by position in the draft). Each replica counts its own
+requests: with several replicas a scrape of /metrics reaches one of them (Ray's metrics export
+covers the whole cluster).
 """
 
 from __future__ import annotations
@@ -121,6 +122,25 @@ ENGINE_METRICS = (
     ),
     ("num_preemptions", "vllm:num_preemptions", "Requests preempted (to be recomputed).", True),
     ("kv_cache_usage_perc", "vllm:kv_cache_usage_perc", "Share of KV-cache blocks in use.", False),
+    # speculative decoding's, present when it is on
+    ("spec_decode_num_drafts", "vllm:spec_decode_num_drafts", "Rows verified with drafts.", True),
+    (
+        "spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_draft_tokens",
+        "Tokens drafted.",
+        True,
+    ),
+    (
+        "spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
+        "Drafted tokens accepted by the model.",
+        True,
+    ),
+)
+PER_POSITION = (
+    "spec_decode_num_accepted_tokens_per_pos",
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+    "Drafted tokens accepted, by position in the draft.",
 )
 
 
@@ -134,10 +154,18 @@ class EngineStatsCollector:
     def collect(self):
         stats = self.engine_stats()
         for key, name, doc, counter in ENGINE_METRICS:
+            if key not in stats:
+                continue
             family = (CounterMetricFamily if counter else GaugeMetricFamily)(
                 name, doc, labels=["model_name"]
             )
             family.add_metric([self.model_name], float(stats[key]))
+            yield family
+        key, name, doc = PER_POSITION
+        if key in stats:
+            family = CounterMetricFamily(name, doc, labels=["model_name", "position"])
+            for position, count in enumerate(stats[key]):
+                family.add_metric([self.model_name, str(position)], float(count))
             yield family
 
 
