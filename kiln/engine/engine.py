@@ -309,7 +309,8 @@ class Engine:
             "kv_blocks_total": kv.pool.num_blocks,
             "kv_blocks_free": kv.num_free,
             "kv_blocks_cached": kv.pool.num_cached,
-            "num_requests_running": len(sched.running),
+            # a finished request stays in `running` until the step that answered it retires it
+            "num_requests_running": sum(not r.finished for r in list(sched.running)),
             "num_requests_waiting": len(sched.waiting),
             **(self._lora_stats() if self.loras is not None else {}),
         }

@@ -79,9 +79,9 @@ def test_prefix_cache_hits_and_kv_usage_in_metrics(tiny_model_dir):
         for tail in ("and runs away", "and sleeps"):
             body = {"prompt": shared + tail, "max_tokens": 2, "temperature": 0}
             assert client.post("/v1/completions", json=body).status_code == 200
-        # the answer leaves with its last token; the engine thread frees the request right after
+        # the answer leaves with its last token; the engine thread frees its blocks right after
         deadline = time.monotonic() + 10
-        while (after := _samples(client))["vllm:num_requests_running"] and (
+        while (after := _samples(client))["vllm:kv_cache_usage_perc"] and (
             time.monotonic() < deadline
         ):
             time.sleep(0.02)
