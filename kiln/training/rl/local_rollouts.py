@@ -18,10 +18,10 @@ from torch import nn
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.training.rl.refit import copy_state, state_checksum
-from kiln.training.rl.rollout import Rollout, generate_rollouts
+from kiln.training.rl.rollout import Rollout, RolloutBackend, generate_rollouts
 
 
-class LocalRollouts:
+class LocalRollouts(RolloutBackend):
     """The engine beside the trainer; `generator.model` is the engine's copy of the policy."""
 
     def __init__(
@@ -64,15 +64,6 @@ class LocalRollouts:
 
     def wait(self, pending: Future) -> list[Rollout]:
         return pending.result()
-
-    def generate(
-        self,
-        prompt_ids: Sequence[list[int]],
-        group_size: int,
-        params: SamplingParams,
-        seed: int,
-    ) -> list[Rollout]:
-        return self.wait(self.submit(prompt_ids, group_size, params, seed))
 
     def refit(self, state: dict, version: int) -> float:
         """The merged policy `state` (after `version` updates) copied into the engine's model

@@ -33,7 +33,7 @@ from kiln.model.formats.weights import build_model
 from kiln.platform.errors import KilnError
 from kiln.training.rl.config import RolloutConfig
 from kiln.training.rl.refit import copy_state, from_wire, state_checksum, to_wire
-from kiln.training.rl.rollout import Rollout, generate_rollouts
+from kiln.training.rl.rollout import Rollout, RolloutBackend, generate_rollouts
 
 log = logging.getLogger("kiln.training.rl")
 
@@ -115,7 +115,7 @@ class PendingCalls:
     sent_to: list
 
 
-class RayRollouts:
+class RayRollouts(RolloutBackend):
     """`rollout.workers` rollout actors; the same methods as LocalRollouts."""
 
     def __init__(
@@ -228,15 +228,6 @@ class RayRollouts:
                 r.prompt_index += start
             out.extend(rollouts)
         return out
-
-    def generate(
-        self,
-        prompt_ids: Sequence[list[int]],
-        group_size: int,
-        params: SamplingParams,
-        seed: int,
-    ) -> list[Rollout]:
-        return self.wait(self.submit(prompt_ids, group_size, params, seed))
 
     def refit(self, state: dict[str, torch.Tensor], version: int) -> float:
         """The merged policy `state` (after `version` updates) put into the object store once,

@@ -113,3 +113,17 @@ def generate_rollouts(
 
 def _unheard(event) -> None:
     """Rollouts read each request's sequence themselves."""
+
+
+class RolloutBackend:
+    """What the on-policy loop samples through: `submit` a batch (returns a handle at once,
+    sampled behind the refits submitted before it), `wait` for it; `generate` is both."""
+
+    def submit(self, prompt_ids, group_size: int, params, seed: int):
+        raise NotImplementedError
+
+    def wait(self, pending) -> list[Rollout]:
+        raise NotImplementedError
+
+    def generate(self, prompt_ids, group_size: int, params, seed: int) -> list[Rollout]:
+        return self.wait(self.submit(prompt_ids, group_size, params, seed))
