@@ -125,6 +125,8 @@ def _config(out: str, **overrides) -> GRPOConfig:
         "weight_decay": 0.0,
         "max_grad_norm": 1.0,
         "gradient_accumulation_steps": 1,
+        # TRL 1.x checkpoints activations by default; Kiln's GRPO keeps them: the same work
+        "gradient_checkpointing": False,
         "dataloader_num_workers": 0,
     }
     return GRPOConfig(**{**fields, **overrides})
