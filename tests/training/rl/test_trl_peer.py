@@ -27,10 +27,13 @@ GRID = list(itertools.product(["token", "sequence", "dr_grpo"], [0.0, 0.04], [0.
                               ["token", "sequence"]))  # fmt: skip
 TIS_CASE = len(GRID)  # the last case: token weights min(pi_trainer / pi_sampler, 2)
 
+MAKE_VENV = (
+    f"python3.11 -m venv {TRL_VENV} && {TRL_VENV}/bin/pip install torch==2.13.0 "
+    f"&& {TRL_VENV}/bin/pip install torch==2.13.0 trl==1.16.0"
+)
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(TRL_VENV, "bin", "python")),
-    reason=f"TRL venv absent ({TRL_VENV}): python3.11 -m venv {TRL_VENV} && {TRL_VENV}/bin/pip "
-    "install torch==2.13.0 && {TRL_VENV}/bin/pip install torch==2.13.0 trl==1.16.0",
+    reason=f"TRL venv absent ({TRL_VENV}); make it with: {MAKE_VENV}",
 )
 
 
