@@ -24,7 +24,8 @@ numpy 2), so it runs in its own venv: --trl-venv, default $KILN_TRLVENV or /tmp/
 bench/trl_peer.py runs there on the same HF folder (the tiny model and its tokenizer are written
 here, nothing is downloaded), prompt file, group size, max new tokens, lr, threads and reward
 (math_exact, scored by Kiln's RewardSet over a pipe), one optimizer step per step; Kiln's and
-TRL's steps alternate (bench/rl_trl.py), and steps/s come from the median step of each. Without
+TRL's steps alternate (bench/rl_trl.py), and steps/s come from the median step of each past its
+first (warm-up: TRL's process is fresh). Without
 the venv the TRL lines say how to make it; --skip-trl leaves TRL out.
 """
 
@@ -135,6 +136,8 @@ def _print_trl(args, pair: tuple[list[dict], list[dict]] | None) -> None:
         print(f"trl   steps/s not measured ({why})")
         return
     ours, theirs = pair
+    if len(ours) > 1:  # each side's first step warms up (TRL's process is fresh): not counted
+        ours, theirs = ours[1:], theirs[1:]
     kiln_sps = 1 / statistics.median(x["wall_s"] for x in ours)
     trl_sps = 1 / statistics.median(x["wall_s"] for x in theirs)
     kiln_tok = statistics.fmean(x["rollout_tokens_per_s"] for x in ours)
@@ -142,7 +145,8 @@ def _print_trl(args, pair: tuple[list[dict], list[dict]] | None) -> None:
     completions = args.prompts_per_step * args.group_size
     print(
         f"\nKiln GRPO vs TRL GRPOTrainer (transformers generate), steps alternating, "
-        f"{args.steps} steps each, load average {os.getloadavg()[0]:.1f} at the end"
+        f"{args.steps} steps each ({len(ours)} counted: past the first), load average "
+        f"{os.getloadavg()[0]:.1f} at the end"
     )
     print(
         f"kiln  steps/s (median step) {kiln_sps:.3f}, generated tokens/s {kiln_tok:.1f}, "
