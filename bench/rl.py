@@ -25,8 +25,8 @@ bench/trl_peer.py runs there on the same HF folder (the tiny model and its token
 here, nothing is downloaded), prompt file, group size, max new tokens, lr, threads and reward
 (math_exact, scored by Kiln's RewardSet over a pipe), one optimizer step per step; Kiln's and
 TRL's steps alternate (bench/rl_trl.py), and steps/s come from the median step of each past its
-first (warm-up: TRL's process is fresh). Without
-the venv the TRL lines say how to make it; --skip-trl leaves TRL out.
+first (warm-up: TRL's process is fresh). Without the venv the TRL lines say how to make it;
+--skip-trl leaves TRL out.
 """
 
 from __future__ import annotations
