@@ -84,7 +84,9 @@ class Lockstep(TrainerCallback):
 
 
 def _text(x) -> str:
-    """A prompt or completion as text: standard format is a string, conversational a list."""
+    """A prompt or completion as text: standard format is a string, conversational a list (its
+    last message: a chat prompt reaches the reward as the user's words, not the rendered
+    template Kiln's loop passes; math_exact reads only the completion)."""
     return x if isinstance(x, str) else x[-1]["content"]
 
 
