@@ -14,9 +14,19 @@ other jobs on a shared machine falls on both alike; steps/s from the median step
     python bench/rl.py --model tiny --steps 4 --distill-steps 4 --ray-workers 2
     python bench/rl.py --model tiny --steps 8 --ray-workers 1 --async-lag 1
 
-The peer is TRL's GRPOTrainer; TRL 1.x does not install beside this project's pins (it needs
-datasets >= 5.1 with pyarrow 23+, i.e. numpy 2, or a transformers downgrade), so its figure is
-printed as unavailable with that reason rather than measured.
+The peer is TRL's GRPOTrainer (its own generation: transformers `generate`, no vLLM). TRL 1.x
+does not install beside this project's pins (it needs datasets >= 5.1 with pyarrow 23+, i.e.
+numpy 2), so it runs in its own venv: --trl-venv, default $KILN_TRLVENV or /tmp/trlvenv, made with
+
+    python3.11 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 \
+        && /tmp/trlvenv/bin/pip install torch==2.13.0 trl==1.16.0
+
+bench/trl_peer.py runs there on the same HF folder (the tiny model and its tokenizer are written
+here, nothing is downloaded), prompt file, group size, max new tokens, lr, threads and reward
+(math_exact, scored by Kiln's RewardSet over a pipe), one optimizer step per step; Kiln's and
+TRL's steps alternate (bench/rl_trl.py), and steps/s come from the median step of each past its
+first (warm-up: TRL's process is fresh). Without the venv the TRL lines say how to make it;
+--skip-trl leaves TRL out.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from pathlib import Path
 
 import ray
 import torch
+from rl_trl import MAKE_VENV, TRL_VENV, TRLPeer, lockstep, venv_python
 
 from kiln.model.formats.hf import write_hf_dir
 from kiln.model.formats.weights import build_model, read_model
@@ -44,7 +55,7 @@ from kiln.training.rl.prompts import load_prompts
 from kiln.training.rl.run import chat_template, load_policy, run_grpo
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "kiln", "pipelines", "data")
-TRL_UNAVAILABLE = "trl>=1 needs datasets>=5.1 (pyarrow 23+, numpy 2) or transformers<5.25"
+GKD_UNMEASURED = "not measured: bench/trl_peer.py drives GRPOTrainer only"
 TRAIN = os.path.join(DATA, "arithmetic_train.jsonl")
 HELD_OUT = os.path.join(DATA, "arithmetic_held_out.jsonl")
 
@@ -97,17 +108,72 @@ def _grpo(args, base: str, work: str, workers: int = 0, eval_rows: int = 0) -> d
     return run_grpo(cfg, out, on_step=lambda m: print(format_step(m)))
 
 
+def _grpo_loop(args, base: str, workers: int = 0, lag: int = 0) -> GRPO:
+    cfg = _grpo_config(args, base, workers, lag=lag)
+    policy, tok, tok_dir = load_policy(base)
+    template = chat_template(cfg.chat_template, tok_dir)
+    eos = end_of_text_ids(tok, tok_dir)
+    return GRPO(policy, tok, load_prompts(TRAIN), cfg, chat_template=template, eos_token_ids=eos)
+
+
+def _vs_trl(args, base: str) -> tuple[list[dict], list[dict]] | None:
+    """Kiln's GRPO and TRL's GRPOTrainer from the same base, steps alternating (None: no venv)."""
+    if args.skip_trl or venv_python(args.trl_venv) is None:
+        return None
+    loop = _grpo_loop(args, base)
+    try:
+        peer = TRLPeer(args.trl_venv, base, TRAIN, loop.rewards, args)
+    except BaseException:
+        loop.close()
+        raise
+    return lockstep(loop, peer, args.steps)
+
+
+def _print_trl(args, pair: tuple[list[dict], list[dict]] | None) -> None:
+    if pair is None:
+        how = "make it with: " + MAKE_VENV.format(venv=args.trl_venv)
+        why = "--skip-trl" if args.skip_trl else f"no venv at {args.trl_venv}; {how}"
+        print(f"trl   steps/s not measured ({why})")
+        return
+    ours, theirs = pair
+    if len(ours) > 1:  # each side's first step warms up (TRL's process is fresh): not counted
+        ours, theirs = ours[1:], theirs[1:]
+    kiln_sps = 1 / statistics.median(x["wall_s"] for x in ours)
+    trl_sps = 1 / statistics.median(x["wall_s"] for x in theirs)
+    kiln_tok = statistics.fmean(x["rollout_tokens_per_s"] for x in ours)
+    trl_tok = sum(x["generated_tokens"] for x in theirs) / sum(x["generation_s"] for x in theirs)
+    completions = args.prompts_per_step * args.group_size
+    print(
+        f"\nKiln GRPO vs TRL GRPOTrainer (transformers generate), steps alternating, "
+        f"{args.steps} steps each ({len(ours)} counted: past the first), load average "
+        f"{os.getloadavg()[0]:.1f} at the end"
+    )
+    print(
+        f"kiln  steps/s (median step) {kiln_sps:.3f}, generated tokens/s {kiln_tok:.1f}, "
+        f"rollout share {statistics.fmean(x['rollout_share'] for x in ours):.2f}, log-prob "
+        f"mismatch max {max(x.get('logprob_mismatch_max', 0) for x in ours):.2e}"
+    )
+    print(
+        f"trl   steps/s (median step) {trl_sps:.3f}, generated tokens/s {trl_tok:.1f}, "
+        f"rollout share {statistics.fmean(x['generation_s'] / x['wall_s'] for x in theirs):.2f}"
+        ", log-prob mismatch not measured by TRL (only its vLLM mode keeps sampling log-probs)"
+    )
+    print(
+        f"ratio kiln / trl steps/s {kiln_sps / trl_sps:.2f}x, "
+        f"generated tokens/s {kiln_tok / trl_tok:.2f}x"
+    )
+    print(
+        f"reward mean kiln {statistics.fmean(x['reward'] for x in ours):.3f} "
+        f"trl {statistics.fmean(x['reward'] for x in theirs):.3f}; completion length mean "
+        f"kiln {statistics.fmean(x['completion_len'] for x in ours):.1f} "
+        f"trl {statistics.fmean(x['generated_tokens'] / completions for x in theirs):.1f}"
+    )
+
+
 def _interleaved(args, base: str, workers: int) -> tuple[list[dict], list[dict]]:
     """On-policy and max_policy_lag loops on the same base, their steps alternating (the side
     that goes first alternates); each side's metrics."""
-    loops = []
-    for lag in (0, args.async_lag):
-        cfg = _grpo_config(args, base, workers, lag=lag)
-        policy, tok, tok_dir = load_policy(base)
-        template = chat_template(cfg.chat_template, tok_dir)
-        eos = end_of_text_ids(tok, tok_dir)
-        loops.append(GRPO(policy, tok, load_prompts(TRAIN), cfg, chat_template=template,
-                          eos_token_ids=eos))  # fmt: skip
+    loops = [_grpo_loop(args, base, workers, lag) for lag in (0, args.async_lag)]
     try:
         for step in range(args.steps):
             for loop in loops if step % 2 == 0 else loops[::-1]:
@@ -149,7 +215,7 @@ def _print_distill(args, summary: dict, teacher_note: str) -> None:
           f"{statistics.fmean(x['rollout_tokens_per_s'] for x in m):.1f}")  # fmt: skip
     print(f"kiln  held-out reverse KL before {summary['eval_reverse_kl_before']:.4f} "
           f"after {summary['eval_reverse_kl_after']:.4f}")  # fmt: skip
-    print(f"trl   GKDTrainer steps/s unavailable ({TRL_UNAVAILABLE}); ratio n/a")
+    print(f"trl   GKDTrainer steps/s {GKD_UNMEASURED}; ratio n/a")
 
 
 def _print_ray(args, local: dict, remote: dict) -> None:
@@ -200,6 +266,8 @@ def main() -> None:
     ap.add_argument("--distill-lr", type=float, default=1e-3)
     ap.add_argument("--ray-workers", type=int, default=0, help="also run GRPO on N Ray actors")
     ap.add_argument("--async-lag", type=int, default=0, help="also run with max_policy_lag L")
+    ap.add_argument("--trl-venv", default=TRL_VENV, help="the venv TRL's GRPOTrainer runs in")
+    ap.add_argument("--skip-trl", action="store_true", help="leave the TRL comparison out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as work:
@@ -207,6 +275,7 @@ def main() -> None:
         started = time.perf_counter()
         summary = _grpo(args, base, work, eval_rows=args.eval)
         total = time.perf_counter() - started
+        trl_pair = _vs_trl(args, base)
         if args.async_lag:
             local_pair = _interleaved(args, base, workers=0)
         if args.ray_workers:
@@ -233,7 +302,7 @@ def main() -> None:
     print(f"kiln  rollout share {statistics.fmean(x['rollout_share'] for x in m):.2f}")
     print(f"kiln  refit s {statistics.fmean(x['refit_s'] for x in m):.4f}")
     print(f"kiln  log-prob mismatch max {max(x.get('logprob_mismatch_max', 0) for x in m):.2e}")
-    print(f"trl   steps/s unavailable ({TRL_UNAVAILABLE}); ratio n/a")
+    _print_trl(args, trl_pair)
     if args.eval:
         print(f"held-out reward before {summary['eval_reward_before']:.3f} "
               f"after {summary['eval_reward_after']:.3f} ({args.eval} rows)")  # fmt: skip

@@ -3,7 +3,8 @@
 downgrades transformers), so `trl_loss` below transcribes TRL 1.16.0's
 trl/trainer/grpo_trainer.py `GRPOTrainer._compute_loss` (lines 3066-3170: the ratio, the clip,
 the k3 KL, the loss types) and `trl_advantages` its advantages (lines 2761-2788), statement by
-statement, with TRL's own variable names."""
+statement, with TRL's own variable names. test_trl_peer.py checks the same losses against
+the real GRPOTrainer, installed in a venv of its own."""
 
 import pytest
 import torch
