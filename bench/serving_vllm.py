@@ -248,6 +248,21 @@ def greedy_texts(server: Server, prompts: list[str], max_tokens: int) -> list[st
     return out
 
 
+def agreement(name: str, texts: list[str], ref: str, ref_texts: list[str]) -> str:
+    """How many greedy texts match, and where the others part (the char offset and the words
+    there), so a near-tie late in a completion reads apart from a different prompt encoding."""
+    same, parted = 0, []
+    for a, b in zip(texts, ref_texts, strict=True):
+        if a == b:
+            same += 1
+            continue
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        at = min(len(a), len(b)) if at is None else at
+        parted.append(f"char {at}/{len(b)}: {a[at : at + 12]!r} vs {b[at : at + 12]!r}")
+    line = f"greedy text agreement {name} vs {ref}: {same}/{len(texts)} identical"
+    return "\n  ".join([line, *parted])
+
+
 def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
     servers = []
     kiln_rows = [("kiln fp32", [])]
@@ -393,13 +408,8 @@ def main() -> int:
             print(f"  {label:<13} " + " | ".join(cells) + " | " + " ".join(ratios))
     print()
     ref = vllms[0]
-    for k in kilns:
-        same = sum(a == b for a, b in zip(texts[k], texts[ref], strict=True))
-        print(f"greedy text agreement {k} vs {ref}: {same}/{len(texts[k])} identical")
-    if len(vllms) > 1:
-        for v in vllms[1:]:
-            same = sum(a == b for a, b in zip(texts[v], texts[ref], strict=True))
-            print(f"greedy text agreement {v} vs {ref}: {same}/{len(texts[v])} identical")
+    for other in kilns + vllms[1:]:
+        print(agreement(other, texts[other], ref, texts[ref]))
     return 0
 
 
