@@ -126,7 +126,7 @@ class Server:
             cmd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.model = ""
-        self.startup_s = 0.0
+        self.launched, self.startup_s = time.perf_counter(), 0.0
 
     def wait_ready(self, timeout: float) -> None:
         t = time.perf_counter()
@@ -137,7 +137,7 @@ class Server:
                 r = httpx.get(f"{self.url}/v1/models", timeout=5)
                 if r.status_code == 200:
                     self.model = r.json()["data"][0]["id"]
-                    self.startup_s = time.perf_counter() - t
+                    self.startup_s = time.perf_counter() - self.launched
                     return
             except httpx.HTTPError:
                 pass
