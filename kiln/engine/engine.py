@@ -118,7 +118,7 @@ class Engine:
         self.kv = KVCacheManager(cache, enable_prefix_caching=enable_prefix_caching)
         budget = max_num_batched_tokens or prefill_chunk + max_slots
         self.loras = LoRARegistry(model, max_loras, max_lora_rank) if max_loras else None
-        can_run = self._lora_resident if self.loras is not None else None
+        can_run = self.loras.admit if self.loras is not None else None
         self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len, can_run)
         self._forward = ModelRunner(model)
         self.speculator = (
@@ -312,16 +312,7 @@ class Engine:
             # a finished request stays in `running` until the step that answered it retires it
             "num_requests_running": sum(not r.finished for r in list(sched.running)),
             "num_requests_waiting": len(sched.waiting),
-            **(self._lora_stats() if self.loras is not None else {}),
-        }
-
-    def _lora_stats(self) -> dict[str, float]:
-        slots = self.loras.slots
-        return {
-            "lora_adapters_loaded": len(self.loras.adapters()),
-            "lora_adapters_resident": len(slots.resident()),
-            "lora_slot_loads": slots.loads,
-            "lora_slot_evictions": slots.evictions,
+            **(self.loras.stats() if self.loras is not None else {}),
         }
 
     def _prefill(self, group: Plan) -> None:
@@ -359,7 +350,8 @@ class Engine:
         )
         ending = [row for row, (r, n) in enumerate(group) if r.uncomputed == n]
         cols = [group[row][1] - 1 for row in ending]
-        with self._lora_rows([r for r, _ in group]):
+        rows = [r for r, _ in group]
+        with self.loras.rows(rows, self.device) if self.loras is not None else nullcontext():
             logits = self._forward(tokens.to(self.device), batch, ending, cols)
         if width > 1:
             self.prefill_forwards += 1
@@ -368,16 +360,6 @@ class Engine:
             kv.commit(request, n)
         if ending:
             self._sample([group[row][0] for row in ending], logits)
-
-    def _lora_resident(self, request: EngineRequest, running: list[EngineRequest]) -> bool:
-        """The scheduler's admission check: the request's adapter gets a slot."""
-        return self.loras.slots.admit(request.lora, [r.lora for r in running])
-
-    def _lora_rows(self, requests: list[EngineRequest]):
-        """Each row's adapter for the forward inside (nothing without LoRA serving)."""
-        if self.loras is None:
-            return nullcontext()
-        return self.loras.slots.rows([r.lora for r in requests], self.device)
 
     def _sample(self, rows: list[EngineRequest], logits: torch.Tensor) -> None:
         """Each row's next token with its own parameters; a row that cannot be sampled fails

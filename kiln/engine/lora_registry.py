@@ -67,3 +67,22 @@ class LoRARegistry:
         """In load order."""
         with self._lock:
             return list(self._adapters.values())
+
+    # ---- the engine's side: admission, a forward's rows, counts -----------------------------
+
+    def admit(self, request, running: list) -> bool:
+        """The scheduler's admission check: the request's adapter gets a slot."""
+        return self.slots.admit(request.lora, [r.lora for r in running])
+
+    def rows(self, requests: list, device):
+        """Each row's adapter for the forward inside (a context manager)."""
+        return self.slots.rows([r.lora for r in requests], device)
+
+    def stats(self) -> dict[str, float]:
+        slots = self.slots
+        return {
+            "lora_adapters_loaded": len(self.adapters()),
+            "lora_adapters_resident": len(slots.resident()),
+            "lora_slot_loads": slots.loads,
+            "lora_slot_evictions": slots.evictions,
+        }
