@@ -4,7 +4,8 @@ A GGUF carries the vocabulary, merges, token types, special-token ids and chat t
 llama.cpp metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`). Byte-level BPE vocabularies
 (`tokenizer.ggml.model = gpt2`: GPT-2, SmolLM, Llama 3, Qwen2) are rebuilt with the `tokenizers`
 library: the split regex named by `tokenizer.ggml.pre`, byte-level BPE over the file's merges,
-control tokens as special tokens. Sentencepiece vocabularies are a ConfigError for now.
+control tokens as special tokens. Sentencepiece vocabularies (`tokenizer.ggml.model = llama`:
+Llama 2, Mistral, Gemma) are gguf_spm_tokenizer.py's; any other kind is a ConfigError naming it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ import json
 import os
 from typing import Any
 
+from kiln.model.formats.gguf_spm_tokenizer import (
+    build_sentencepiece_tokenizer,
+    is_sentencepiece,
+    sentencepiece_vocab,
+    space_prefix,
+)
 from kiln.platform.errors import ConfigError
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
@@ -47,9 +54,12 @@ def build_tokenizer(meta: dict[str, Any]):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return build_sentencepiece_tokenizer(meta)
     if kind != "gpt2":
         raise ConfigError(
-            f"GGUF tokenizer.ggml.model {kind!r}: only byte-level BPE ('gpt2') is supported"
+            f"GGUF tokenizer.ggml.model {kind!r}: only byte-level BPE ('gpt2') and "
+            "sentencepiece BPE ('llama') are supported"
         )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
@@ -77,10 +87,12 @@ def build_tokenizer(meta: dict[str, Any]):
 def tokenizer_config(meta: dict[str, Any]) -> dict[str, Any]:
     """`tokenizer_config.json`: special tokens by name, BOS/EOS policy and the chat template."""
     tokens = meta["tokenizer.ggml.tokens"]
+    # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise
+    bos_default = meta.get("tokenizer.ggml.model") == "llama"
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 1_000_000,
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", bos_default)),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
     }
@@ -120,15 +132,23 @@ def _token_name(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def tokenizer_metadata(tok, tok_config: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    """The `tokenizer.*` GGUF metadata of a byte-level BPE `tokenizers.Tokenizer` (the inverse
-    of `build_tokenizer`), padded to the model's `vocab_size` with unused tokens as llama.cpp's
-    converter does; special tokens and the chat template come from `tok_config`
-    (tokenizer_config.json)."""
-    spec = json.loads(tok.to_str())
-    model = spec.get("model") or {}
-    if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
-        raise ConfigError("GGUF export: only byte-level BPE tokenizers are supported")
+def _adds(tok_config: dict[str, Any], spec: dict[str, Any], name: str) -> bool:
+    """`add_bos_token` / `add_eos_token`: tokenizer_config.json's, else what the tokenizer.json's
+    TemplateProcessing puts first / last (as llama.cpp's converter reads it)."""
+    if isinstance(tok_config.get(f"add_{name}_token"), bool):
+        return tok_config[f"add_{name}_token"]
+    token = _token_name(tok_config.get(f"{name}_token"))
+    post = spec.get("post_processor") or {}
+    for step in post.get("processors") or [post]:
+        if step.get("type") == "TemplateProcessing" and len(step.get("single") or []) > 1:
+            end = step["single"][0 if name == "bos" else -1]
+            return token is not None and (end.get("SpecialToken") or {}).get("id") == token
+    return False
+
+
+def _byte_level_vocab(spec: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """tokens, types, merges and the split regex's name of a byte-level BPE tokenizer.json."""
+    model = spec["model"]
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [_UNUSED] * vocab_size
     for token, index in model["vocab"].items():
@@ -143,15 +163,49 @@ def tokenizer_metadata(tok, tok_config: dict[str, Any], vocab_size: int) -> dict
     pre = _PRE_NAMES.get(regex) if regex else "gpt2"
     if pre is None:
         raise ConfigError("GGUF export: the tokenizer's split regex has no llama.cpp pre-tokenizer")
-    meta: dict[str, Any] = {
+    return {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.add_bos_token": bool(tok_config.get("add_bos_token", False)),
-        "tokenizer.ggml.add_eos_token": bool(tok_config.get("add_eos_token", False)),
     }
+
+
+def _sentencepiece_vocab(spec: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """tokens, scores, types and the space prefix of a sentencepiece-style tokenizer.json."""
+    tokens, scores, types = sentencepiece_vocab(spec, vocab_size)
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.add_space_prefix": space_prefix(spec),
+    }
+
+
+def tokenizer_metadata(tok, tok_config: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The `tokenizer.*` GGUF metadata of a `tokenizers.Tokenizer` (the inverse of
+    `build_tokenizer`): byte-level BPE as llama.cpp's `gpt2` vocabulary, sentencepiece-style BPE
+    (byte fallback, "▁" spaces) as its `llama` one; padded to the model's `vocab_size` with
+    unused tokens as llama.cpp's converter does; special tokens and the chat template come from
+    `tok_config` (tokenizer_config.json)."""
+    spec = json.loads(tok.to_str())
+    model = spec.get("model") or {}
+    if is_sentencepiece(spec):
+        meta = _sentencepiece_vocab(spec, vocab_size)
+    elif model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
+        meta = _byte_level_vocab(spec, vocab_size)
+    else:
+        kind = model.get("type")
+        kind = f"{kind} with byte_fallback" if model.get("byte_fallback") else kind
+        raise ConfigError(
+            f"GGUF export: tokenizer model {kind!r} is not supported (only byte-level BPE and "
+            "sentencepiece-style BPE with byte_fallback and \u2581 spaces are)"
+        )
+    meta["tokenizer.ggml.add_bos_token"] = _adds(tok_config, spec, "bos")
+    meta["tokenizer.ggml.add_eos_token"] = _adds(tok_config, spec, "eos")
     for name, key in _SPECIAL_IDS.items():
         token = _token_name(tok_config.get(name))
         index = tok.token_to_id(token) if token else None

@@ -129,7 +129,9 @@ def write_gguf(
         _add_tokenizer(writer, tokenizer_metadata(tok, tok_config or {}, cfg.vocab_size))
 
     tensors = 0
-    for kiln_name, weight in experts_to_gguf(state).items():
+    stacked = experts_to_gguf(state)
+    for kiln_name in sorted(stacked, key=lambda name: _file_order(gguf_name(name))):
+        weight = stacked[kiln_name]
         if kiln_name == "output.weight" and cfg.tie_embeddings:
             continue  # llama.cpp reuses token_embd when there is no output tensor
         weight = weight.detach().to("cpu", torch.float32)
@@ -152,6 +154,16 @@ def write_gguf(
     return {"architecture": arch, "gguf_type": gguf_type, "tensors": tensors}
 
 
+def _file_order(name: str) -> tuple[int, int, str]:
+    """One tensor order whatever the state's (an HF file's is alphabetical, a Kiln model's by
+    module), so that the same model always gives the same bytes: token_embd, each block's
+    tensors by name, then the rest by name."""
+    if name.startswith("blk."):
+        _, layer, rest = name.split(".", 2)
+        return 1, int(layer), rest
+    return (0 if name == "token_embd.weight" else 2), 0, name
+
+
 def _add_architecture_fields(writer, cfg: ModelConfig, arch: str) -> None:
     """The metadata llama.cpp's converter writes for experts (qwen3moe) and Gemma 3."""
     if arch == "qwen3moe":
@@ -169,8 +181,11 @@ def _add_tokenizer(writer, meta: dict[str, Any]) -> None:
     writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    if "tokenizer.ggml.scores" in meta:  # sentencepiece: merges come from the scores
+        writer.add_token_scores(meta["tokenizer.ggml.scores"])
     writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    if "tokenizer.ggml.merges" in meta:  # byte-level BPE
+        writer.add_token_merges(meta["tokenizer.ggml.merges"])
     ids = {
         "tokenizer.ggml.bos_token_id": writer.add_bos_token_id,
         "tokenizer.ggml.eos_token_id": writer.add_eos_token_id,
@@ -182,5 +197,7 @@ def _add_tokenizer(writer, meta: dict[str, Any]) -> None:
             add(meta[key])
     writer.add_add_bos_token(meta["tokenizer.ggml.add_bos_token"])
     writer.add_add_eos_token(meta["tokenizer.ggml.add_eos_token"])
+    if "tokenizer.ggml.add_space_prefix" in meta:
+        writer.add_add_space_prefix(meta["tokenizer.ggml.add_space_prefix"])
     if meta.get("tokenizer.chat_template"):
         writer.add_chat_template(meta["tokenizer.chat_template"])
