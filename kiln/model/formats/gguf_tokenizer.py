@@ -198,11 +198,12 @@ def tokenizer_metadata(tok, tok_config: dict[str, Any], vocab_size: int) -> dict
     elif model.get("type") == "BPE" and (spec.get("decoder") or {}).get("type") == "ByteLevel":
         meta = _byte_level_vocab(spec, vocab_size)
     else:
-        kind = model.get("type")
-        kind = f"{kind} with byte_fallback" if model.get("byte_fallback") else kind
+        kind = repr(model.get("type"))
+        if model.get("type") == "BPE":
+            kind += " (neither byte-level nor byte_fallback with \u2581 for spaces)"
         raise ConfigError(
-            f"GGUF export: tokenizer model {kind!r} is not supported (only byte-level BPE and "
-            "sentencepiece-style BPE with byte_fallback and \u2581 spaces are)"
+            f"GGUF export: tokenizer model {kind} is not supported; byte-level BPE and "
+            "sentencepiece-style BPE are"
         )
     meta["tokenizer.ggml.add_bos_token"] = _adds(tok_config, spec, "bos")
     meta["tokenizer.ggml.add_eos_token"] = _adds(tok_config, spec, "eos")

@@ -310,6 +310,9 @@ def test_unsupported_tokenizer_kinds_are_a_config_error_naming_them():
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     with pytest.raises(ConfigError, match="'WordPiece'"):
         tokenizer_metadata(wordpiece, {}, 2)
+    plain_bpe = Tokenizer(models.BPE({"a": 0, "b": 1}, []))  # neither byte-level nor "▁"
+    with pytest.raises(ConfigError, match="'BPE' \\(neither byte-level nor byte_fallback"):
+        tokenizer_metadata(plain_bpe, {}, 2)
     with pytest.raises(ConfigError, match="tokenizer.ggml.model 't5'"):
         build_tokenizer({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
 
