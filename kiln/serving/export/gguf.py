@@ -11,12 +11,21 @@ from kiln.serving.export.hf import resolve_source
 
 
 def read_tokenizer_config(tok_dir: str | None) -> dict:
-    """The tokenizer_config.json in `tok_dir` (special tokens, chat template), or nothing."""
-    path = os.path.join(tok_dir, "tokenizer_config.json") if tok_dir else None
-    if path is None or not os.path.exists(path):
+    """The tokenizer_config.json in `tok_dir` (special tokens, chat template), or nothing. Newer
+    HF folders keep the chat template in `chat_template.jinja` beside it: that one is used when
+    the config has none, as llama.cpp's converter does."""
+    if not tok_dir:
         return {}
-    with open(path) as f:
-        return json.load(f)
+    config = {}
+    path = os.path.join(tok_dir, "tokenizer_config.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            config = json.load(f)
+    jinja = os.path.join(tok_dir, "chat_template.jinja")
+    if not config.get("chat_template") and os.path.isfile(jinja):
+        with open(jinja) as f:
+            config["chat_template"] = f.read()
+    return config
 
 
 def export_gguf(

@@ -317,6 +317,26 @@ def test_unsupported_tokenizer_kinds_are_a_config_error_naming_them():
         build_tokenizer({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
 
 
+def test_chat_template_jinja_is_carried_when_the_config_has_none(tmp_path):
+    """Newer HF folders keep the template in chat_template.jinja (llama.cpp's converter reads
+    it when tokenizer_config.json has none)."""
+    from kiln.model.formats.gguf import read_header
+
+    hf = str(tmp_path / "hf")
+    _hf_folder("gemma3", hf)
+    config_path = os.path.join(hf, "tokenizer_config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    template = config.pop("chat_template")
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    assert "tokenizer.chat_template" not in read_header(_export(hf, str(tmp_path / "a.gguf")))[0]
+    with open(os.path.join(hf, "chat_template.jinja"), "w") as f:
+        f.write(template)
+    meta = read_header(_export(hf, str(tmp_path / "b.gguf")))[0]
+    assert meta["tokenizer.chat_template"] == CHAT_TEMPLATE
+
+
 def test_import_merges_by_score_not_by_id():
     """llama.cpp joins the pair making the highest-scored token: "bc" (id 5) outranks "ab"."""
     tokens = ["<unk>", "▁", "a", "b", "c", "ab", "bc", *(f"<0x{b:02X}>" for b in range(256))]
