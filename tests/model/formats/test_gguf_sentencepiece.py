@@ -45,11 +45,13 @@ TRAIN = [
     "Hello world, hello kiln! The glaze melts and the pots cool slowly.",
     "窯は粘土を焼きます。釉薬が溶けて、器はゆっくり冷めます。",
 ]
+EMOJI = "fire 🔥 and clay 🏺 ✨"
 TEXTS = [
     "The kiln fires the clay.",
+    "The color of kilo clay",  # merge order matters: llama.cpp left to right splits it otherwise
     "Hello, glaze world 1200!",
     "窯で粘土を焼く。陶磁器と茶碗",  # 陶磁器, 茶碗: unseen, bytes
-    "fire 🔥 and clay 🏺 ✨",
+    EMOJI,
     "kiln  two  spaces and a tab\there",
     "line one\nline two\n\n",
     "trailing spaces   ",
@@ -210,7 +212,7 @@ def test_transformers_loads_the_file_with_the_source_ids_and_logits(style, tmp_p
         assert ids == tok.encode(text).ids
         assert theirs(text)["input_ids"] == ids, text
         assert theirs.decode(ids) == reference.decode(ids)
-    assert tok.token_to_id("<0xF0>") in tok.encode(TEXTS[3]).ids  # emoji: byte fallback
+    assert tok.token_to_id("<0xF0>") in tok.encode(EMOJI).ids  # byte fallback
 
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     encoded = [tok.encode(t).ids for t in texts[:4]]
@@ -315,6 +317,33 @@ def test_unsupported_tokenizer_kinds_are_a_config_error_naming_them():
         tokenizer_metadata(plain_bpe, {}, 2)
     with pytest.raises(ConfigError, match="tokenizer.ggml.model 't5'"):
         build_tokenizer({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
+
+
+@pytest.mark.parametrize("style", ["llama2", "mistral", "gemma3"])
+def test_llama_cpp_tokenization_of_the_file_is_the_sources(style, tmp_path):
+    """llama.cpp's own algorithm (llama_cpp_spm, restated from llama-vocab.cpp) over the file's
+    scores gives the source's ids; the scores llama.cpp's converter writes from a tokenizer.json
+    alone (LlamaHfVocab: -1000 for every token) do not."""
+    from kiln.model.formats.gguf import read_header
+
+    from .llama_cpp_spm import tokenize
+
+    hf = str(tmp_path / "hf")
+    _, tok = _hf_folder(style, hf)
+    meta = read_header(_export(hf, str(tmp_path / "m.gguf")))[0]
+    texts = [*TEXTS, f"call {TOOL} now", f"<start_of_turn>user\nHi {TOOL}<end_of_turn>\n"]
+    if style == "mistral":  # Metaspace "first": see the module doc
+        texts = [t for t in texts if t not in LEADING and TOOL not in t]
+    for text in texts:
+        assert tokenize(meta, text) == tok.encode(text).ids, text
+    flat = [
+        -1000.0 if kind == NORMAL else score
+        for score, kind in zip(
+            meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"], strict=True
+        )
+    ]
+    flat_meta = {**meta, "tokenizer.ggml.scores": flat}
+    assert any(tokenize(flat_meta, text) != tok.encode(text).ids for text in texts)
 
 
 def test_chat_template_jinja_is_carried_when_the_config_has_none(tmp_path):
