@@ -16,8 +16,9 @@ adjacent pair whose concatenation is the vocabulary token of highest score. So:
   converter (gguf-py's LlamaHfVocab) scores every token -1000, which leaves llama.cpp merging
   left to right instead of in the BPE's order; ranks keep the BPE's order.
 - import (`build_sentencepiece_tokenizer`): the merges come back from the scores, each normal
-  token split every way into two vocabulary tokens, by falling score (what transformers' GGUF
-  loader derives too), with the normalizer, decoder and BOS/EOS the metadata describes.
+  token split every way into two vocabulary tokens, by falling score, ties by id (transformers'
+  GGUF loader derives the same, ranking a Gemma file's by position alone), with the normalizer,
+  decoder and BOS/EOS the metadata describes.
 """
 
 from __future__ import annotations
