@@ -12,9 +12,11 @@ blocks, one per rank, and each rank needs its own heads' q, k and v (its own gat
 `use_shard_blocks` lays the rows out as `[q_0; k_0; v_0; q_1; k_1; v_1; ...]` first (vLLM's
 QKVParallelLinear and Megatron's SwiGLU fc1 hold the same per-rank blocks), so a plain row split
 gives rank r the block `[q_r; k_r; v_r]` and its forward splits that block by the parts' widths
-over the number of blocks. The state dict hooks undo the layout: a DTensor whose rows are split
-into exactly those blocks splits locally (rank r's `wq` rows are its block's q rows, no
-gather), anything else through the whole tensor.
+over the number of blocks. (Megatron's qkv interleaves per KV-head group instead, one layout for
+every tp; per-rank blocks leave one process's layout and forward as they were.) The state
+dict hooks undo the layout: a DTensor whose rows are split into exactly those blocks splits
+locally (rank r's `wq` rows are its block's q rows, no gather), anything else through the
+whole tensor.
 """
 
 from __future__ import annotations
