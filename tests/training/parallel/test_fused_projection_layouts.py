@@ -1,9 +1,10 @@
 """model.fused_projections in the Trainer: the first step's loss and gradients equal the unfused
 run's, in one process, under FSDP2 (dp_shard=2), tensor parallelism (tp=2: Qwen2/3-style GQA
 with biases and qk-norm, Gemma 3, DeepSeek's dense and shared-expert feed-forwards) and both
-(tp=2 x dp_shard=2, 4 ranks); a checkpoint saved fused (model and optimizer state) resumes
-unfused in one process, and the reverse, on the same losses, from dp_shard=2, tp=2 and
-tp=2 x dp_shard=2."""
+(tp=2 x dp_shard=2, 4 ranks), where the state dict, gathered, is one process's unfused one bit
+for bit, in its names and order (what exports write); a checkpoint saved fused (model and
+optimizer state) resumes unfused in one process, and the reverse, on the same losses, from
+dp_shard=2, tp=2 and tp=2 x dp_shard=2."""
 
 from __future__ import annotations
 
@@ -110,26 +111,39 @@ def test_dp_shard2_fused_equals_unfused_and_checkpoints_cross(tmp_path):
 TP_SHAPES = {"qwen": SHAPE, "gemma3": GEMMA3, "deepseek": DEEPSEEK}
 
 
+def _whole_state(trainer: Trainer) -> list[tuple[str, np.ndarray]]:
+    """The model's state dict gathered whole, in its order (what an export writes)."""
+    state = trainer.model_parts[0].state_dict()
+    whole = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+    return [(k, v.detach().clone().numpy()) for k, v in whole.items()]  # not the live weights
+
+
 def steps(parallel: dict, shapes: dict, meta_init: bool = True) -> dict:
     """Rank function: per shape, fused and not, the first step's loss, gradients and layout,
-    and the losses of all STEPS steps. `meta_init` False: every rank builds the whole model
-    and TP lays out and splits its weights (not meta_init's per-rank draw)."""
+    the losses of all STEPS steps and the initial state dict, gathered. `meta_init` False: every
+    rank builds the whole model and TP lays out and splits its weights (not meta_init's draw)."""
     out = {}
     for name, shape in shapes.items():
         for fused in (False, True):
             torch.manual_seed(0)
             cfg = train_config(parallel, {**shape, "fused_projections": fused})
             trainer = Trainer(cfg.model_copy(update={"meta_init": meta_init})).setup()
+            state = _whole_state(trainer)
             first = trainer.train_step()["loss"]
             grads, placements = _grads(trainer), _placements(trainer)
             later = [trainer.train_step()["loss"] for _ in range(STEPS - 1)]
-            out[name, fused] = ((first, grads, placements), [first, *later])
+            out[name, fused] = ((first, grads, placements), [first, *later], state)
     return out
 
 
 def assert_layouts_equal(runs: dict, single: dict, atol: float) -> None:
-    """Fused equals unfused under the same layout (1e-6), and one process (`atol`)."""
+    """Fused equals unfused under the same layout (1e-6), and one process (`atol`); the
+    initial state dicts, gathered, are one process's unfused one: names, order and bits."""
     for name, fused in runs:
+        want = single[name, False][2]
+        assert [k for k, _ in runs[name, fused][2]] == [k for k, _ in want], (name, fused)
+        for (key, got), (_, ref) in zip(runs[name, fused][2], want, strict=True):
+            assert np.array_equal(got, ref), (name, fused, key)
         if fused:
             assert_same(runs[name, True][0], runs[name, False][0])
             np.testing.assert_allclose(runs[name, True][1], runs[name, False][1], atol=1e-6)
