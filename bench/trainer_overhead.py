@@ -19,6 +19,7 @@ and the ratios of both.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -124,10 +125,11 @@ def options_table(model_cfg: ModelConfig, batch, args) -> None:
     variants = {k: v for k, v in variants.items() if k in args.options.split(",")}
     print(
         f"\n{'precision':<10}{'option':<14}{'plain tok/s':>12}{'option tok/s':>13}{'ratio':>7}"
-        f"{'plain MiB':>11}{'option MiB':>11}{'ratio':>7}"
+        f"{'plain MiB':>11}{'option MiB':>11}{'ratio':>7}  load before/after"
     )
     for precision in ("fp32", "bf16"):
         for name, options in variants.items():
+            before = _load()
             plain, ours = [], []
             for _ in range(args.rounds):
                 plain.append(kiln_loop(model_cfg, batch, args.steps, precision))
@@ -137,8 +139,13 @@ def options_table(model_cfg: ModelConfig, batch, args) -> None:
             mo = kiln_peak_bytes(model_cfg, batch, precision, **options) / 2**20
             print(
                 f"{precision:<10}{name:<14}{p:>12.0f}{o:>13.0f}{o / p:>7.2f}"
-                f"{mp:>11.1f}{mo:>11.1f}{mo / mp:>7.2f}"
+                f"{mp:>11.1f}{mo:>11.1f}{mo / mp:>7.2f}  {before}/{_load()}"
             )
+
+
+def _load() -> str:
+    """The 1-minute load average: other work on the machine moves the wall-clock figures."""
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def main() -> None:
@@ -179,7 +186,8 @@ def main() -> None:
     batch = (sample[:, :-1].contiguous(), sample[:, 1:].contiguous())
     print(
         f"model: {model_cfg.num_params() / 1e6:.1f}M params, batch {args.batch}x{args.seq}, "
-        f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads"
+        f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} cores"
     )
     if not args.no_overhead:
         overhead_table(model_cfg, batch, args)
@@ -188,14 +196,15 @@ def main() -> None:
 
 def overhead_table(model_cfg: ModelConfig, batch, args) -> None:
     """Kiln's Trainer against the hand-written loop: tokens/s and the overhead."""
-    print(f"{'precision':<10}{'plain tok/s':>14}{'kiln tok/s':>14}{'overhead':>10}")
+    print(f"{'precision':<10}{'plain tok/s':>14}{'kiln tok/s':>14}{'overhead':>10}  load")
     for precision in ("fp32", "bf16"):
+        before = _load()
         plain, kiln = [], []
         for _ in range(args.rounds):
             plain.append(plain_loop(model_cfg, batch, args.steps, precision))
             kiln.append(kiln_loop(model_cfg, batch, args.steps, precision))
         p, k = statistics.median(plain), statistics.median(kiln)
-        print(f"{precision:<10}{p:>14.0f}{k:>14.0f}{100 * (p - k) / p:>9.1f}%")
+        print(f"{precision:<10}{p:>14.0f}{k:>14.0f}{100 * (p - k) / p:>9.1f}%  {before}/{_load()}")
 
 
 if __name__ == "__main__":

@@ -204,8 +204,9 @@ class ModelConfig(BaseModel):
         False,
         description="Hold attention's wq/wk/wv as one wqkv Linear and the gated FFN's w1/w3 as "
         "one w13 (2 input GEMMs per block instead of 5). In memory only: checkpoints and "
-        "exports keep the unfused names. Not with parallel.tp > 1 or LoRA; MLA attention "
-        "(DeepSeek) stays unfused, its dense FFNs fuse.",
+        "exports keep the unfused names. Under parallel.tp > 1 each rank holds its own heads' "
+        "q/k/v (and gate/up) rows. Not with LoRA; MLA attention (DeepSeek) stays unfused, its "
+        "dense FFNs fuse.",
     )
 
     @model_validator(mode="after")

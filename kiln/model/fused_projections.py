@@ -6,6 +6,17 @@ splits its fused weight into row blocks on the way out (`state_dict`) and joins 
 in (`load_state_dict`), so checkpoints, Hugging Face and GGUF files and every name map stay as
 they are, and a checkpoint saved fused loads unfused and the reverse. `split_entries` and
 `join_entries` do the same for any per-parameter dict (the optimizer's flattened state).
+
+Row layout: `[q; k; v]` in one process. Tensor parallelism splits a Linear's rows into equal
+blocks, one per rank, and each rank needs its own heads' q, k and v (its own gate and up rows):
+`use_shard_blocks` lays the rows out as `[q_0; k_0; v_0; q_1; k_1; v_1; ...]` first (vLLM's
+QKVParallelLinear and Megatron's SwiGLU fc1 hold the same per-rank blocks), so a plain row split
+gives rank r the block `[q_r; k_r; v_r]` and its forward splits that block by the parts' widths
+over the number of blocks. (Megatron's qkv interleaves per KV-head group instead, one layout for
+every tp; per-rank blocks leave one process's layout and forward as they were.) The state
+dict hooks undo the layout: a DTensor whose rows are split into exactly those blocks splits
+locally (rank r's `wq` rows are its block's q rows, no gather), anything else through the
+whole tensor.
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 SUFFIXES = ("weight", "bias")
 
@@ -30,24 +41,67 @@ class Fusion:
     parts: tuple[str, ...]
     sizes: tuple[int, ...]
     order: tuple[str, ...] = ()
+    shards: int = 1  # rows as this many blocks, each holding its share of every part
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """Each part's rows in one block (what one tensor-parallel rank's output holds)."""
+        return tuple(size // self.shards for size in self.sizes)
 
 
 def fuse(module: nn.Module, fusion: Fusion) -> None:
     """Give `module` (holding the Linear `fusion.fused`) state dicts under the parts' names."""
     module.fusion = fusion
 
+    # the hooks read module.fusion when they run: use_shard_blocks changes its layout
     def split(module, state, prefix, local_metadata):
-        split_entries(state, fusion, [f"{prefix}{{}}.{suffix}" for suffix in SUFFIXES])
-        if fusion.order:
-            _reorder(state, prefix, fusion.order)
+        split_entries(state, module.fusion, [f"{prefix}{{}}.{suffix}" for suffix in SUFFIXES])
+        if module.fusion.order:
+            _reorder(state, prefix, module.fusion.order)
 
     def join(module, state, prefix, *args):
-        linear = getattr(module, fusion.fused)
+        linear = getattr(module, module.fusion.fused)
         for suffix in SUFFIXES:
-            join_entries(state, fusion, f"{prefix}{{}}.{suffix}", getattr(linear, suffix))
+            join_entries(state, module.fusion, f"{prefix}{{}}.{suffix}", getattr(linear, suffix))
 
     module.register_state_dict_post_hook(split)
     module.register_load_state_dict_pre_hook(join)
+
+
+def to_shard_blocks(whole: torch.Tensor, fusion: Fusion) -> torch.Tensor:
+    """Rows `[p0; p1; ...]` (the parts one after another) -> `fusion.shards` blocks, block r
+    holding row block r of every part: `[p0_0; p1_0; ...; p0_1; p1_1; ...]`."""
+    if fusion.shards == 1:
+        return whole
+    rest = whole.shape[1:]
+    parts = whole.split(list(fusion.sizes))
+    blocks = [p.reshape(fusion.shards, -1, *rest) for p in parts]
+    return torch.cat(blocks, dim=1).reshape(whole.shape)
+
+
+def from_shard_blocks(blocked: torch.Tensor, fusion: Fusion) -> list[torch.Tensor]:
+    """The inverse of `to_shard_blocks`: each part's rows, whole."""
+    if fusion.shards == 1:
+        return list(blocked.split(list(fusion.sizes)))
+    rest = blocked.shape[1:]
+    blocks = blocked.reshape(fusion.shards, -1, *rest).split(list(fusion.block_sizes), dim=1)
+    return [b.reshape(size, *rest) for b, size in zip(blocks, fusion.sizes, strict=True)]
+
+
+@torch.no_grad()
+def use_shard_blocks(model: nn.Module, shards: int) -> None:
+    """Lay every fused Linear's rows (weight, bias) out as `shards` blocks, in place, before
+    tensor parallelism splits them into `shards` row blocks. Each part's rows must divide."""
+    for module in fused_modules(model).values():
+        fusion = module.fusion
+        if fusion.shards != 1:
+            raise ValueError(f"fused rows already laid out in {fusion.shards} blocks")
+        laid_out = Fusion(fusion.fused, fusion.parts, fusion.sizes, fusion.order, shards)
+        linear = getattr(module, fusion.fused)
+        for suffix in SUFFIXES:
+            if (param := getattr(linear, suffix)) is not None and not param.is_meta:
+                param.copy_(to_shard_blocks(param, laid_out))
+        module.fusion = laid_out
 
 
 def fused_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -77,11 +131,52 @@ def load_model_state_dict(model: nn.Module, state: dict) -> None:
         set_model_state_dict(model, state)
 
 
-def _pieces(value, sizes: tuple[int, ...]) -> list:
-    """Row blocks of a tensor; anything else (Adam's scalar step, a group's lr) for every part."""
-    if isinstance(value, torch.Tensor) and value.dim() > 0:
-        return list(value.split(list(sizes), dim=0))
-    return [value] * len(sizes)
+def _rows_in_blocks(tensor: DTensor, fusion: Fusion) -> bool:
+    """Whether each rank's local rows are whole blocks of `fusion`'s layout: rows not split
+    (one block), or split by exactly one mesh dimension into `fusion.shards` even chunks."""
+    row_dims = [i for i, p in enumerate(tensor.placements) if getattr(p, "dim", None) == 0]
+    if fusion.shards == 1:
+        return not row_dims
+    return (
+        len(row_dims) == 1
+        and type(tensor.placements[row_dims[0]]) is Shard  # not FSDP's strided shard over TP
+        and tensor.device_mesh.size(row_dims[0]) == fusion.shards
+    )
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= size
+    return tuple(reversed(stride))
+
+
+def _pieces(value, fusion: Fusion) -> list:
+    """Each part's rows of a fused tensor; anything else (Adam's scalar step, a group's lr)
+    for every part."""
+    if not (isinstance(value, torch.Tensor) and value.dim() > 0):
+        return [value] * len(fusion.parts)
+    if not isinstance(value, DTensor):
+        return from_shard_blocks(value, fusion)
+    mesh, rest = value.device_mesh, tuple(value.shape[1:])
+    if _rows_in_blocks(value, fusion):  # this rank's block, split in place: views, no gather
+        local = value.to_local().split(list(fusion.block_sizes))
+        return [
+            DTensor.from_local(
+                piece,
+                mesh,
+                value.placements,
+                run_check=False,
+                shape=(size, *rest),
+                stride=_contiguous_stride((size, *rest)),
+            )
+            for piece, size in zip(local, fusion.sizes, strict=True)
+        ]
+    # rows sharded otherwise (FSDP's 1-D bias shards): through the whole tensor, replicated
+    whole = from_shard_blocks(value.full_tensor(), fusion)
+    replicated = [Replicate()] * mesh.ndim
+    return [DTensor.from_local(p, mesh, replicated, run_check=False) for p in whole]
 
 
 def _replace(state: dict, old: set[str], new: dict) -> None:
@@ -102,7 +197,7 @@ def split_entries(state: dict, fusion: Fusion, templates: list[str]) -> None:
     split = {}
     for template in templates:
         if (key := template.format(fusion.fused)) in state:
-            split[template] = _pieces(state[key], fusion.sizes)
+            split[template] = _pieces(state[key], fusion)
     if not split:
         return
     pieces = {
@@ -127,15 +222,30 @@ def _reorder(state: dict, prefix: str, order: tuple[str, ...]) -> None:
         _replace(state, set(keys), {k: state[k] for k in ranked})
 
 
-def _join(values: list, like: torch.Tensor | None):
+def _join(values: list, like: torch.Tensor | None, fusion: Fusion):
+    """The fused tensor of the parts' `values`, laid out like `like` (the fused parameter)."""
     first = values[0]
     if not (isinstance(first, torch.Tensor) and first.dim() > 0):
         return first
-    whole = torch.cat(values, dim=0)
-    if isinstance(like, DTensor) and isinstance(whole, DTensor):
-        # split off a dim-0 sharded weight, the parts were gathered: back to the weight's layout
-        whole = whole.redistribute(like.device_mesh, like.placements)
-    return whole
+    if (
+        isinstance(like, DTensor)
+        and all(isinstance(v, DTensor) and v.placements == like.placements for v in values)
+        and _rows_in_blocks(like, fusion)
+    ):  # each part's local rows are this rank's share of the block: join in place
+        local = torch.cat([v.to_local() for v in values])
+        return DTensor.from_local(
+            local,
+            like.device_mesh,
+            like.placements,
+            run_check=False,
+            shape=like.shape,
+            stride=like.stride(),
+        )
+    whole = [v.full_tensor() if isinstance(v, DTensor) else v for v in values]
+    blocked = to_shard_blocks(torch.cat(whole), fusion)
+    if isinstance(like, DTensor):  # every rank holds the whole: each keeps its own shard
+        return distribute_tensor(blocked, like.device_mesh, like.placements, src_data_rank=None)
+    return blocked
 
 
 def join_entries(state: dict, fusion: Fusion, template: str, like=None) -> None:
@@ -143,7 +253,7 @@ def join_entries(state: dict, fusion: Fusion, template: str, like=None) -> None:
     nothing happens) become one fused entry, laid out like `like` (the fused parameter)."""
     keys = [template.format(p) for p in fusion.parts]
     if all(k in state for k in keys):
-        state[template.format(fusion.fused)] = _join([state.pop(k) for k in keys], like)
+        state[template.format(fusion.fused)] = _join([state.pop(k) for k in keys], like, fusion)
 
 
 def _flat_templates(state: dict, module: str, fusion: Fusion) -> list[str]:

@@ -49,8 +49,9 @@ def _init_rows(linear: nn.Linear, sizes: tuple[int, ...], stds: tuple[float, ...
 class Attention(nn.Module):
     """Multi-head attention with GQA/MQA (n_kv_heads <= n_heads), RoPE and an exchangeable core.
 
-    With `cfg.fused_projections` q, k and v come from one Linear `wqkv` (rows [q; k; v]); its
-    state dict still names them wq, wk, wv (fused_projections.py)."""
+    With `cfg.fused_projections` q, k and v come from one Linear `wqkv` (rows [q; k; v], or
+    per-rank blocks of them under tensor parallelism); its state dict still names them wq, wk,
+    wv (fused_projections.py)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int = 0):
         super().__init__()
@@ -114,7 +115,8 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if hasattr(self, "wqkv"):
-            return self.wqkv(x).split(list(self.qkv_sizes), dim=-1)
+            # under tensor parallelism the output is this rank's block [q_r; k_r; v_r]
+            return self.wqkv(x).split(list(self.fusion.block_sizes), dim=-1)
         return self.wq(x), self.wk(x), self.wv(x)
 
     def init_weights(self, init_std: float) -> None:
@@ -148,7 +150,7 @@ class FeedForward(nn.Module):
             self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "w13"):
+        if hasattr(self, "w13"):  # [gate; up], or this rank's [gate_r; up_r] under TP
             gate, up = self.w13(x).chunk(2, dim=-1)
         else:
             gate, up = self.w1(x), self.w3(x)

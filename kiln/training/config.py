@@ -210,12 +210,6 @@ class TrainConfig(_Strict):
             for field in ("query_pre_attn_scalar", "attn_logit_softcap"):
                 if getattr(self.model, field) is not None:
                     raise ConfigError(f"model.{field} is not supported with parallel.cp > 1")
-        if self.model.fused_projections and self.parallel.tp > 1:
-            # column-wise sharding of [q; k; v] rows would give ranks q rows and no k/v
-            raise ConfigError(
-                "model.fused_projections is not supported with parallel.tp > 1; "
-                "set it to false for tensor parallelism"
-            )
         if self.model.mtp_depth:
             self._check_mtp_layout()
         if self.loss_chunk_tokens and (self.parallel.tp > 1 or self.parallel.pp > 1):

@@ -12,13 +12,14 @@ import torch
 from kiln.model.config import ModelConfig
 from kiln.model.formats.checkpoint import read_checkpoint, write_checkpoint
 from kiln.model.formats.weights import build_model
-from kiln.model.fused_projections import fused_modules, split_entries
+from kiln.model.fused_projections import Fusion, fused_modules, split_entries, to_shard_blocks
 from kiln.model.lora import LoRAConfig, apply_lora
 from kiln.model.transformer import Transformer
 from kiln.platform.errors import ConfigError
 from kiln.serving.export.gguf import export_gguf
 from kiln.serving.export.hf import export_hf
 from kiln.training.config import TrainConfig
+from kiln.training.plan import cpu_stand_in, plan_rank
 from kiln.training.stages import continue_from_model
 from tests.training.parallel._trainer_cases import DEEPSEEK, GEMMA3, QWEN3
 
@@ -134,9 +135,45 @@ def test_hf_and_gguf_exports_are_byte_identical(tmp_path, shape):
         assert (tmp_path / "fused.gguf").read_bytes() == plain_gguf
 
 
-def test_refused_with_tensor_parallelism_and_lora():
-    with pytest.raises(ConfigError, match=r"model.fused_projections .* parallel.tp > 1"):
-        TrainConfig(model={"preset": "tiny", "fused_projections": True}, parallel={"tp": 2})
+def test_shard_blocks_give_each_rank_its_parts_rows():
+    """Under tp=2 the rows [q; k; v] become [q_0; k_0; v_0; q_1; k_1; v_1]: a plain row split in
+    halves gives rank r its own heads' q, k and v; splitting the blocked rows gives the parts."""
+    q, k, v = torch.arange(8.0), 10 + torch.arange(4.0), 20 + torch.arange(4.0)
+    fusion = Fusion("wqkv", ("wq", "wk", "wv"), (8, 4, 4), shards=2)
+    blocked = to_shard_blocks(torch.cat([q, k, v]), fusion)
+    rank0, rank1 = blocked.chunk(2)
+    assert torch.equal(rank0, torch.cat([q[:4], k[:2], v[:2]]))
+    assert torch.equal(rank1, torch.cat([q[4:], k[2:], v[2:]]))
+    assert [p.tolist() for p in rank1.split(list(fusion.block_sizes))] == [
+        q[4:].tolist(),
+        k[2:].tolist(),
+        v[2:].tolist(),
+    ]
+    state = {"wqkv.weight": torch.stack([blocked, -blocked], dim=1)}  # 2-D: rows move whole
+    split_entries(state, fusion, ["{}.weight"])
+    assert list(state) == ["wq.weight", "wk.weight", "wv.weight"]
+    for name, part in zip(("wq", "wk", "wv"), (q, k, v), strict=True):
+        assert torch.equal(state[f"{name}.weight"], torch.stack([part, -part], dim=1)), name
+
+
+def test_refused_with_lora():
     _, fused = _pair({})
     with pytest.raises(ConfigError, match="lora with model.fused_projections"):
         apply_lora(fused, LoRAConfig(rank=2))
+
+
+def _plan(parallel: dict, **model) -> dict:
+    cfg = TrainConfig(model={"preset": "tiny", "n_layers": 2, **model}, parallel=parallel)
+    return plan_rank(cpu_stand_in(cfg.model_copy(update={"seq_len": 32})), 0, 2)
+
+
+def test_tensor_parallel_refusals_on_fake_ranks():
+    """tp > 1 builds fused (tp=2 on PyTorch's fake ranks); what it still refuses: fewer KV heads
+    than ranks, as unfused (no KV-head replication either way), and a feed-forward hidden size
+    the ranks do not divide (each rank's block holds 1/tp of gate and of up)."""
+    assert _plan({"tp": 2}, fused_projections=True)["local_params"] > 0
+    for fused in (False, True):
+        with pytest.raises(ConfigError, match=r"parallel.tp=2 must divide .*n_kv_heads \(1\)"):
+            _plan({"tp": 2}, n_kv_heads=1, fused_projections=fused)
+    with pytest.raises(ConfigError, match=r"feed_forward's w1/w3 \(65, 65\) .*fused_projections"):
+        _plan({"tp": 2}, ffn_hidden_dim=65, fused_projections=True)

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from kiln.model import ModelConfig, Transformer
+from kiln.model.fused_projections import Fusion, fused_modules, to_shard_blocks
 from kiln.model.meta import build_on_meta
 from kiln.model.moe import GroupedExperts
 from kiln.model.transformer import BASE_STD
@@ -65,12 +66,15 @@ def materialize(
         register_expert_grad_hooks(part)
     local = _local_parameters(parts)
     rows = _expert_rows(parts)
+    blocked = _shard_blocked(parts)
     scratch = build_on_meta(cfg)
     torch.manual_seed(seed)  # the generator state `init_full` starts drawing from
     for prefix, unit, init in _init_units(scratch, cfg):
         unit.to_empty(device=draw_device)
         init(unit)
         for name, full in _weights(unit, prefix):
+            if name in blocked:  # the scratch unit's fused rows, as the local ones are laid out
+                full = to_shard_blocks(full, blocked[name])
             for param in local.get(name, ()):
                 _copy_slice(param, full[rows[name]] if name in rows else full)
         unit.to_empty(device="meta")  # frees the full-size copy before the next unit
@@ -124,6 +128,17 @@ def _local_parameters(parts: list[nn.Module]) -> dict[str, list[nn.Parameter]]:
         for name, param in _weights(part):
             found.setdefault(_global_name(name), []).append(param)
     return found
+
+
+def _shard_blocked(parts: list[nn.Module]) -> dict[str, Fusion]:
+    """Fused weights laid out in per-rank blocks (tensor parallelism) -> their fusion."""
+    out = {}
+    for part in parts:
+        for name, module in fused_modules(part).items():
+            if module.fusion.shards > 1:
+                for suffix in ("weight", "bias"):
+                    out[f"{name}.{module.fusion.fused}.{suffix}"] = module.fusion
+    return out
 
 
 def _expert_rows(parts: list[nn.Module]) -> dict[str, slice]:
