@@ -33,7 +33,7 @@ from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_no
 from kiln.training.rl.config import OnPolicyConfig
 from kiln.training.rl.prompts import render_prompt
 from kiln.training.rl.refit import merged_policy_state, state_checksum
-from kiln.training.rl.rollout import Rollout
+from kiln.training.rl.rollout import Rollout, RolloutBackend
 from kiln.training.rl.rollouts import open_rollouts
 
 SEEDS_PER_STEP = 1 << 20  # completion seeds of step k: seed + k * SEEDS_PER_STEP + index
@@ -70,6 +70,7 @@ class OnPolicyLoop:
         *,
         chat_template=None,
         eos_token_ids: Sequence[int] | None = None,
+        rollouts: RolloutBackend | None = None,
     ) -> None:
         self.cfg = cfg
         self.rows = list(rows)
@@ -80,7 +81,8 @@ class OnPolicyLoop:
         )
         self.prompts = [self.render(r) for r in self.rows]
         self.prompt_ids = [self.encode(p) for p in self.prompts]
-        self.rollouts = open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
+        # `rollouts`: engines opened by the caller (a laid-out run's, shared over its ranks)
+        self.rollouts = rollouts or open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
         if cfg.lora is not None:  # adapters drawn from the run's seed: a run repeats
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed)

@@ -24,9 +24,10 @@ from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
 from kiln.training.launch import init_process_group_from_env
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.grpo import GRPO, format_step
-from kiln.training.rl.layouts import lay_out_run
+from kiln.training.rl.layouts import lay_out_run, require_ranks
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.prompts import load_prompts
+from kiln.training.rl.rank_rollouts import open_shared_rollouts
 from kiln.training.rl.refit import merged_policy_state
 
 RUN_FILE = "run.json"
@@ -144,16 +145,20 @@ def run_grpo(
     if cfg.prompts is None:
         raise ConfigError("grpo.prompts: name the prompt file (.jsonl or .parquet)")
     started = time.perf_counter()
+    if cfg.parallel is not None:
+        require_ranks("grpo.parallel")
     policy, tok, tok_dir = load_policy(cfg.base)
+    eos = end_of_text_ids(tok, tok_dir)
     loop = GRPO(
         policy,
         tok,
         load_prompts(cfg.prompts),
         cfg,
         chat_template=chat_template(cfg.chat_template, tok_dir),
-        eos_token_ids=end_of_text_ids(tok, tok_dir),
+        eos_token_ids=eos,
+        rollouts=None if cfg.parallel is None else open_shared_rollouts(cfg, policy, tok, eos),
     )
-    main = True if cfg.parallel is None else lay_out_run(loop, cfg.parallel)
+    main = True if cfg.parallel is None else lay_out_run(loop, cfg.parallel, "grpo.parallel")
     return train_and_write(
         loop, cfg, out_dir, policy, tok_dir, on_step if main else None, state_dir, started, main
     )

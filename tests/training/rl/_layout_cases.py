@@ -17,8 +17,8 @@ from tests.training.rl.test_grpo import _loop
 
 def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
     """Per step: reward, loss, the engine-vs-trainer log-prob mismatch, whether every engine's
-    weights equal the trainer's gathered ones after the refit, and the completions this rank
-    scored."""
+    weights equal the trainer's gathered ones after the refit, the completions this rank
+    scored and those it sampled (None in one process)."""
     loop = _loop(steps, **overrides)
     if parallel is not None:
         shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
@@ -31,6 +31,7 @@ def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
                 m["logprob_mismatch_max"],
                 loop.engines_match(),
                 len(loop.last_update.rollouts),
+                getattr(loop.rollouts, "sampled", None),
             )
         )
     )
