@@ -16,13 +16,14 @@ from kiln.training.rl.distill_config import DistillRunConfig
 from kiln.training.rl.layouts import lay_out_run, require_ranks
 from kiln.training.rl.prompts import load_prompts
 from kiln.training.rl.rank_rollouts import open_shared_rollouts
-from kiln.training.rl.run import chat_template, load_policy, train_and_write
+from kiln.training.rl.run import chat_template, load_policy, train_and_write, within_block
 
 
 def load_distill_config(path: str, overrides: list[str] | None = None) -> DistillRunConfig:
     """A DistillRunConfig from YAML (a `distill:` block or the fields) with KEY=VALUE overrides."""
-    body = load_body(path, block="distill", overrides=overrides or [])
-    blame = override_paths(overrides or [])
+    route = within_block("distill")
+    body = load_body(path, block="distill", overrides=overrides or [], route=route)
+    blame = override_paths(overrides or [], route)
     return validate(DistillRunConfig, body, prefix="distill", source=path, overrides=blame)
 
 

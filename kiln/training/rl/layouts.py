@@ -104,6 +104,9 @@ def lay_out_run(loop: OnPolicyLoop, parallel: ParallelConfig, field: str = "para
     that writes the run's files."""
     require_ranks(field)
     if loop.cfg.checkpoint_interval:
-        raise ConfigError("checkpoint_interval: a laid-out run does not save its state yet (0)")
+        raise ConfigError(
+            f"{field.removesuffix('parallel')}checkpoint_interval: a laid-out run does not save "
+            "its state yet (0)"
+        )
     shard_policy(loop, parallel, dist.get_world_size(), field)
     return dist.get_rank() == 0

@@ -35,10 +35,21 @@ RESUME_DIR, STATE_FILE = "resume", "loop_state.pt"
 log = logging.getLogger("kiln.training.rl")
 
 
+def within_block(block: str):
+    """A `--set` route that takes `grpo.steps=3` as `steps=3`: the field names errors print
+    (and `kiln run`'s stage overrides) work on the command line too."""
+
+    def route(parts: list) -> list:
+        return parts[1:] if len(parts) > 1 and parts[0] == block else parts
+
+    return route
+
+
 def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
     """A GRPORunConfig from YAML (a `grpo:` block or the fields) with KEY=VALUE overrides."""
-    body = load_body(path, block="grpo", overrides=overrides or [])
-    blame = override_paths(overrides or [])
+    route = within_block("grpo")
+    body = load_body(path, block="grpo", overrides=overrides or [], route=route)
+    blame = override_paths(overrides or [], route)
     return validate(GRPORunConfig, body, prefix="grpo", source=path, overrides=blame)
 
 
