@@ -60,12 +60,18 @@ def _same_steps(laid_out: list[dict], single: list[dict], keys: tuple[str, ...])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", [{"dp_shard": 2}, {"tp": 2}], ids=["fsdp", "tp"])
-def test_grpo_stage_on_ray_train_equals_one_process(ray_session, tmp_path, parallel):
+@pytest.mark.parametrize(
+    "parallel,rollout",
+    [({"dp_shard": 2}, {}), ({"tp": 2}, {"workers": 1, "cpus_per_worker": 0.5})],
+    ids=["fsdp-in-process-engines", "tp-ray-actor"],
+)
+def test_grpo_stage_on_ray_train_equals_one_process(ray_session, tmp_path, parallel, rollout):
+    """In-process engines: each rank samples half of every batch; a Ray rollout actor: rank 0
+    drives it and broadcasts its batches. Both equal one process with an in-process engine."""
     config = _grpo_yaml(tmp_path)
     single = run_grpo(load_config(config), str(tmp_path / "single"))["metrics"]
     fields = load_config(config).model_dump(exclude_defaults=True)
-    stage = GRPOStage({**fields, "parallel": parallel}, name="grpo")
+    stage = GRPOStage({**fields, "parallel": parallel, "rollout": rollout}, name="grpo")
     assert stage.needs().ray is True  # the platform starts Ray for the workers
     result = Pipeline("rl-layout", [stage], runs_dir=tmp_path / "runs").run(shutdown=False)
     out = result.artifact("grpo.checkpoint").path
@@ -80,6 +86,8 @@ def test_grpo_stage_on_ray_train_equals_one_process(ray_session, tmp_path, paral
     assert result.record["stages"]["grpo"]["metrics"]["final_reward"] == pytest.approx(
         single[-1]["reward"], abs=1e-5
     )
+    if rollout:  # the actor's weights checked against the gathered policy after each refit
+        assert all(m["refit_verified"] == 1.0 for m in run["metrics"])
     assert Generator.load(out).model.cfg.vocab_size > 0  # the Checkpoint export/serve read
 
 
