@@ -28,6 +28,7 @@ from kiln.training.parallel.data_parallel import apply_fsdp
 from kiln.training.parallel.dims import ParallelDims
 from kiln.training.parallel.tensor_parallel import apply_tensor_parallel
 from kiln.training.rl.batch_split import BatchSplit
+from kiln.training.rl.loop_state import GatheredState
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.rank_rollouts import share_rollouts
 
@@ -86,6 +87,7 @@ def shard_policy(
     if dims.dp_enabled and hasattr(loop, "split"):
         loop.split = BatchSplit(dims.dp_rank, dims.dp_size, dims.mesh("dp").get_group())
     loop.rollouts = share_rollouts(loop.rollouts)
+    loop.trainer_state = GatheredState()  # resume: one whole state, written by rank 0
     return dims
 
 
@@ -103,10 +105,5 @@ def lay_out_run(loop: OnPolicyLoop, parallel: ParallelConfig, field: str = "para
     """A run's `parallel:` layout on the process group its launcher started; True on the rank
     that writes the run's files."""
     require_ranks(field)
-    if loop.cfg.checkpoint_interval:
-        raise ConfigError(
-            f"{field.removesuffix('parallel')}checkpoint_interval: a laid-out run does not save "
-            "its state yet (0)"
-        )
     shard_policy(loop, parallel, dist.get_world_size(), field)
     return dist.get_rank() == 0

@@ -31,6 +31,7 @@ from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
 from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_norm
 from kiln.training.rl.config import OnPolicyConfig
+from kiln.training.rl.loop_state import PlainState
 from kiln.training.rl.prompts import render_prompt
 from kiln.training.rl.refit import merged_policy_state, state_checksum
 from kiln.training.rl.rollout import Rollout, RolloutBackend
@@ -89,6 +90,7 @@ class OnPolicyLoop:
                 apply_lora(policy, cfg.lora)
         self.policy = policy.train()
         self.optimizer = build_optimizer(policy, cfg.optimizer)
+        self.trainer_state = PlainState()  # a laid-out policy's is gathered (layouts.py)
         self.params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
         )
@@ -189,9 +191,10 @@ class OnPolicyLoop:
     def state_dict(self) -> dict:
         """Everything the next step depends on: the policy (adapters included), the optimizer,
         the prompt order and its RNG, the metrics so far (their count is the next step)."""
+        policy, optimizer = self.trainer_state.get(self.policy, self.optimizer)
         return {
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "policy": policy,
+            "optimizer": optimizer,
             "order": list(self._order),
             "rng": self._rng.getstate(),
             "metrics": self.metrics,
@@ -208,8 +211,7 @@ class OnPolicyLoop:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.trainer_state.set(self.policy, self.optimizer, state["policy"], state["optimizer"])
         self._order = list(state["order"])
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
@@ -223,8 +225,11 @@ class OnPolicyLoop:
 
     def save(self, path: str) -> None:
         """The state to `path`, replaced atomically (a crash mid-write keeps the last one)."""
+        state = self.state_dict()
+        if not self.trainer_state.writes:  # a laid-out run: rank 0 writes the gathered state
+            return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save(self.state_dict(), path + ".tmp")
+        torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
 
     def resume(self, path: str) -> bool:

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kiln.platform.errors import ConfigError
 from kiln.platform.runtime import Runtime, default_cpus_per_worker
 from kiln.training.launch import process_group_backend
 from kiln.training.lean_trainer import LeanTorchTrainer
@@ -57,10 +56,6 @@ def run_anywhere(
     n = layout_world_size(cfg.parallel, f"{objective}.parallel")
     if n == 1:
         return run(cfg.model_copy(update={"parallel": None}), out_dir, on_step, state_dir)
-    if cfg.checkpoint_interval:  # the ranks would each refuse it, after Ray Train's start-up
-        raise ConfigError(
-            f"{objective}.checkpoint_interval: a laid-out run does not save its state yet (0)"
-        )
     return run_on_ray_train(objective, cfg, out_dir, n, on_step, state_dir, runtime)
 
 

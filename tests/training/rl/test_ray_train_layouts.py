@@ -146,16 +146,6 @@ def test_layouts_the_loops_cannot_take_fail_before_any_worker(tmp_path, dim):
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_a_laid_out_run_with_checkpoint_interval_is_refused_up_front(tmp_path):
-    """Resume is exact in one process (test_resume.py); a laid-out run does not save its
-    state yet, said before any worker starts."""
-    config = _grpo_yaml(tmp_path)
-    argv = ["grpo", "--config", config, "--out", str(tmp_path / "out")]
-    overrides = ["--set", "grpo.parallel.dp_shard=2", "--set", "grpo.checkpoint_interval=1"]
-    with pytest.raises(ConfigError, match="^grpo.checkpoint_interval: a laid-out run does not"):
-        _command([*argv, *overrides])
-
-
 def test_a_layout_of_one_rank_runs_in_this_process(tmp_path):
     config = _grpo_yaml(tmp_path)
     out = str(tmp_path / "out")
