@@ -68,6 +68,12 @@ def shard_policy(
     place, its optimizer rebuilt over the sharded parameters, its rollout engines shared over
     the ranks; the layout's dims."""
     check_layout(parallel, field)
+    heads, kv_heads = loop.policy.cfg.n_heads, loop.policy.cfg.n_kv_heads
+    if heads % parallel.tp or kv_heads % parallel.tp:  # found here, not deep in TP's plan
+        raise ConfigError(
+            f"{field}.tp={parallel.tp} must divide the model's n_heads ({heads}) and "
+            f"n_kv_heads ({kv_heads})"
+        )
     frozen = {name for name, p in loop.policy.named_parameters() if not p.requires_grad}
     dims = ParallelDims.from_config(parallel, world_size)
     device = next(loop.policy.parameters()).device

@@ -72,6 +72,9 @@ def test_layouts_the_loop_cannot_take_are_config_errors():
     for dim in ("pp", "cp", "ep", "dp_replicate"):
         with pytest.raises(ConfigError, match=f"^parallel.{dim}=2: on-policy loops take dp_shard"):
             shard_policy(loop, ParallelConfig(**{dim: 2}), 2)
+    heads = loop.policy.cfg.n_heads
+    with pytest.raises(ConfigError, match=rf"^grpo.parallel.tp={heads + 1} must divide the model"):
+        shard_policy(loop, ParallelConfig(tp=heads + 1), heads + 1, "grpo.parallel")
 
 
 def test_torchrun_entry_point_writes_the_one_process_run(tmp_path):
