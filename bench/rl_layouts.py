@@ -113,14 +113,16 @@ def main() -> None:
         print(
             f"{side:22s} rollout s/step {_median(metrics, 'rollout_wait_s'):.3f}  "
             f"step s {_median(metrics, 'step_s'):.3f}  reward mean "
-            f"{statistics.fmean(m['reward'] for m in metrics):.3f}"
+            f"{statistics.fmean(m['reward'] for m in metrics):.3f}  completion length mean "
+            f"{statistics.fmean(m['completion_len'] for m in metrics):.1f}"
         )
     rollout = _median(split, "rollout_wait_s") / _median(whole, "rollout_wait_s")
     step = _median(split, "step_s") / _median(whole, "step_s")
-    same = [m["reward"] for m in split] == [m["reward"] for m in whole]
+    keys = ("reward", "completion_len")
+    same = all([m[k] for m in split] == [m[k] for m in whole] for k in keys)
     print(
-        f"ratio split / whole: rollout s {rollout:.2f}x, step s {step:.2f}x; rewards step for "
-        f"step {'equal' if same else 'DIFFER'} (the same batch either way)"
+        f"ratio split / whole: rollout s {rollout:.2f}x, step s {step:.2f}x; rewards and "
+        f"completion lengths step for step {'equal' if same else 'DIFFER'} (the same batch)"
     )
 
 
