@@ -1,5 +1,5 @@
 """`kiln grpo` (GRPO-family RL) and `kiln distill` (on-policy distillation), rollouts on Kiln's
-engine, from a YAML (+ --set), one line per step."""
+engine, from a YAML (+ --set), one line per step; `parallel:` runs the ranks on Ray Train."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "grpo", help="GRPO/DAPO/GSPO with verifiable rewards, rollouts on kiln's engine"
     )
     p.add_argument("--config", required=True, help="YAML: GRPORunConfig fields (or a grpo: block)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field, e.g. steps=50 or grpo.parallel.dp_shard=2 (Ray Train workers, one a rank)",
+    )
     p.add_argument("--out", "--output", required=True, help="the Checkpoint folder to write")
     p.set_defaults(handler="kiln.training.rl.commands:grpo_command")
 

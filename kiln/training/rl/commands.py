@@ -11,30 +11,29 @@ from kiln.platform import console
 from kiln.platform.errors import ConfigError, format_validation_error
 from kiln.platform.runtime import Runtime
 from kiln.training.rl.distill import format_distill_step
-from kiln.training.rl.distill_run import load_distill_config, run_distill
+from kiln.training.rl.distill_run import load_distill_config
 from kiln.training.rl.grpo import format_step
-from kiln.training.rl.run import load_config, run_grpo
+from kiln.training.rl.layouts import layout_world_size
+from kiln.training.rl.ray_launch import run_anywhere
+from kiln.training.rl.run import load_config
 from kiln.training.rl.tasks.arithmetic import ArithmeticConfig, write_splits
 
 
-def _on_ray_if_asked(workers: int, run):
-    """run() in this process, or with Ray up for `workers` rollout actors: attached to
-    RAY_ADDRESS, else an embedded local Ray shut down afterwards."""
-    if not workers:
-        return run()
+def _run(objective: str, cfg, out: str, on_step):
+    """The run in this process, or with Ray up for rollout actors or a layout's Ray Train
+    workers: attached to RAY_ADDRESS, else an embedded local Ray shut down afterwards."""
+    if not cfg.rollout.workers and layout_world_size(cfg.parallel, f"{objective}.parallel") == 1:
+        return run_anywhere(objective, cfg, out, on_step)
     runtime = Runtime().ensure()
     try:
-        return run()
+        return run_anywhere(objective, cfg, out, on_step, runtime=runtime)
     finally:
         runtime.shutdown()  # only a Ray started here
 
 
 def grpo_command(args) -> int:
     cfg = load_config(args.config, args.overrides)
-    summary = _on_ray_if_asked(
-        cfg.rollout.workers,
-        lambda: run_grpo(cfg, args.out, on_step=lambda m: print(format_step(m), flush=True)),
-    )
+    summary = _run("grpo", cfg, args.out, lambda m: print(format_step(m), flush=True))
     final = summary["final"]
     console.summary(
         [
@@ -52,12 +51,7 @@ def grpo_command(args) -> int:
 
 def distill_command(args) -> int:
     cfg = load_distill_config(args.config, args.overrides)
-    summary = _on_ray_if_asked(
-        cfg.rollout.workers,
-        lambda: run_distill(
-            cfg, args.out, on_step=lambda m: print(format_distill_step(m), flush=True)
-        ),
-    )
+    summary = _run("distill", cfg, args.out, lambda m: print(format_distill_step(m), flush=True))
     console.summary(
         [
             ("steps", summary["steps"]),

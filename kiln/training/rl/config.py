@@ -13,6 +13,13 @@ from kiln.platform.errors import ConfigError
 from kiln.training.config import OptimizerConfig, ParallelConfig
 from kiln.training.rl.rewards import RewardSpec
 
+PARALLEL_HELP = (
+    "The policy laid out over ranks with the trainer's layouts (dp_shard: FSDP2, each rank "
+    "scoring and sampling its share of a step; tp): the stage and the command start one Ray "
+    "Train worker per rank ({entry}). pp, cp, ep, dp_replicate: a ConfigError. None: one "
+    "process."
+)
+
 
 class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -139,8 +146,5 @@ class GRPORunConfig(GRPOConfig):
     )
     eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")
     parallel: ParallelConfig | None = Field(
-        None,
-        description="The policy laid out over the ranks torchrun starts (dp_shard: FSDP2, each "
-        "rank scoring its share of a step; tp): `torchrun --nproc-per-node N -m "
-        "kiln.training.rl.run`. None: one process.",
+        None, description=PARALLEL_HELP.format(entry="`torchrun -m kiln.training.rl.run` too")
     )

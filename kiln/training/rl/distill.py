@@ -21,7 +21,7 @@ from kiln.training.post.divergence import token_divergence
 from kiln.training.rl.distill_config import DistillConfig
 from kiln.training.rl.logprobs import completion_logits, token_logprobs
 from kiln.training.rl.on_policy import OnPolicyLoop
-from kiln.training.rl.rollout import Rollout
+from kiln.training.rl.rollout import Rollout, RolloutBackend
 
 EVAL_SEED_OFFSET = 1 << 40  # held-out sampling seeds, apart from every training step's
 
@@ -42,6 +42,7 @@ class OnPolicyDistill(OnPolicyLoop):
         *,
         chat_template=None,
         eos_token_ids: Sequence[int] | None = None,
+        rollouts: RolloutBackend | None = None,
     ) -> None:
         if teacher.cfg.vocab_size != policy.cfg.vocab_size:
             raise ConfigError(
@@ -49,7 +50,13 @@ class OnPolicyDistill(OnPolicyLoop):
                 f"has {policy.cfg.vocab_size}; distillation needs the same tokenizer"
             )
         super().__init__(
-            policy, tokenizer, rows, cfg, chat_template=chat_template, eos_token_ids=eos_token_ids
+            policy,
+            tokenizer,
+            rows,
+            cfg,
+            chat_template=chat_template,
+            eos_token_ids=eos_token_ids,
+            rollouts=rollouts,
         )
         self.teacher = teacher.eval().requires_grad_(False)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from kiln.training.config import ParallelConfig
 from kiln.training.post.divergence import Divergence
-from kiln.training.rl.config import OnPolicyConfig
+from kiln.training.rl.config import PARALLEL_HELP, OnPolicyConfig
 
 
 class DistillConfig(OnPolicyConfig):
@@ -44,3 +45,6 @@ class DistillRunConfig(DistillConfig):
         "sampled completions (fixed seed), before and after training.",
     )
     eval_limit: int = Field(64, ge=1, description="Score at most this many held-out rows.")
+    parallel: ParallelConfig | None = Field(
+        None, description=PARALLEL_HELP.format(entry="the student laid out; the teacher whole")
+    )

@@ -42,7 +42,7 @@ from kiln.training.rl.objectives import (
 )
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.rewards import RewardSet
-from kiln.training.rl.rollout import Rollout
+from kiln.training.rl.rollout import Rollout, RolloutBackend
 
 
 @dataclass
@@ -71,9 +71,16 @@ class GRPO(OnPolicyLoop):
         *,
         chat_template=None,
         eos_token_ids: Sequence[int] | None = None,
+        rollouts: RolloutBackend | None = None,
     ) -> None:
         super().__init__(
-            policy, tokenizer, rows, cfg, chat_template=chat_template, eos_token_ids=eos_token_ids
+            policy,
+            tokenizer,
+            rows,
+            cfg,
+            chat_template=chat_template,
+            eos_token_ids=eos_token_ids,
+            rollouts=rollouts,
         )
         self.rewards = RewardSet.from_specs(cfg.rewards)
         self.lag = cfg.max_policy_lag

@@ -31,9 +31,10 @@ from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
 from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_norm
 from kiln.training.rl.config import OnPolicyConfig
+from kiln.training.rl.loop_state import PlainState
 from kiln.training.rl.prompts import render_prompt
 from kiln.training.rl.refit import merged_policy_state, state_checksum
-from kiln.training.rl.rollout import Rollout
+from kiln.training.rl.rollout import Rollout, RolloutBackend
 from kiln.training.rl.rollouts import open_rollouts
 
 SEEDS_PER_STEP = 1 << 20  # completion seeds of step k: seed + k * SEEDS_PER_STEP + index
@@ -70,6 +71,7 @@ class OnPolicyLoop:
         *,
         chat_template=None,
         eos_token_ids: Sequence[int] | None = None,
+        rollouts: RolloutBackend | None = None,
     ) -> None:
         self.cfg = cfg
         self.rows = list(rows)
@@ -80,13 +82,15 @@ class OnPolicyLoop:
         )
         self.prompts = [self.render(r) for r in self.rows]
         self.prompt_ids = [self.encode(p) for p in self.prompts]
-        self.rollouts = open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
+        # `rollouts`: engines opened by the caller (a laid-out run's, shared over its ranks)
+        self.rollouts = rollouts or open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
         if cfg.lora is not None:  # adapters drawn from the run's seed: a run repeats
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.seed)
                 apply_lora(policy, cfg.lora)
         self.policy = policy.train()
         self.optimizer = build_optimizer(policy, cfg.optimizer)
+        self.trainer_state = PlainState()  # a laid-out policy's is gathered (layouts.py)
         self.params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
         )
@@ -187,9 +191,10 @@ class OnPolicyLoop:
     def state_dict(self) -> dict:
         """Everything the next step depends on: the policy (adapters included), the optimizer,
         the prompt order and its RNG, the metrics so far (their count is the next step)."""
+        policy, optimizer = self.trainer_state.get(self.policy, self.optimizer)
         return {
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "policy": policy,
+            "optimizer": optimizer,
             "order": list(self._order),
             "rng": self._rng.getstate(),
             "metrics": self.metrics,
@@ -206,8 +211,7 @@ class OnPolicyLoop:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.trainer_state.set(self.policy, self.optimizer, state["policy"], state["optimizer"])
         self._order = list(state["order"])
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
@@ -221,8 +225,11 @@ class OnPolicyLoop:
 
     def save(self, path: str) -> None:
         """The state to `path`, replaced atomically (a crash mid-write keeps the last one)."""
+        state = self.state_dict()
+        if not self.trainer_state.writes:  # a laid-out run: rank 0 writes the gathered state
+            return
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        torch.save(self.state_dict(), path + ".tmp")
+        torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
 
     def resume(self, path: str) -> bool:

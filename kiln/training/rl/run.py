@@ -24,9 +24,10 @@ from kiln.text.tokenizer import TOKENIZER_FILES, end_of_text_ids, find_tokenizer
 from kiln.training.launch import init_process_group_from_env
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.grpo import GRPO, format_step
-from kiln.training.rl.layouts import lay_out_run
+from kiln.training.rl.layouts import lay_out_run, require_ranks
 from kiln.training.rl.on_policy import OnPolicyLoop
 from kiln.training.rl.prompts import load_prompts
+from kiln.training.rl.rank_rollouts import open_shared_rollouts
 from kiln.training.rl.refit import merged_policy_state
 
 RUN_FILE = "run.json"
@@ -34,10 +35,21 @@ RESUME_DIR, STATE_FILE = "resume", "loop_state.pt"
 log = logging.getLogger("kiln.training.rl")
 
 
+def within_block(block: str):
+    """A `--set` route that takes `grpo.steps=3` as `steps=3`: the field names errors print
+    (and `kiln run`'s stage overrides) work on the command line too."""
+
+    def route(parts: list) -> list:
+        return parts[1:] if len(parts) > 1 and parts[0] == block else parts
+
+    return route
+
+
 def load_config(path: str, overrides: list[str] | None = None) -> GRPORunConfig:
     """A GRPORunConfig from YAML (a `grpo:` block or the fields) with KEY=VALUE overrides."""
-    body = load_body(path, block="grpo", overrides=overrides or [])
-    blame = override_paths(overrides or [])
+    route = within_block("grpo")
+    body = load_body(path, block="grpo", overrides=overrides or [], route=route)
+    blame = override_paths(overrides or [], route)
     return validate(GRPORunConfig, body, prefix="grpo", source=path, overrides=blame)
 
 
@@ -144,16 +156,20 @@ def run_grpo(
     if cfg.prompts is None:
         raise ConfigError("grpo.prompts: name the prompt file (.jsonl or .parquet)")
     started = time.perf_counter()
+    if cfg.parallel is not None:
+        require_ranks("grpo.parallel")
     policy, tok, tok_dir = load_policy(cfg.base)
+    eos = end_of_text_ids(tok, tok_dir)
     loop = GRPO(
         policy,
         tok,
         load_prompts(cfg.prompts),
         cfg,
         chat_template=chat_template(cfg.chat_template, tok_dir),
-        eos_token_ids=end_of_text_ids(tok, tok_dir),
+        eos_token_ids=eos,
+        rollouts=None if cfg.parallel is None else open_shared_rollouts(cfg, policy, tok, eos),
     )
-    main = True if cfg.parallel is None else lay_out_run(loop, cfg.parallel)
+    main = True if cfg.parallel is None else lay_out_run(loop, cfg.parallel, "grpo.parallel")
     return train_and_write(
         loop, cfg, out_dir, policy, tok_dir, on_step if main else None, state_dir, started, main
     )

@@ -1,7 +1,7 @@
 """The `grpo` and `distill` stages: a Checkpoint (import-model, train, sft, dpo) and a prompt
 file (and, for `distill`, a teacher) -> a Checkpoint (LoRA merged, tokenizer beside it) that
 `export` then `serve` take. Both run in this process unless `rollout.workers` asks for Ray
-rollout actors."""
+rollout actors or `parallel:` for several ranks (one Ray Train worker each: ray_launch.py)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,27 @@ from typing import Any, ClassVar
 from kiln.platform.console import Progress
 from kiln.platform.runtime import Resources
 from kiln.platform.stage import Stage, StageConfig, StageContext
+from kiln.training.config import ParallelConfig
 from kiln.training.metrics_log import MetricsWriter
 from kiln.training.rl.config import GRPORunConfig, RolloutConfig
 from kiln.training.rl.distill import format_distill_step
 from kiln.training.rl.distill_config import DistillRunConfig
-from kiln.training.rl.distill_run import run_distill
 from kiln.training.rl.grpo import format_step
-from kiln.training.rl.run import run_grpo
+from kiln.training.rl.layouts import layout_world_size
+from kiln.training.rl.ray_launch import run_anywhere
 
 
-def rollout_resources(rollout: RolloutConfig) -> Resources:
-    """No Ray for in-process rollouts; Ray and the actors' CPUs for rollout workers."""
-    if rollout.workers == 0:
+def rollout_resources(rollout: RolloutConfig, parallel: ParallelConfig | None) -> Resources:
+    """No Ray for in-process rollouts in one process; Ray and the actors' CPUs for rollout
+    workers; Ray for a layout's ranks (the launcher checks their CPUs against the cluster)."""
+    if rollout.workers == 0 and layout_world_size(parallel) == 1:
         return Resources(ray=False)
     return Resources(ray=True, cpus=rollout.workers * rollout.cpus_per_worker)
+
+
+def _runtime(ctx: StageContext, parallel: ParallelConfig | None):
+    """The run's Ray when the layout puts the ranks on Ray Train, else None (not started)."""
+    return ctx.ray() if layout_world_size(parallel) > 1 else None
 
 
 def _state_dir(ctx: StageContext) -> str | None:
@@ -37,7 +44,8 @@ class GRPOStageConfig(GRPORunConfig, StageConfig):
 
 
 class GRPOStage(Stage):
-    """GRPO-family RL with verifiable rewards, rollouts on Kiln's engine, in this process."""
+    """GRPO-family RL with verifiable rewards, rollouts on Kiln's engine, in this process (or
+    on Ray Train's workers, one per rank of `parallel:`)."""
 
     type_name = "grpo"
     Config = GRPOStageConfig
@@ -47,7 +55,11 @@ class GRPOStage(Stage):
     resources: ClassVar[Resources] = Resources(ray=False)
 
     def needs(self) -> Resources:
-        return rollout_resources(self.config.rollout)
+        return rollout_resources(self.config.rollout, self.config.parallel)
+
+    def preflight(self, runtime, wired: frozenset[str]) -> None:
+        """A layout the on-policy loops cannot take fails the run before any stage starts."""
+        layout_world_size(self.config.parallel, f"{self.name}.parallel")
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         cfg = GRPORunConfig.model_validate(self.config.model_dump())
@@ -62,7 +74,9 @@ class GRPOStage(Stage):
                 progress.update(int(m["step"]), format_step(m))
 
             try:
-                summary = run_grpo(cfg, out.path, on_step=on_step, state_dir=_state_dir(ctx))
+                summary = run_anywhere(
+                    "grpo", cfg, out.path, on_step, _state_dir(ctx), _runtime(ctx, cfg.parallel)
+                )
             finally:
                 writer.close()
         final = summary["final"]
@@ -94,7 +108,11 @@ class DistillStage(Stage):
     resources: ClassVar[Resources] = Resources(ray=False)
 
     def needs(self) -> Resources:
-        return rollout_resources(self.config.rollout)
+        return rollout_resources(self.config.rollout, self.config.parallel)
+
+    def preflight(self, runtime, wired: frozenset[str]) -> None:
+        """A layout the on-policy loops cannot take fails the run before any stage starts."""
+        layout_world_size(self.config.parallel, f"{self.name}.parallel")
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         cfg = DistillRunConfig.model_validate(self.config.model_dump())
@@ -114,7 +132,9 @@ class DistillStage(Stage):
                 progress.update(int(m["step"]), format_distill_step(m))
 
             try:
-                summary = run_distill(cfg, out.path, on_step=on_step, state_dir=_state_dir(ctx))
+                summary = run_anywhere(
+                    "distill", cfg, out.path, on_step, _state_dir(ctx), _runtime(ctx, cfg.parallel)
+                )
             finally:
                 writer.close()
         final = summary["final"]

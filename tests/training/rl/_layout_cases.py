@@ -9,6 +9,7 @@ import os
 import torch.distributed as dist
 
 from kiln.training.config import ParallelConfig
+from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.layouts import shard_policy
 from kiln.training.rl.run import load_config, main, run_grpo
 from tests.training.rl.test_distill import _loop as distill_loop
@@ -17,8 +18,8 @@ from tests.training.rl.test_grpo import _loop
 
 def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
     """Per step: reward, loss, the engine-vs-trainer log-prob mismatch, whether every engine's
-    weights equal the trainer's gathered ones after the refit, and the completions this rank
-    scored."""
+    weights equal the trainer's gathered ones after the refit, the completions this rank
+    scored and those it sampled (None in one process)."""
     loop = _loop(steps, **overrides)
     if parallel is not None:
         shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
@@ -31,6 +32,7 @@ def _steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
                 m["logprob_mismatch_max"],
                 loop.engines_match(),
                 len(loop.last_update.rollouts),
+                getattr(loop.rollouts, "sampled", None),
             )
         )
     )
@@ -75,3 +77,19 @@ def _distill_steps(parallel: dict | None, steps: int) -> list[tuple]:
 def distill_layout_vs_single(parallel: dict, steps: int) -> tuple[list, list]:
     """On-policy distillation's steps with the student under `parallel`, and in one process."""
     return _distill_steps(parallel, steps), _distill_steps(None, steps)
+
+
+def grpo_resumed_vs_straight(fields: dict, tmp: str) -> tuple[list, list, list] | None:
+    """On rank 0: the metrics of a laid-out GRPO run straight through, and of the same run
+    stopped after step 2 (its state saved every step) and started again, plus the steps the
+    second start ran."""
+    cfg = GRPORunConfig(**fields)
+    straight = run_grpo(cfg, f"{tmp}/straight")
+    state = f"{tmp}/state"
+    run_grpo(cfg.model_copy(update={"steps": 2}), f"{tmp}/resumed", state_dir=state)
+    dist.barrier()  # rank 0 has written the state
+    ran: list[int] = []
+    resumed = run_grpo(cfg, f"{tmp}/resumed", lambda m: ran.append(m["step"]), state)
+    if dist.get_rank() != 0:
+        return None
+    return straight["metrics"], resumed["metrics"], ran
