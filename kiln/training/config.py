@@ -108,6 +108,11 @@ class TrainConfig(_Strict):
         description="precision fp8: scaling recipe. torchao: tensorwise (default) or rowwise; "
         "te: delayed (default) or current.",
     )
+    fp8_all_gather: bool = Field(
+        False,
+        description="precision fp8 (torchao, tensorwise) under FSDP2: all-gather the weights in "
+        "fp8 (half bf16's traffic), their scales from one all-reduce after each optimizer step.",
+    )
     recompute: Literal["none", "selective", "full"] = Field(
         "none",
         description="Activation checkpointing: none, selective (see selective_recompute) or full.",
@@ -245,6 +250,14 @@ class TrainConfig(_Strict):
             raise ConfigError(
                 f"fp8_recipe={self.fp8_recipe} is not a recipe of fp8_backend={self.fp8_backend} "
                 f"(use one of {', '.join(recipes)})"
+            )
+        if self.fp8_all_gather and (self.fp8_backend, self.fp8_scaling) != (
+            "torchao",
+            "tensorwise",
+        ):
+            raise ConfigError(
+                "fp8_all_gather needs fp8_backend: torchao and fp8_recipe: tensorwise "
+                "(one scale per weight)"
             )
 
     @property

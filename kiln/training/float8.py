@@ -43,16 +43,30 @@ def check_float8_available(device: torch.device) -> None:
         raise ConfigError(f"precision=fp8 runs on CUDA (or CPU for tests), not {device.type}")
 
 
-def convert_to_float8(model: nn.Module, recipe: str, tp: int = 1) -> list[str]:
+def convert_to_float8(
+    model: nn.Module, recipe: str, tp: int = 1, fsdp_all_gather: bool = False
+) -> list[str]:
     """Swap `fp8_linear_names(model)` for Float8Linear in place (meta or real weights alike);
     returns the names swapped. Under tensor parallelism every shard must keep fp8's multiple-of-16
-    sizes, so a Linear is kept only if its sizes divide by 16 * `tp`."""
+    sizes, so a Linear is kept only if its sizes divide by 16 * `tp`. `fsdp_all_gather`
+    (tensorwise): the weights become tensors FSDP2 all-gathers already cast to fp8."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+    if fsdp_all_gather:
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    else:
+        config = Float8LinearConfig.from_recipe_name(recipe)
     names = set(fp8_linear_names(model, multiple=16 * tp))
     convert_to_float8_training(
-        model,
-        config=Float8LinearConfig.from_recipe_name(recipe),
-        module_filter_fn=lambda _module, fqn: fqn in names,
+        model, config=config, module_filter_fn=lambda _module, fqn: fqn in names
     )
     return sorted(names)
+
+
+def precompute_float8_scales(model_parts: list[nn.Module]) -> None:
+    """After an optimizer step under fp8 all-gather: every fp8 weight's scale from its new amax,
+    in one all-reduce for all of them (instead of one per weight as each is gathered)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    for part in model_parts:
+        precompute_float8_dynamic_scale_for_fsdp(part)

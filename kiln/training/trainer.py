@@ -27,7 +27,11 @@ from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
 from kiln.training.data import build_dataloader
 from kiln.training.data.loader import TokenLoader
-from kiln.training.float8 import check_float8_available, convert_to_float8
+from kiln.training.float8 import (
+    check_float8_available,
+    convert_to_float8,
+    precompute_float8_scales,
+)
 from kiln.training.launch import (
     enable_tf32,
     local_cuda_index,
@@ -70,6 +74,8 @@ log = logging.getLogger("kiln.training")
 
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
+
+    fp8_all_gather = False  # set by _build_model: FSDP2 gathers fp8 weights (scales after steps)
 
     def __init__(
         self,
@@ -184,9 +190,12 @@ class Trainer:
         cfg, dims = self.cfg, self.dims
         on_meta = self._builds_on_meta()
         model = build_on_meta(cfg.model) if on_meta else self._build_full_model()
+        self.fp8_all_gather = cfg.precision == "fp8" and cfg.fp8_all_gather and dims.fsdp_enabled
         if cfg.precision == "fp8" and cfg.fp8_backend == "torchao":
             # before TP and FSDP shard the weights (torchtitan's order); meta or real alike
-            convert_to_float8(model, cfg.fp8_scaling, tp=dims.tp)
+            convert_to_float8(
+                model, cfg.fp8_scaling, tp=dims.tp, fsdp_all_gather=self.fp8_all_gather
+            )
         self.loss_parallel = self.distributed and use_loss_parallel(dims, cfg)
         if dims.pp_enabled:
             self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
@@ -398,6 +407,8 @@ class Trainer:
         if self.scaler.update(grad_norm):
             for opt in self.optimizers:
                 opt.step()
+            if self.fp8_all_gather:
+                precompute_float8_scales(self.model_parts)
         self._balance_routers()
         for sched in self.lr_schedulers:
             sched.step()

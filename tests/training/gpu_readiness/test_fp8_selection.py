@@ -81,6 +81,13 @@ def test_fp8_recipe_belongs_to_its_backend():
         TrainConfig(precision="fp8", fp8_backend="te", fp8_recipe="rowwise")
 
 
+def test_fp8_all_gather_needs_one_scale_per_weight():
+    assert TrainConfig(precision="fp8", fp8_all_gather=True).fp8_all_gather
+    for other in ({"fp8_recipe": "rowwise"}, {"fp8_backend": "te"}):
+        with pytest.raises(ConfigError, match="fp8_all_gather needs fp8_backend: torchao"):
+            TrainConfig(precision="fp8", fp8_all_gather=True, **other)
+
+
 def test_planning_an_fp8_pipeline_fails_like_a_real_run():
     cfg = TrainConfig(precision="fp8", fp8_backend="te", parallel={"pp": 2, "dp_shard": 1})
     with pytest.raises(ConfigError, match="parallel.pp"):

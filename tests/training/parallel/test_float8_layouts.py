@@ -20,42 +20,49 @@ from tests.training.parallel._trainer_cases import train_config
 GRAD_TOLERANCE = 0.2
 LOSS_TOLERANCE = 1e-3  # nats; first-step fp8 losses measure within 1e-4 of bf16's
 LAYOUTS = [
-    ({"tp": 2}, "tensorwise"),
-    ({"tp": 2}, "rowwise"),
-    ({"dp_shard": 2}, "tensorwise"),
-    ({"pp": 2}, "tensorwise"),
+    ({"tp": 2}, "tensorwise", False),
+    ({"tp": 2}, "rowwise", False),
+    ({"dp_shard": 2}, "tensorwise", False),
+    ({"dp_shard": 2}, "tensorwise", True),  # fp8_all_gather
+    ({"pp": 2}, "tensorwise", False),
 ]
 
 
-def fp8_config(parallel: dict, precision: str = "fp8", recipe: str | None = None):
+def fp8_config(
+    parallel: dict, precision: str = "fp8", recipe: str | None = None, all_gather: bool = False
+):
     return train_config(parallel, {}).model_copy(
-        update={"precision": precision, "fp8_recipe": recipe}
+        update={"precision": precision, "fp8_recipe": recipe, "fp8_all_gather": all_gather}
     )
 
 
-def first_step(parallel: dict, precision: str, recipe: str | None = None) -> dict:
-    """The first step's loss (None off the last pipeline stage), this rank's full gradients and
-    how its Float8Linear weights are laid out."""
+def first_step(
+    parallel: dict, precision: str, recipe: str | None = None, all_gather: bool = False
+) -> dict:
+    """The first step's loss (None off the last pipeline stage), this rank's full gradients, how
+    its Float8Linear weights are laid out, and the next step's loss."""
     torch.manual_seed(0)
-    trainer = Trainer(fp8_config(parallel, precision, recipe)).setup()
-    loss = trainer.train_step()["loss"] if trainer.has_last else None
-    if not trainer.has_last:
-        trainer.train_step()  # pipeline ranks step together; this one has no loss to report
+    trainer = Trainer(fp8_config(parallel, precision, recipe, all_gather)).setup()
+    loss = trainer.train_step()["loss"]
     grads, float8 = {}, {}
     for part in trainer.model_parts:
         for name, module in part.named_modules():
             if type(module).__name__ == "Float8Linear":
                 w = module.weight
-                float8[name] = str(w.placements) if isinstance(w, DTensor) else "plain"
+                local = type(w.to_local()).__name__ if isinstance(w, DTensor) else ""
+                float8[name] = (str(w.placements) if isinstance(w, DTensor) else "plain", local)
         for name, p in part.named_parameters():
             g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
             grads[name] = g.detach().float().numpy()
-    return {"loss": loss, "grads": grads, "float8": float8}
+    next_loss = trainer.train_step()["loss"]
+    if not trainer.has_last:  # off the last pipeline stage there is no loss to report
+        loss = next_loss = None
+    return {"loss": loss, "grads": grads, "float8": float8, "next_loss": next_loss}
 
 
 def every_layout() -> list[dict]:
-    """Rank function: one first step per layout (they share one process group)."""
-    return [first_step(parallel, "fp8", recipe) for parallel, recipe in LAYOUTS]
+    """Rank function: two steps per layout (they share one process group)."""
+    return [first_step(p, "fp8", recipe, gather) for p, recipe, gather in LAYOUTS]
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -92,19 +99,31 @@ def test_one_process_fp8_steps_stay_near_bf16(recipe):
 
 @pytest.mark.slow
 def test_fp8_under_tp_fsdp_and_pp_stays_near_one_process_bf16():
-    """2 gloo ranks, four layouts in one group (~20 s on 2 busy cores)."""
+    """2 gloo ranks, five layouts in one group (~30 s on 2 busy cores)."""
     bf16 = first_step({}, "bf16")
     ranks = run_distributed(every_layout, 2)
-    for i, (parallel, recipe) in enumerate(LAYOUTS):
-        what = f"{parallel} {recipe}"
+    merged = []
+    for i, (parallel, recipe, all_gather) in enumerate(LAYOUTS):
+        what = f"{parallel} {recipe} all_gather={all_gather}"
         per_rank = [r[i] for r in ranks]
-        merged = {
+        run = {
             "loss": next(r["loss"] for r in per_rank if r["loss"] is not None),
+            "next_loss": next(r["next_loss"] for r in per_rank if r["loss"] is not None),
             "grads": {k: v for r in per_rank for k, v in r["grads"].items()},
+            "float8": {k: v for r in per_rank for k, v in r["float8"].items()},
         }
-        assert_near_bf16(merged, bf16, what)
-        float8 = {k: v for r in per_rank for k, v in r["float8"].items()}
-        assert len(float8) == 2 * 7, what
+        merged.append(run)
+        assert_near_bf16(run, bf16, what)
+        assert abs(run["next_loss"] - bf16["next_loss"]) < LOSS_TOLERANCE, what
+        assert len(run["float8"]) == 2 * 7, what
         if "tp" in parallel:  # the TP plan sharded them: wq/w1 by rows, wo/w2 by columns
-            assert float8["layers.0.attention.wq"].endswith("Shard(dim=0))"), what
-            assert float8["layers.0.feed_forward.w2"].endswith("Shard(dim=1))"), what
+            assert run["float8"]["layers.0.attention.wq"][0].endswith("Shard(dim=0))"), what
+            assert run["float8"]["layers.0.feed_forward.w2"][0].endswith("Shard(dim=1))"), what
+        # FSDP2 holds fp8-casting weights only under fp8_all_gather
+        fp8_weights = {local for _, local in run["float8"].values()}
+        want = {"WeightWithDynamicFloat8CastTensor"} if all_gather else {"Tensor", ""}
+        assert fp8_weights <= want and fp8_weights, (what, fp8_weights)
+    # fp8 all-gather quantises the same weights (from the fp32 shards instead of their bf16
+    # casts): its steps stay within fp8 rounding of the bf16 all-gather's
+    plain, gathered = merged[2], merged[3]
+    assert abs(gathered["next_loss"] - plain["next_loss"]) < LOSS_TOLERANCE / 2
