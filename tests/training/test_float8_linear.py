@@ -111,3 +111,35 @@ def test_linears_whose_shards_break_the_fp8_shape_rule_stay_bf16():
     assert convert_to_float8(copy.deepcopy(holder), "tensorwise", tp=1) == ["layers.0.proj"]
     assert convert_to_float8(holder, "tensorwise", tp=2) == []
     assert type(holder.layers["0"]["proj"]) is nn.Linear
+
+
+def test_selective_recompute_keeps_the_fp8_gemms():
+    """Op-level selective recompute keeps the fp8 GEMMs' outputs: backward reruns none of the
+    forward's (3 GEMMs per Linear in all; 4 when the forward's is recomputed). A mode sees them
+    as `aten.mm` on torchao's float8 tensors, before their dispatch turns them into _scaled_mm."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    from kiln.training.parallel.activation_checkpoint import _op_policy_context
+
+    class CountGemms(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten._scaled_mm.default):
+                self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    _, fp8 = linear_pair("tensorwise")
+    x = torch.randn(32, 128, dtype=torch.bfloat16, requires_grad=True)
+
+    def gemms(**policy) -> int:
+        with CountGemms() as count:
+            y = checkpoint(lambda t: torch.relu(fp8(t)), x, use_reentrant=False, **policy)
+            y.float().sum().backward()
+        return count.calls
+
+    assert gemms(context_fn=_op_policy_context) == 3
+    assert gemms() == 4  # full recompute: the forward GEMM runs again

@@ -110,3 +110,28 @@ def test_planning_torchao_fp8_under_tp_and_fsdp_on_fake_ranks():
         assert stand_in.precision == "bf16" and stand_in.parallel == cfg.parallel
         info = plan_rank(stand_in, 0, 2)
         assert info["local_params"] < ModelConfig.preset("tiny", n_layers=2).num_params()
+
+
+def test_torchao_fp8_needs_torchao_and_an_fp8_gpu(monkeypatch):
+    import importlib.util
+
+    from kiln.platform.extras import MissingExtraError
+    from kiln.training.float8 import check_float8_available
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: object() if n == "torchao" else find_spec(n)
+    )
+    with pytest.raises(ConfigError, match=r"compute capability >= 8.9, this GPU has \(8, 0\)"):
+        check_float8_available(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_float8_available(torch.device("cuda", 0))  # Hopper
+    check_float8_available(torch.device("cpu"))  # torch's CPU _scaled_mm (tests)
+    with pytest.raises(ConfigError, match="not mps"):
+        check_float8_available(torch.device("mps"))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "torchao" else find_spec(n)
+    )
+    with pytest.raises(MissingExtraError, match=r"kiln\[gpu\].*not installed: torchao"):
+        check_float8_available(torch.device("cpu"))
