@@ -1,7 +1,8 @@
 """precision fp8 on torchao's Float8Linear in kiln's Trainer (CPU: torch's oneDNN _scaled_mm):
 the first steps stay near bf16's in one process, and under tp=2 (the TP plan shards the Float8
-Linears into DTensors, tensorwise and rowwise), dp_shard=2 (FSDP2) and pp=2 the first step's
-loss and every gradient stay within fp8's error of one process's bf16 step."""
+Linears into DTensors, tensorwise and rowwise), dp_shard=2 (FSDP2, with and without fp8
+all-gather), pp=2 and cp=2 the first two steps' losses and every first-step gradient stay within
+fp8's error of one process's bf16 step."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ LAYOUTS = [
     ({"dp_shard": 2}, "tensorwise", False),
     ({"dp_shard": 2}, "tensorwise", True),  # fp8_all_gather
     ({"pp": 2}, "tensorwise", False),
+    ({"cp": 2}, "tensorwise", False),  # ring attention: each rank's GEMMs see half the sequence
 ]
 
 
@@ -99,7 +101,7 @@ def test_one_process_fp8_steps_stay_near_bf16(recipe):
 
 @pytest.mark.slow
 def test_fp8_under_tp_fsdp_and_pp_stays_near_one_process_bf16():
-    """2 gloo ranks, five layouts in one group (~30 s on 2 busy cores)."""
+    """2 gloo ranks, six layouts in one group (~35 s on 2 busy cores)."""
     bf16 = first_step({}, "bf16")
     ranks = run_distributed(every_layout, 2)
     merged = []
