@@ -251,10 +251,8 @@ class TrainConfig(_Strict):
                 f"fp8_recipe={self.fp8_recipe} is not a recipe of fp8_backend={self.fp8_backend} "
                 f"(use one of {', '.join(recipes)})"
             )
-        if self.fp8_all_gather and (self.fp8_backend, self.fp8_scaling) != (
-            "torchao",
-            "tensorwise",
-        ):
+        one_scale_per_weight = self.fp8_backend == "torchao" and self.fp8_scaling == "tensorwise"
+        if self.fp8_all_gather and not one_scale_per_weight:
             raise ConfigError(
                 "fp8_all_gather needs fp8_backend: torchao and fp8_recipe: tensorwise "
                 "(one scale per weight)"

@@ -3,9 +3,9 @@
 Each selected block Linear becomes a `torchao.float8.Float8Linear`. Forward casts the input and
 the weight to float8 e4m3 with scales from their current amax (one per tensor with `tensorwise`,
 one per row with `rowwise`), multiplies them with `torch._scaled_mm` and returns the input's
-dtype (bf16 in a real run); backward casts the output gradient to e5m2 and runs the two gradient
-GEMMs the same way. Inputs and weights are kept in high precision for backward, so activation
-memory is bf16's (`kiln plan` plans an fp8 run as bf16).
+dtype (bf16 in a real run); backward casts the output gradient (e5m2 with `tensorwise`, e4m3 with
+`rowwise`) and runs the two gradient GEMMs the same way. Inputs and weights are kept in high
+precision for backward, so activation memory is bf16's (`kiln plan` plans an fp8 run as bf16).
 
 Why it composes where te.Linear does not: Float8Linear is an `nn.Linear` subclass that keeps the
 original weight Parameter, so the model converts on the meta device, torch's TP plan shards it

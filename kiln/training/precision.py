@@ -49,8 +49,7 @@ def check_fp8_layout(cfg) -> None:
     """The layouts fp8 runs on (docs/gpu.md says why), from a TrainConfig alone.
 
     torchao (the default) runs on every layout whose per-rank sequence suits fp8 GEMMs.
-    Transformer Engine runs with data, context and
-    expert parallelism only:
+    Transformer Engine runs with data, context and expert parallelism only:
     pp: the schedule runs every stage's modules many times inside one step while TE reduces amax
     over the whole world at the end of each autocast region, which pipeline peers never join.
     tp: a swapped te.Linear is not a DTensor, so torch's TP plan cannot shard it.
