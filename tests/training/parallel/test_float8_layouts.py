@@ -89,14 +89,10 @@ def test_one_process_fp8_steps_stay_near_bf16(recipe):
     # every attention and FFN projection of both blocks runs in fp8, the head does not
     assert len(fp8["float8"]) == 2 * 7 and "output" not in fp8["float8"]
     assert_near_bf16(fp8, bf16, recipe)
+    # the step after the first optimizer update too
+    assert abs(fp8["next_loss"] - bf16["next_loss"]) < LOSS_TOLERANCE
     # fp8 did round: not bf16's gradients to the last bit
     assert max(relative_error(fp8["grads"][n], g) for n, g in bf16["grads"].items()) > 0.01
-
-    torch.manual_seed(0)
-    fp8_losses = [m["loss"] for m in Trainer(fp8_config({}, "fp8", recipe)).train()]
-    torch.manual_seed(0)
-    bf16_losses = [m["loss"] for m in Trainer(fp8_config({}, "bf16")).train()]
-    np.testing.assert_allclose(fp8_losses, bf16_losses, atol=2e-3, rtol=0)
 
 
 @pytest.mark.slow
