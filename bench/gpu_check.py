@@ -117,6 +117,15 @@ TORCH_APIS = [
     ("DeviceMesh._flatten", "torch.distributed.device_mesh", "DeviceMesh", None),
     ("fake process group", "torch.testing._internal.distributed.fake_pg", "FakeStore", None),
     ("_grouped_mm (MoE experts)", "torch", "_grouped_mm", "offs"),
+    ("_scaled_mm (fp8 GEMMs)", "torch", "_scaled_mm", "scale_a"),
+    # precision fp8's default backend (a carried wheel, bench/gpu_wheels.txt)
+    ("torchao Float8 training", "torchao.float8", "convert_to_float8_training", "module_filter_fn"),
+    (
+        "torchao fp8 all-gather scales",
+        "torchao.float8",
+        "precompute_float8_dynamic_scale_for_fsdp",
+        None,
+    ),
 ]
 
 

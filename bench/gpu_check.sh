@@ -184,10 +184,19 @@ record env ok --data "{\"dry\": $([ "$DRY" = 1 ] && echo true || echo false)}"
 echo "== wheels"
 SITE="$SCRATCH/site"
 mkdir -p "$SITE"
-if [ ! -d "$CARRIED" ]; then
-  echo "no $CARRIED: fetching (needs PyPI)"
+missing_carried() {  # missing_carried DIR: the pinned wheels of bench/gpu_wheels.txt not in DIR
+  grep -v '^#' bench/gpu_wheels.txt | grep -v '^$' | while IFS='=' read -r name _ version; do
+    ls "$1/$(echo "$name" | tr '-' '_')-$version-"*.whl >/dev/null 2>&1 || echo "$name"
+  done
+}
+# a folder fetched before the list grew (torchao) is completed the same way
+if [ ! -d "$CARRIED" ] || [ -n "$(missing_carried "$CARRIED")" ]; then
+  fresh=0
+  [ -d "$CARRIED" ] || fresh=1
+  echo "$CARRIED lacks: $(missing_carried "$CARRIED" | tr '\n' ' ')- fetching (needs PyPI)"
   if [ "$DRY" = 1 ]; then fetch_carried "$CARRIED"; else fetch_carried "$CARRIED" "${WHEEL_TAGS[@]}"; fi \
-    || { rm -rf "$CARRIED"; record wheels failed --data "{\"error\": \"no $CARRIED and no PyPI\"}"; exit 1; }
+    || { [ "$fresh" = 1 ] && rm -rf "$CARRIED"
+         record wheels failed --data "{\"error\": \"$CARRIED lacks wheels and no PyPI\"}"; exit 1; }
 fi
 wheel_kib=$(du -sk "$CARRIED" | cut -f1)
 if [ "$wheel_kib" -gt $((64 * 1024)) ]; then

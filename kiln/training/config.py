@@ -11,6 +11,9 @@ from kiln.platform.errors import ConfigError
 from kiln.training.checkpoint.config import CheckpointConfig
 from kiln.training.data.config import DataConfig
 
+# Each fp8 backend's scaling recipes, its default first
+FP8_RECIPES = {"torchao": ("tensorwise", "rowwise"), "te": ("delayed", "current")}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -95,8 +98,20 @@ class TrainConfig(_Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(
         "auto", description="auto: bf16 on CUDA, fp32 on CPU."
     )
-    fp8_recipe: Literal["delayed", "current"] = Field(
-        "delayed", description="precision fp8: Transformer Engine scaling recipe."
+    fp8_backend: Literal["torchao", "te"] = Field(
+        "torchao",
+        description="precision fp8: torchao's Float8Linear (torch._scaled_mm; composes with "
+        "FSDP2, TP and PP) or Transformer Engine's te.Linear (dp/cp/ep only).",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise", "delayed", "current"] | None = Field(
+        None,
+        description="precision fp8: scaling recipe. torchao: tensorwise (default) or rowwise; "
+        "te: delayed (default) or current.",
+    )
+    fp8_all_gather: bool = Field(
+        False,
+        description="precision fp8 (torchao, tensorwise) under FSDP2: all-gather the weights in "
+        "fp8 (half bf16's traffic), their scales from one all-reduce after each optimizer step.",
     )
     recompute: Literal["none", "selective", "full"] = Field(
         "none",
@@ -212,6 +227,7 @@ class TrainConfig(_Strict):
                     raise ConfigError(f"model.{field} is not supported with parallel.cp > 1")
         if self.model.mtp_depth:
             self._check_mtp_layout()
+        self._check_fp8_recipe()
         if self.loss_chunk_tokens and (self.parallel.tp > 1 or self.parallel.pp > 1):
             # tp: the head's logits are vocabulary-sharded (loss_parallel's path, not this one);
             # pp: the last stage hands logits to the schedule's loss function.
@@ -220,6 +236,26 @@ class TrainConfig(_Strict):
                 "set it to 0 there"
             )
         return self
+
+    def _check_fp8_recipe(self) -> None:
+        """fp8_recipe names one of its backend's recipes (None: the backend's default)."""
+        recipes = FP8_RECIPES[self.fp8_backend]
+        if self.fp8_recipe is not None and self.fp8_recipe not in recipes:
+            raise ConfigError(
+                f"fp8_recipe={self.fp8_recipe} is not a recipe of fp8_backend={self.fp8_backend} "
+                f"(use one of {', '.join(recipes)})"
+            )
+        one_scale_per_weight = self.fp8_backend == "torchao" and self.fp8_scaling == "tensorwise"
+        if self.fp8_all_gather and not one_scale_per_weight:
+            raise ConfigError(
+                "fp8_all_gather needs fp8_backend: torchao and fp8_recipe: tensorwise "
+                "(one scale per weight)"
+            )
+
+    @property
+    def fp8_scaling(self) -> str:
+        """The fp8 recipe in effect: fp8_recipe, else its backend's default."""
+        return self.fp8_recipe or FP8_RECIPES[self.fp8_backend][0]
 
     def _check_mtp_layout(self) -> None:
         """Multi-token prediction trains in one process and under dp_shard / dp_replicate / ep.

@@ -1,6 +1,8 @@
-"""Precision: single-process bf16/fp16 autocast, fp8 through Transformer Engine, fp16 loss scaling.
+"""Precision: single-process bf16/fp16 autocast, fp8's layout rules and its Transformer Engine
+backend, fp16 loss scaling.
 
 Distributed runs get bf16/fp16 from FSDP2's MixedPrecisionPolicy instead (see parallelize).
+fp8's default backend, torchao's Float8Linear, is in float8.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kiln.model.moe import MoE
 from kiln.platform.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor cores
 
 
 def autocast_context(precision: str, device_type: str, distributed: bool):
@@ -24,44 +27,56 @@ def autocast_context(precision: str, device_type: str, distributed: bool):
     return torch.autocast(device_type=device_type, dtype=DTYPES[precision])
 
 
-def check_fp8_available() -> None:
-    """fp8 needs Transformer Engine and an fp8-capable GPU (Hopper / Ada or newer)."""
+def check_te_available() -> None:
+    """fp8_backend=te needs Transformer Engine and an fp8-capable GPU (Hopper / Ada or newer)."""
     if importlib.util.find_spec("transformer_engine") is None:
         raise ConfigError(
-            "precision=fp8 needs Transformer Engine: pip install 'kiln[gpu]' (transformer-engine)"
+            "precision=fp8 with fp8_backend=te needs Transformer Engine: pip install "
+            "transformer-engine[pytorch] (or fp8_backend: torchao)"
         )
     if not torch.cuda.is_available():
         raise ConfigError(
             "precision=fp8 needs a CUDA GPU (Hopper or Ada or newer); none is visible"
         )
-    if torch.cuda.get_device_capability() < (8, 9):
+    if torch.cuda.get_device_capability() < FP8_MIN_CAPABILITY:
         raise ConfigError(
             "precision=fp8 needs compute capability >= 8.9, this GPU has "
             f"{torch.cuda.get_device_capability()}"
         )
 
 
-def check_fp8_layout(parallel) -> None:
-    """fp8 runs with data, context and expert parallelism only (docs/gpu.md says why).
+def check_fp8_layout(cfg) -> None:
+    """The layouts fp8 runs on (docs/gpu.md says why), from a TrainConfig alone.
 
+    torchao (the default) runs on every layout whose per-rank sequence suits fp8 GEMMs.
+    Transformer Engine runs with data, context and expert parallelism only:
     pp: the schedule runs every stage's modules many times inside one step while TE reduces amax
     over the whole world at the end of each autocast region, which pipeline peers never join.
     tp: a swapped te.Linear is not a DTensor, so torch's TP plan cannot shard it.
     """
-    for name in ("pp", "tp"):
-        if getattr(parallel, name) > 1:
+    if cfg.fp8_backend != "te":
+        # the weight-gradient GEMM's inner dimension is this rank's tokens, and fp8 GEMMs take
+        # multiples of 16 only
+        local_seq = cfg.seq_len // cfg.parallel.cp
+        if local_seq % 16:
             raise ConfigError(
-                f"precision=fp8 is not supported with parallel.{name} > 1 "
-                "(use bf16, or fp8 with dp/cp/ep only; docs/gpu.md)"
+                f"precision=fp8 needs seq_len / parallel.cp ({local_seq}) to be a multiple of 16"
+            )
+        return
+    for name in ("pp", "tp"):
+        if getattr(cfg.parallel, name) > 1:
+            raise ConfigError(
+                f"precision=fp8 with fp8_backend=te is not supported with parallel.{name} > 1 "
+                "(use fp8_backend: torchao; docs/gpu.md)"
             )
 
 
-def fp8_linear_names(model: nn.Module) -> list[str]:
+def fp8_linear_names(model: nn.Module, multiple: int = 16) -> list[str]:
     """The block Linears that run in fp8: attention and dense FFN projections.
 
     Left out: the output head, the MoE gate and every expert (routed chunks have arbitrary row
-    counts, which TE's fp8 GEMMs refuse unless divisible by 8/16), and any Linear whose sizes are
-    not multiples of 16 (TE's fp8 shape rule).
+    counts, which fp8 GEMMs refuse unless divisible by 8/16), and any Linear whose sizes are not
+    multiples of `multiple` (16: the fp8 GEMMs' shape rule, for each tensor-parallel shard).
     """
 
     names = []
@@ -72,7 +87,7 @@ def fp8_linear_names(model: nn.Module) -> list[str]:
                 continue
             if any(name == p or name.startswith(p + ".") for p in moe_prefixes if p):
                 continue
-            if child.in_features % 16 or child.out_features % 16:
+            if child.in_features % multiple or child.out_features % multiple:
                 continue
             names.append(f"layers.{block_name}.{name}")
     return names
@@ -100,14 +115,15 @@ def swap_to_te_linear(model: nn.Module) -> None:
         setattr(parent, attr, new)
 
 
-def fp8_context(precision: str, recipe: str):
-    """te.fp8_autocast with a delayed- or current-scaling recipe (nothing for other precisions)."""
-    if precision != "fp8":
+def fp8_context(cfg):
+    """te.fp8_autocast with a delayed- or current-scaling recipe under fp8_backend=te (nothing
+    otherwise: torchao's Float8Linear scales inside each call)."""
+    if cfg.precision != "fp8" or cfg.fp8_backend != "te":
         return contextlib.nullcontext()
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe as te_recipe
 
-    if recipe == "delayed":
+    if cfg.fp8_scaling == "delayed":
         fp8_recipe = te_recipe.DelayedScaling(
             fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"
         )

@@ -61,7 +61,7 @@ def check_layout(
     dims = ParallelDims.from_config(cfg.parallel, num_workers)
     cfg.grad_accum_steps(dims.dp_size)
     if cfg.precision == "fp8":
-        check_fp8_layout(cfg.parallel)
+        check_fp8_layout(cfg)
     if cfg.parallel.cp > 1 and cfg.seq_len % (2 * cfg.parallel.cp):
         raise ConfigError(
             f"seq_len={cfg.seq_len} must be a multiple of 2*parallel.cp = {2 * cfg.parallel.cp} "

@@ -27,6 +27,11 @@ from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
 from kiln.training.data import build_dataloader
 from kiln.training.data.loader import TokenLoader
+from kiln.training.float8 import (
+    check_float8_available,
+    convert_to_float8,
+    precompute_float8_scales,
+)
 from kiln.training.launch import (
     enable_tf32,
     local_cuda_index,
@@ -51,8 +56,8 @@ from kiln.training.parallel.pipeline_parallel import build_pipeline, pipeline_mi
 from kiln.training.precision import (
     LossScaler,
     autocast_context,
-    check_fp8_available,
     check_fp8_layout,
+    check_te_available,
     fp8_context,
     swap_to_te_linear,
 )
@@ -69,6 +74,8 @@ log = logging.getLogger("kiln.training")
 
 class Trainer:
     """Owns the model parts, optimizers, schedulers and loader of one rank."""
+
+    fp8_all_gather = False  # set by _build_model: FSDP2 gathers fp8 weights (scales after steps)
 
     def __init__(
         self,
@@ -149,8 +156,11 @@ class Trainer:
         self.dims = ParallelDims.from_config(cfg.parallel, world)
         self.device = self._pick_device()
         if cfg.precision == "fp8":
-            check_fp8_layout(cfg.parallel)
-            check_fp8_available()
+            check_fp8_layout(cfg)
+            if cfg.fp8_backend == "te":
+                check_te_available()
+            else:
+                check_float8_available(self.device)
         if cfg.model.n_experts and self.dims.pp_enabled:
             log.warning("MoE load-balancing loss is not added under pipeline parallelism")
         if self.distributed:
@@ -180,6 +190,12 @@ class Trainer:
         cfg, dims = self.cfg, self.dims
         on_meta = self._builds_on_meta()
         model = build_on_meta(cfg.model) if on_meta else self._build_full_model()
+        self.fp8_all_gather = cfg.precision == "fp8" and cfg.fp8_all_gather and dims.fsdp_enabled
+        if cfg.precision == "fp8" and cfg.fp8_backend == "torchao":
+            # before TP and FSDP shard the weights (torchtitan's order); meta or real alike
+            convert_to_float8(
+                model, cfg.fp8_scaling, tp=dims.tp, fsdp_all_gather=self.fp8_all_gather
+            )
         self.loss_parallel = self.distributed and use_loss_parallel(dims, cfg)
         if dims.pp_enabled:
             self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
@@ -209,10 +225,11 @@ class Trainer:
         return self.dims.pp_enabled and self.spec.accumulates_in_schedule
 
     def _builds_on_meta(self) -> bool:
-        """`meta_init`, unless fp8 (te.Linear copies the weights it replaces) or the spec's
-        `adapt_model` needs the full model."""
+        """`meta_init`, unless Transformer Engine's fp8 (te.Linear copies the weights it
+        replaces) or the spec's `adapt_model` needs the full model."""
         cfg = self.cfg
-        return cfg.meta_init and cfg.precision != "fp8" and self.spec.adapt_model is None
+        te_fp8 = cfg.precision == "fp8" and cfg.fp8_backend == "te"
+        return cfg.meta_init and not te_fp8 and self.spec.adapt_model is None
 
     def _build_full_model(self) -> nn.Module:
         """Same seed on every rank: each builds the full model, then keeps and shards its part."""
@@ -221,7 +238,7 @@ class Trainer:
             model: nn.Module = Transformer(self.cfg.model)
             if self.spec.adapt_model is not None:
                 model = self.spec.adapt_model(model)
-        if self.cfg.precision == "fp8":
+        if self.cfg.precision == "fp8" and self.cfg.fp8_backend == "te":
             swap_to_te_linear(model)
         return model.to(self.device)
 
@@ -276,7 +293,7 @@ class Trainer:
         cfg = self.cfg
         with (
             autocast_context(cfg.precision, self.device.type, self.distributed),
-            fp8_context(cfg.precision, cfg.fp8_recipe),
+            fp8_context(cfg),
             loss_parallel_context(self.loss_parallel),
         ):
             if self.dims.pp_enabled:
@@ -390,6 +407,8 @@ class Trainer:
         if self.scaler.update(grad_norm):
             for opt in self.optimizers:
                 opt.step()
+            if self.fp8_all_gather:
+                precompute_float8_scales(self.model_parts)
         self._balance_routers()
         for sched in self.lr_schedulers:
             sched.step()
@@ -433,7 +452,7 @@ class Trainer:
             tokens, labels = shard_for_context_parallel(tokens, labels, self.dims.mesh("cp"))
         with (
             autocast_context(self.cfg.precision, self.device.type, self.distributed),
-            fp8_context(self.cfg.precision, self.cfg.fp8_recipe),
+            fp8_context(self.cfg),
             loss_parallel_context(self.loss_parallel),
         ):
             if not self.dims.pp_enabled:

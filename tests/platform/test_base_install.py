@@ -33,6 +33,7 @@ PIPELINES = sorted((REPO / "kiln" / "pipelines").glob("*.yaml"))
 GUARDED_EXTRA_IMPORTS = {
     "kiln/evaluate/harness_main.py": "eval",  # the child process `evaluate` starts after the check
     "kiln/curator/filters/japanese.py": "ja",  # fugashi imported after require_extra("ja", ...)
+    "kiln/training/float8.py": "gpu",  # torchao, after the trainer's require_extra("gpu", ...)
 }
 
 

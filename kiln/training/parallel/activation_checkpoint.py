@@ -27,6 +27,11 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
+    # fp8 (torchao's Float8Linear), as torchtitan keeps them: eager, a policy sees its GEMMs as
+    # aten.mm on float8 tensors (kept above); a compiled graph has them as _scaled_mm, beside the
+    # amax each scale comes from (a scalar, kept so recompute reuses the forward's scale)
+    torch.ops.aten._scaled_mm.default,
+    torch.ops.aten.max.default,
 }
 # Attention kernels of optional packages, saved when the package registered them as torch ops
 # (flash-attn >= 2.6 does; Transformer Engine's fused attention is not a dispatcher op, so a

@@ -39,7 +39,7 @@ def cpu_stand_in(cfg: TrainConfig, shrink: bool = False) -> TrainConfig:
     Layout rules of the hardware-only choices are still checked (fp8's, here). `shrink` keeps
     the heads, KV heads and stage count but makes every matrix small (a quick layout check)."""
     if cfg.precision == "fp8":
-        check_fp8_layout(cfg.parallel)
+        check_fp8_layout(cfg)
     model = cfg.model.model_copy(update={"attention_backend": "sdpa"})
     if shrink:
         p = cfg.parallel

@@ -214,7 +214,7 @@ class PostTrainer(Trainer):
         cfg = self.cfg
         stack = contextlib.ExitStack()
         stack.enter_context(autocast_context(cfg.precision, self.device.type, self.distributed))
-        stack.enter_context(fp8_context(cfg.precision, cfg.fp8_recipe))
+        stack.enter_context(fp8_context(cfg))
         stack.enter_context(loss_parallel_context(self.loss_parallel))
         return stack
 

@@ -99,7 +99,7 @@ def test_config_errors_name_the_field():
         from kiln.training.trainer import Trainer
 
         with pytest.raises(ConfigError, match="fp8"):
-            Trainer(tiny_config(precision="fp8")).setup()
+            Trainer(tiny_config(precision="fp8", fp8_backend="te")).setup()
     with pytest.raises(ConfigError, match="global_batch_size"):
         tiny_config(global_batch_size=6).grad_accum_steps(dp_size=2)
     with pytest.raises(ConfigError, match="world size"):
