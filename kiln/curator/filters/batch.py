@@ -92,10 +92,25 @@ class DocBatch:
         return pc.utf8_lower(self.arr)
 
     @cached_property
+    def no_space_chars(self) -> np.ndarray:
+        """CJK/kana/Thai characters per document."""
+        return self.count_chars(NO_SPACE_SCRIPTS)
+
+    @cached_property
     def no_space(self) -> np.ndarray:
         """Documents in scripts written without spaces (CJK, kana, Thai)."""
-        letters = self.count_chars(r"\pL")
-        return self.count_chars(NO_SPACE_SCRIPTS) >= self.no_space_ratio * np.maximum(letters, 1)
+        cjk = self.no_space_chars
+        if self.no_space_ratio <= 0:
+            return cjk >= 0
+        # letters are only counted where there is a CJK character: the others are spaced (the
+        # \pL count is the dearest regex of the batch and English has no use for it)
+        out = np.zeros(len(self), dtype=bool)
+        some = np.flatnonzero(cjk > 0)
+        if len(some):
+            kept = pc.replace_substring_regex(self.arr.take(some), r"[^\pL]+", "")
+            letters = _np(pc.utf8_length(kept)).astype(np.int64)
+            out[some] = cjk[some] >= self.no_space_ratio * np.maximum(letters, 1)
+        return out
 
     @cached_property
     def segmented(self) -> np.ndarray:
@@ -124,7 +139,12 @@ class DocBatch:
             )
         seg = Segments.from_lists(pc.utf8_split_whitespace(spaced), len(self))
         seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL"))
-        seg.cjk = _np(pc.match_substring_regex(seg.values, f"[{NO_SPACE_SCRIPTS}]"))
+        # a CJK word can only be in a document holding a CJK character: only those are matched
+        seg.cjk = np.zeros(len(seg.doc), dtype=bool)
+        some = np.flatnonzero((self.no_space_chars > 0)[seg.doc])
+        if len(some):
+            words = seg.values.take(pa.array(some))
+            seg.cjk[some] = _np(pc.match_substring_regex(words, f"[{NO_SPACE_SCRIPTS}]"))
         return seg
 
     @cached_property
