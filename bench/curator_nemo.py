@@ -124,6 +124,73 @@ ray.shutdown()
 """
 
 
+# Each NeMo rule's decision per document, in plain Python (no Ray): which rules the two sides
+# define differently. Kiln's rule (the name in its report) for each of NeMo's 23.
+NEMO_RULES = """
+import json, sys
+from nemo_curator.stages.text.filters.heuristic.repetition import (
+    RepeatedLinesByCharFilter, RepeatedLinesFilter, RepeatedParagraphsByCharFilter,
+    RepeatedParagraphsFilter, RepeatingDuplicateNGramsFilter, RepeatingTopNGramsFilter)
+from nemo_curator.stages.text.filters.heuristic.string import (
+    BulletsFilter, EllipsisFilter, MeanWordLengthFilter, NonAlphaNumericFilter, NumbersFilter,
+    PunctuationFilter, SymbolsToWordsFilter, UrlsFilter, WordCountFilter,
+    WordsWithoutAlphabetsFilter)
+rules = {
+    "non_alphanumeric": [NonAlphaNumericFilter(0.25)],
+    "symbol_word_ratio": [SymbolsToWordsFilter(0.1)],
+    "digits": [NumbersFilter(0.15)],
+    "url_ratio": [UrlsFilter(0.2)],
+    "duplicate_lines": [RepeatedLinesFilter(0.7), RepeatedLinesByCharFilter(0.8)],
+    "duplicate_paragraphs": [RepeatedParagraphsFilter(0.7), RepeatedParagraphsByCharFilter(0.8)],
+    "word_count": [WordCountFilter(50, 100000)],
+    "terminal_punctuation": [PunctuationFilter(0.85)],
+    "alpha_words": [WordsWithoutAlphabetsFilter(0.8)],
+    "mean_word_length": [MeanWordLengthFilter(3, 10)],
+    "ellipsis_lines": [EllipsisFilter(0.3)],
+    "top_ngrams": [RepeatingTopNGramsFilter(n, r) for n, r in ((2, .2), (3, .18), (4, .16))],
+    "duplicate_ngrams": [RepeatingDuplicateNGramsFilter(n, r) for n, r in
+                         ((5, .15), (6, .14), (7, .13), (8, .12), (9, .11), (10, .10))],
+    "bullet_lines": [BulletsFilter(0.9)],
+}
+def keeps(f, text):
+    try:
+        return bool(f.keep_document(f.score_document(text)))
+    except ZeroDivisionError:
+        return False
+texts = [json.loads(line)["text"] for line in open(sys.argv[1])]
+print(json.dumps({name: [all(keeps(f, t) for f in fs) for t in texts]
+                  for name, fs in rules.items()}))
+"""
+
+
+def rule_agreement(path: str) -> None:
+    """Each rule's decisions on Kiln and NeMo over the documents of one input file."""
+    import numpy as np
+
+    from kiln.curator.config import FilterConfig
+    from kiln.curator.filters import DocBatch, build_filters
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(NEMO_RULES))
+    out = subprocess.run(
+        [f"{NEMOVENV}/bin/python", f.name, path], capture_output=True, text=True, check=True
+    )
+    nemo = {k: np.array(v) for k, v in json.loads(out.stdout).items()}
+    with open(path, encoding="utf-8") as f:
+        batch = DocBatch([json.loads(line)["text"] for line in f])
+    kiln = {
+        f.name: np.asarray(f.keep(batch), bool) for f in build_filters(FilterConfig(**KILN_FILTERS))
+    }
+    print(f"\neach rule on {len(batch):,} docs ({os.path.basename(path)}): rejected by")
+    print(f"{'rule':22} {'kiln':>6} {'NeMo':>6} {'kiln only':>9} {'NeMo only':>9}")
+    for name, keep in nemo.items():
+        k = kiln[name]
+        print(
+            f"{name:22} {(~k).sum():6} {(~keep).sum():6} {(~k & keep).sum():9} "
+            f"{(k & ~keep).sum():9}"
+        )
+
+
 def make_venv() -> None:
     """NeMo Curator's CPU part (the plain package: text stages on Ray Data) in its own venv."""
     subprocess.run([sys.executable, "-m", "venv", NEMOVENV], check=True)
@@ -336,6 +403,7 @@ def main() -> None:
         f"kiln / NeMo: {n['seconds'] / k['seconds']:.2f}x docs/s, "
         f"{n['cpu'] / k['cpu']:.2f}x docs per CPU-second"
     )
+    rule_agreement(sorted(glob.glob(os.path.join(inputs, "*.jsonl")))[0])
 
 
 if __name__ == "__main__":
