@@ -320,7 +320,14 @@ def run_kiln(inputs: str, out: str, cpus: int) -> dict:
     shards = glob.glob(f"{out}/shard-*.parquet")
     kept = set(pq.read_table(shards, columns=["id"])["id"].to_pylist()) if shards else set()
     assert len(kept) == report["kept"], (len(kept), report["kept"])
-    return {"seconds": seconds, "cpu": cpu.seconds, "kept": kept, "load": f"{before}-{load()}"}
+    steps = ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds"].items() if k != "total")
+    return {
+        "seconds": seconds,
+        "cpu": cpu.seconds,
+        "kept": kept,
+        "load": f"{before}-{load()}",
+        "steps": f"; {steps}",
+    }
 
 
 def run_nemo(inputs: str, out: str, cpus: int) -> dict:
@@ -383,7 +390,7 @@ def main() -> None:
             res = fn(inputs, os.path.join(work, f"{name}-{r}"), args.cpus)
             print(
                 f"run {r} {name}: {res['seconds']:.1f}s wall, {res['cpu']:.1f} CPU-s, "
-                f"{len(res['kept']):,} kept (load {res['load']})"
+                f"{len(res['kept']):,} kept (load {res['load']}{res.get('steps', '')})"
             )
             if name not in best or res["seconds"] < best[name]["seconds"]:
                 best[name] = res
