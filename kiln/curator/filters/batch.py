@@ -44,10 +44,16 @@ class Segments:
         doc = np.repeat(np.arange(len(lists)), _np(pc.list_value_length(lists)))
         keep = _np(pc.not_equal(values, ""))
         values, doc = values.filter(pa.array(keep)), doc[keep]
-        ids = _np(pc.dictionary_encode(values).indices).astype(np.int64)
-        seg = cls(doc, ids, _np(pc.utf8_length(values)).astype(np.int64), n_docs)
-        seg.values = values
+        encoded = pc.dictionary_encode(values)
+        ids = _np(encoded.indices).astype(np.int64)
+        seg = cls(doc, ids, _np(pc.utf8_length(encoded.dictionary)).astype(np.int64)[ids], n_docs)
+        seg.values, seg.distinct = values, encoded.dictionary
         return seg
+
+    def matches(self, pattern: str) -> np.ndarray:
+        """Per piece, whether it matches a regex (RE2), decided once per distinct piece: a
+        batch's words repeat (`the`, `of`), so this runs on a small share of them."""
+        return _np(pc.match_substring_regex(self.distinct, pattern))[self.ids]
 
     def per_doc(self, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(self.doc, weights=weights, minlength=len(self.lengths))
@@ -138,13 +144,8 @@ class DocBatch:
                 pa.array(self.segmented), pa.array(split, pa.large_string()), spaced
             )
         seg = Segments.from_lists(pc.utf8_split_whitespace(spaced), len(self))
-        seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL"))
-        # a CJK word can only be in a document holding a CJK character: only those are matched
-        seg.cjk = np.zeros(len(seg.doc), dtype=bool)
-        some = np.flatnonzero((self.no_space_chars > 0)[seg.doc])
-        if len(some):
-            words = seg.values.take(pa.array(some))
-            seg.cjk[some] = _np(pc.match_substring_regex(words, f"[{NO_SPACE_SCRIPTS}]"))
+        seg.alpha = seg.matches(r"\pL")
+        seg.cjk = seg.matches(f"[{NO_SPACE_SCRIPTS}]")
         return seg
 
     @cached_property
@@ -168,5 +169,5 @@ class DocBatch:
 
     def line_ratio(self, pattern: str) -> np.ndarray:
         """Fraction of a document's non-empty lines that match a regex."""
-        hit = _np(pc.match_substring_regex(self.lines.values, pattern))
+        hit = self.lines.matches(pattern)
         return self.ratio(self.lines.per_doc(hit.astype(np.float64)), self.n_lines)
