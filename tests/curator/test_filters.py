@@ -221,3 +221,14 @@ def test_no_space_and_cjk_words_equal_the_full_regex_counts(ratio):
         zero_copy_only=False
     )
     assert words.cjk.tolist() == cjk.tolist() and cjk.any()
+
+
+def test_the_streamed_filter_path_starts_without_torch():
+    """Each Ray Data actor imports the stream module: torch (the embedding classifier's, ~2 s)
+    is imported only when an embedding classifier is trained or loaded."""
+    import subprocess
+    import sys
+
+    code = "import sys, kiln.curator.stream; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
