@@ -18,7 +18,8 @@ recombined from their paragraphs, to `--docs`, in `--files` JSONL files.
 NeMo Curator 1.4 runs in its own environment, KILN_NEMOVENV (default /tmp/nemovenv; never Kiln's
 .venv): the plain `nemo-curator` package is its CPU part (its text stages, Ray Data; cuDF is only
 imported by GPU dedup), with its `RayDataExecutor` (the Xenna executor refuses 2 cores). Each side
-gets a fresh local Ray of the same CPUs; Ray's start is not timed, the pipeline run is. Runs are
+runs in a fresh process with a fresh local Ray of the same CPUs; imports and Ray's start are not
+timed, the pipeline run is (Kiln's includes writing its shards and report). Runs are
 interleaved (Kiln, NeMo, Kiln, NeMo, ...) and the best of each is kept. Prints docs/s, docs per
 CPU-second (user + system time of the whole process tree, Ray's workers included), kept counts
 and how many documents the two keep differently, and the ratio, beside the load average.
@@ -288,7 +289,8 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def run_kiln(inputs: str, out: str, cpus: int) -> dict:
+def kiln_child(inputs: str, out: str, cpus: int) -> None:
+    """One Kiln run, in its own process as NeMo's: imports and Ray's start before START."""
     import pyarrow.parquet as pq
 
     from kiln.curator import CurateConfig, curate
@@ -310,41 +312,26 @@ def run_kiln(inputs: str, out: str, cpus: int) -> dict:
             "output": {"plot": False},
         }
     )
-    runtime = Runtime(num_cpus=cpus).ensure()  # started before the clock, as NeMo's side
-    before = load()
-    with CpuTime() as cpu:
-        t0 = time.perf_counter()
-        report = curate(cfg, out, runtime=runtime)
-        seconds = time.perf_counter() - t0
+    runtime = Runtime(num_cpus=cpus).ensure()
+    print("START", flush=True)
+    t0 = time.perf_counter()
+    report = curate(cfg, out, runtime=runtime)
+    print("SECONDS", time.perf_counter() - t0, flush=True)
     runtime.shutdown()
     shards = glob.glob(f"{out}/shard-*.parquet")
-    kept = set(pq.read_table(shards, columns=["id"])["id"].to_pylist()) if shards else set()
+    kept = pq.read_table(shards, columns=["id"])["id"].to_pylist() if shards else []
     assert len(kept) == report["kept"], (len(kept), report["kept"])
     steps = ", ".join(f"{k} {v:.1f}s" for k, v in report["seconds"].items() if k != "total")
-    return {
-        "seconds": seconds,
-        "cpu": cpu.seconds,
-        "kept": kept,
-        "load": f"{before}-{load()}",
-        "steps": f"; {steps}",
-    }
+    print("STEPS", steps, flush=True)
+    print("KEPT", json.dumps(kept), flush=True)
 
 
-def run_nemo(inputs: str, out: str, cpus: int) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(textwrap.dedent(NEMO))
-    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
-    env.pop("RAY_ADDRESS", None)
+def run_child(argv: list[str], env: dict) -> dict:
+    """Run one side's process; wall time and CPU time of its process tree from its START line
+    (after imports and Ray's start) to its SECONDS line (the pipeline done)."""
     before = load()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [f"{NEMOVENV}/bin/python", f.name, inputs, out, str(cpus)],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-        )
-        # CPU counted while the pipeline runs (after its imports and Ray's start, as on Kiln's)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         lines = {}
         with CpuTime(proc.pid) as cpu:
             for line in proc.stdout:
@@ -353,14 +340,38 @@ def run_nemo(inputs: str, out: str, cpus: int) -> dict:
                     cpu.restart()
                 elif word == "SECONDS":
                     cpu.freeze()
-                lines[word] = rest
+                lines[word] = rest.strip()
             proc.wait()
         if proc.returncode or "KEPT" not in lines:
             log.seek(0)
-            raise RuntimeError(f"NeMo Curator failed:\n{log.read()[-3000:]}")
-    seconds = float(lines["SECONDS"])
-    kept = set(json.loads(lines["KEPT"]))
-    return {"seconds": seconds, "cpu": cpu.seconds, "kept": kept, "load": f"{before}-{load()}"}
+            raise RuntimeError(f"{argv[1]} failed:\n{log.read()[-3000:]}")
+    return {
+        "seconds": float(lines["SECONDS"]),
+        "cpu": cpu.seconds,
+        "kept": set(json.loads(lines["KEPT"])),
+        "load": f"{before}-{load()}",
+        "steps": f"; {lines['STEPS']}" if "STEPS" in lines else "",
+    }
+
+
+def _env() -> dict:
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"))
+    env.pop("RAY_ADDRESS", None)  # each side starts its own local Ray
+    return env
+
+
+def run_kiln(inputs: str, out: str, cpus: int, checkout: str | None = None) -> dict:
+    """Kiln as imported here, or from another `checkout` (its folder first on PYTHONPATH)."""
+    env = _env()
+    if checkout:
+        env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
+    return run_child([sys.executable, __file__, "--kiln-child", inputs, out, str(cpus)], env)
+
+
+def run_nemo(inputs: str, out: str, cpus: int) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(NEMO))
+    return run_child([f"{NEMOVENV}/bin/python", f.name, inputs, out, str(cpus)], _env())
 
 
 def main() -> None:
@@ -374,7 +385,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="interleaved runs, best of each kept")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None)
+    ap.add_argument(
+        "--kiln-baseline",
+        default=None,
+        help="also run Kiln from this checkout (e.g. main before a change), interleaved",
+    )
+    ap.add_argument("--kiln-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.kiln_child:
+        kiln_child(args.kiln_child[0], args.kiln_child[1], int(args.kiln_child[2]))
+        return
     if args.make_venv:
         make_venv()
         return
@@ -385,8 +405,12 @@ def main() -> None:
     chars = make_corpus(args.docs, args.seed, inputs, args.files)
     print(f"corpus: {args.docs:,} English docs, {chars / 1e6:.0f}M chars -> {inputs}")
     best: dict[str, dict] = {}
+    sides = [("kiln", run_kiln), ("nemo", run_nemo)]
+    if args.kiln_baseline:
+        base = os.path.abspath(args.kiln_baseline)
+        sides.insert(1, ("kiln-baseline", lambda i, o, c: run_kiln(i, o, c, base)))
     for r in range(args.repeats):
-        for name, fn in (("kiln", run_kiln), ("nemo", run_nemo)):
+        for name, fn in sides:
             res = fn(inputs, os.path.join(work, f"{name}-{r}"), args.cpus)
             print(
                 f"run {r} {name}: {res['seconds']:.1f}s wall, {res['cpu']:.1f} CPU-s, "
@@ -396,7 +420,10 @@ def main() -> None:
                 best[name] = res
     k, n = best["kiln"], best["nemo"]
     print(f"\n{'':24} {'docs/s':>8} {'docs/CPU-s':>10} {'kept':>7} {'load':>9}")
-    for name, res in (("kiln", k), ("NeMo Curator 1.4", n)):
+    rows = [("kiln", k), ("NeMo Curator 1.4", n)]
+    if "kiln-baseline" in best:
+        rows.insert(1, (f"kiln at {os.path.basename(args.kiln_baseline)}", best["kiln-baseline"]))
+    for name, res in rows:
         print(
             f"{name:24} {args.docs / res['seconds']:8.0f} {args.docs / res['cpu']:10.0f} "
             f"{len(res['kept']):7,} {res['load']:>9}"
@@ -410,6 +437,13 @@ def main() -> None:
         f"kiln / NeMo: {n['seconds'] / k['seconds']:.2f}x docs/s, "
         f"{n['cpu'] / k['cpu']:.2f}x docs per CPU-second"
     )
+    if "kiln-baseline" in best:
+        b = best["kiln-baseline"]
+        assert b["kept"] == k["kept"], "the baseline keeps other documents"
+        print(
+            f"kiln / kiln baseline: {b['seconds'] / k['seconds']:.2f}x docs/s, "
+            f"{b['cpu'] / k['cpu']:.2f}x docs per CPU-second (the same kept set)"
+        )
     rule_agreement(sorted(glob.glob(os.path.join(inputs, "*.jsonl")))[0])
 
 
