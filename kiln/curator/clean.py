@@ -46,11 +46,15 @@ class Cleaner:
         for t in texts:
             if cfg.fix_unicode and _FTFY_TRIGGER.search(t):
                 t = _ftfy_fix(t)
-            if _SURROGATE.search(t):  # lone surrogates cannot be stored as UTF-8
+            # lone surrogates cannot be stored as UTF-8 (str.isascii is O(1) in CPython: ASCII
+            # text skips the search)
+            if not t.isascii() and _SURROGATE.search(t):
                 t = t.encode("utf-8", "replace").decode("utf-8")
             if cfg.normalization != "none":  # (pyarrow's utf8_normalize does not compose)
                 t = unicodedata.normalize(cfg.normalization, t)
             out.append(t)
+        if not (cfg.remove_control_chars or cfg.normalize_whitespace or cfg.boilerplate_lines):
+            return out  # no Arrow pass to make
         arr = pa.array(out, pa.large_string())
         if cfg.remove_control_chars:
             arr = pc.replace_substring_regex(arr, _CONTROL, "")

@@ -63,6 +63,9 @@ def reject_duplicates(
     more_rows: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Pass 1: write one staging part's duplicates to rejected/; returns its keep mask."""
+    drop = [exact_rows, fuzzy_rows, semantic_rows, *(more_rows or {}).values()]
+    if not any(r is not None and len(r) for r in drop):  # no dedup removed anything: no read
+        return np.ones(pq.ParquetFile(path).metadata.num_rows, dtype=bool)
     table = pq.read_table(path, columns=["_row", *CORPUS_COLUMNS])
     rows = table.column("_row").to_numpy()
     is_exact, is_fuzzy = np.isin(rows, exact_rows), np.isin(rows, fuzzy_rows)

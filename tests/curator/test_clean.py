@@ -61,3 +61,10 @@ def test_boilerplate_lines_are_removed():
 def test_lone_surrogates_become_storable():
     (out,) = Cleaner(CleanConfig())(["bad \ud800 surrogate"])
     out.encode("utf-8")
+
+
+def test_with_every_step_off_only_lone_surrogates_change():
+    off = ONLY_FTFY.model_copy(update={"fix_unicode": False})
+    texts = ["plain ascii\x00  \n\n\n", "naïve \ud800 half", "日本語\u3000テキスト \r\n"]
+    out = Cleaner(off)(texts)
+    assert out == [texts[0], "naïve ? half", texts[2]]

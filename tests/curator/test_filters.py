@@ -170,3 +170,65 @@ def test_ngram_fractions_equal_the_definition():
         expected = np.array([_brute_ngram_fractions(d, n) for d in docs])
         np.testing.assert_allclose(top[n], expected[:, 0])
         np.testing.assert_allclose(dup[n], expected[:, 1])
+
+
+def _mixed_batch(seed: int) -> list[str]:
+    """English and Japanese prose, repeated junk, technical Japanese and a kana-in-Latin doc."""
+    rng = random.Random(seed)
+    texts = [prose(rng) for _ in range(6)] + [japanese(rng) for _ in range(4)]
+    texts += [technical(rng, lang) for lang in ("en", "ja", "ja")]
+    texts += [" ".join(["the same words again"] * 40), "ls -l と foo_bar " * 30]
+    return texts + [t for _, t in junk_docs(rng).values()]
+
+
+def test_top_and_duplicate_ngram_rules_share_one_pass_and_decide_as_alone(monkeypatch):
+    from kiln.curator.filters import gopher
+
+    top, dup = {2: 0.2, 3: 0.18, 4: 0.16}, {5: 0.15, 6: 0.14, 8: 0.12}
+    texts = _mixed_batch(5)
+    alone = [
+        gopher.TopNgrams(top).keep(DocBatch(texts)),
+        gopher.DuplicateNgrams(dup).keep(DocBatch(texts)),
+    ]
+    calls = []
+    real = gopher.ngram_fractions
+    monkeypatch.setattr(gopher, "ngram_fractions", lambda *a: calls.append(a) or real(*a))
+    batch = DocBatch(texts)
+    together = [
+        gopher.TopNgrams(top, 4, tuple(dup)).keep(batch),
+        gopher.DuplicateNgrams(dup, 4, tuple(top)).keep(batch),
+    ]
+    assert [a.tolist() for a in together] == [a.tolist() for a in alone]
+    assert not alone[0].all() and not alone[1].all()  # both rules reject something here
+    # one pass per word kind (spaced words, CJK characters), not one per rule
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.3, 0.9])
+def test_no_space_and_cjk_words_equal_the_full_regex_counts(ratio):
+    import pyarrow.compute as pc
+
+    from kiln.curator.filters.batch import NO_SPACE_SCRIPTS
+
+    texts = _mixed_batch(6) + ["abc 日本 def ghi jkl", "日本語", "123 456", "ー only ｰ"]
+    batch = DocBatch(texts, ratio)
+    letters = batch.count_chars(r"\pL")
+    expected = batch.count_chars(NO_SPACE_SCRIPTS) >= ratio * np.maximum(letters, 1)
+    assert batch.no_space.tolist() == expected.tolist()
+    assert 0 < batch.no_space.sum() < len(texts) or ratio == 0.0
+    words = batch.words
+    cjk = pc.match_substring_regex(words.values, f"[{NO_SPACE_SCRIPTS}]").to_numpy(
+        zero_copy_only=False
+    )
+    assert words.cjk.tolist() == cjk.tolist() and cjk.any()
+
+
+def test_the_streamed_filter_path_starts_without_torch():
+    """Each Ray Data actor imports the stream module: torch (the embedding classifier's, ~2 s)
+    is imported only when an embedding classifier is trained or loaded."""
+    import subprocess
+    import sys
+
+    code = "import sys, kiln.curator.stream; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

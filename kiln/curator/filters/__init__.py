@@ -78,14 +78,10 @@ def build_filters(cfg: FilterConfig, extra: list[DocumentFilter] = ()) -> list[D
         cfg.max_dup_para_fraction is not None or cfg.max_dup_para_char_fraction is not None,
         gopher.DuplicateParagraphs(cfg.max_dup_para_fraction, cfg.max_dup_para_char_fraction),
     )
-    add(
-        bool(cfg.top_ngram_char_fraction),
-        gopher.TopNgrams(cfg.top_ngram_char_fraction or {}, cfg.no_space_ngram_scale),
-    )
-    add(
-        bool(cfg.dup_ngram_char_fraction),
-        gopher.DuplicateNgrams(cfg.dup_ngram_char_fraction or {}, cfg.no_space_ngram_scale),
-    )
+    top, dup = cfg.top_ngram_char_fraction or {}, cfg.dup_ngram_char_fraction or {}
+    # each knows the other's n: the first to run computes both in one pass
+    add(bool(top), gopher.TopNgrams(top, cfg.no_space_ngram_scale, tuple(dup)))
+    add(bool(dup), gopher.DuplicateNgrams(dup, cfg.no_space_ngram_scale, tuple(top)))
     add(
         cfg.min_terminal_punct_line_ratio is not None,
         c4.TerminalPunctuation(cfg.min_terminal_punct_line_ratio, None),

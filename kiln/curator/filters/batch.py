@@ -44,10 +44,16 @@ class Segments:
         doc = np.repeat(np.arange(len(lists)), _np(pc.list_value_length(lists)))
         keep = _np(pc.not_equal(values, ""))
         values, doc = values.filter(pa.array(keep)), doc[keep]
-        ids = _np(pc.dictionary_encode(values).indices).astype(np.int64)
-        seg = cls(doc, ids, _np(pc.utf8_length(values)).astype(np.int64), n_docs)
-        seg.values = values
+        encoded = pc.dictionary_encode(values)
+        ids = _np(encoded.indices).astype(np.int64)
+        seg = cls(doc, ids, _np(pc.utf8_length(encoded.dictionary)).astype(np.int64)[ids], n_docs)
+        seg.values, seg.distinct = values, encoded.dictionary
         return seg
+
+    def matches(self, pattern: str) -> np.ndarray:
+        """Per piece, whether it matches a regex (RE2), decided once per distinct piece: a
+        batch's words repeat (`the`, `of`), so this runs on a small share of them."""
+        return _np(pc.match_substring_regex(self.distinct, pattern))[self.ids]
 
     def per_doc(self, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(self.doc, weights=weights, minlength=len(self.lengths))
@@ -92,10 +98,25 @@ class DocBatch:
         return pc.utf8_lower(self.arr)
 
     @cached_property
+    def no_space_chars(self) -> np.ndarray:
+        """CJK/kana/Thai characters per document."""
+        return self.count_chars(NO_SPACE_SCRIPTS)
+
+    @cached_property
     def no_space(self) -> np.ndarray:
         """Documents in scripts written without spaces (CJK, kana, Thai)."""
-        letters = self.count_chars(r"\pL")
-        return self.count_chars(NO_SPACE_SCRIPTS) >= self.no_space_ratio * np.maximum(letters, 1)
+        cjk = self.no_space_chars
+        if self.no_space_ratio <= 0:
+            return cjk >= 0
+        # letters are only counted where there is a CJK character: the others are spaced (the
+        # \pL count is the dearest regex of the batch and English has no use for it)
+        out = np.zeros(len(self), dtype=bool)
+        some = np.flatnonzero(cjk > 0)
+        if len(some):
+            kept = pc.replace_substring_regex(self.arr.take(some), r"[^\pL]+", "")
+            letters = _np(pc.utf8_length(kept)).astype(np.int64)
+            out[some] = cjk[some] >= self.no_space_ratio * np.maximum(letters, 1)
+        return out
 
     @cached_property
     def segmented(self) -> np.ndarray:
@@ -123,8 +144,8 @@ class DocBatch:
                 pa.array(self.segmented), pa.array(split, pa.large_string()), spaced
             )
         seg = Segments.from_lists(pc.utf8_split_whitespace(spaced), len(self))
-        seg.alpha = _np(pc.match_substring_regex(seg.values, r"\pL"))
-        seg.cjk = _np(pc.match_substring_regex(seg.values, f"[{NO_SPACE_SCRIPTS}]"))
+        seg.alpha = seg.matches(r"\pL")
+        seg.cjk = seg.matches(f"[{NO_SPACE_SCRIPTS}]")
         return seg
 
     @cached_property
@@ -148,5 +169,5 @@ class DocBatch:
 
     def line_ratio(self, pattern: str) -> np.ndarray:
         """Fraction of a document's non-empty lines that match a regex."""
-        hit = _np(pc.match_substring_regex(self.lines.values, pattern))
+        hit = self.lines.matches(pattern)
         return self.ratio(self.lines.per_doc(hit.astype(np.float64)), self.n_lines)

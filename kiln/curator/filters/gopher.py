@@ -125,27 +125,37 @@ class DuplicateParagraphs(DuplicateLines):
 
 
 class _NgramRule(DocumentFilter):
-    """Shared n-gram statistics for spaced and unspaced (n scaled) documents."""
+    """Shared n-gram statistics for spaced and unspaced (n scaled) documents.
+
+    `companion_ns` are the n of the other n-gram rule (top <-> duplicate): the first of the two
+    rules to run computes both kinds in one pass over the batch, the second reads them (both grow
+    the same n-grams from n = 2, which is most of the cost)."""
 
     kind = ""
 
-    def __init__(self, limits: dict[int, float], no_space_scale: int = 4):
+    def __init__(
+        self, limits: dict[int, float], no_space_scale: int = 4, companion_ns: tuple[int, ...] = ()
+    ):
         self.limits, self.scale = {int(k): v for k, v in limits.items()}, no_space_scale
+        self.companion_ns = tuple(sorted(int(n) for n in companion_ns))
+
+    def _fractions(self, batch: DocBatch, docs: np.ndarray, scale: int):
+        own, other = tuple(sorted(self.limits)), self.companion_ns
+        top_ns, dup_ns = (own, other) if self.kind == "top" else (other, own)
+        key = ("ngram_fractions", scale, top_ns, dup_ns)
+        if key not in batch.__dict__:
+            batch.__dict__[key] = ngram_fractions(
+                batch.words, docs, list(top_ns), list(dup_ns), scale
+            )
+        return batch.__dict__[key]
 
     def keep(self, batch: DocBatch):
         ok = np.ones(len(batch), dtype=bool)
-        ns = list(self.limits)
         by_char = batch.no_space & ~batch.segmented  # one word per character: longer n-grams
         for docs, scale in ((~by_char, 1), (by_char, self.scale)):
             if not docs.any():
                 continue
-            top, dup = ngram_fractions(
-                batch.words,
-                docs,
-                ns if self.kind == "top" else [],
-                ns if self.kind == "dup" else [],
-                scale,
-            )
+            top, dup = self._fractions(batch, docs, scale)
             for n, limit in self.limits.items():
                 ok &= (top if self.kind == "top" else dup)[n] <= limit
         return ok

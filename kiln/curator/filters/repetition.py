@@ -56,10 +56,15 @@ class _Tokens:
 
     def __init__(self, words: Segments, docs: np.ndarray):
         self.n_docs = len(words.lengths)
-        take = docs[words.doc]
-        self.ids, self.doc, self.chars = words.ids[take], words.doc[take], words.chars[take]
+        self.ids, self.doc, self.chars = words.ids, words.doc, words.chars
+        if not docs.all():  # (a batch of one script selects every document: no copies)
+            take = docs[words.doc]
+            self.ids, self.doc, self.chars = self.ids[take], self.doc[take], self.chars[take]
         self.total = np.maximum(np.bincount(self.doc, weights=self.chars, minlength=self.n_docs), 1)
         self.cum = np.concatenate([[0], np.cumsum(self.chars)])
+        # each word's document, and -1 past the last word: an n-gram running off the end of
+        # the batch and one running into the next document are dropped by one comparison
+        self.doc_or_end = np.append(self.doc, -1)
 
 
 def _top_fraction(t: _Tokens, pos: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
@@ -72,20 +77,22 @@ def _top_fraction(t: _Tokens, pos: np.ndarray, count: np.ndarray, width: int) ->
 
 
 def _dup_fraction(t: _Tokens, pos: np.ndarray, count: np.ndarray, width: int) -> np.ndarray:
-    """Characters of words inside any n-gram that occurs more than once, as a fraction."""
-    dup_starts = pos[count > 1]
-    size = len(t.ids) + width + 1
-    diff = np.bincount(dup_starts, minlength=size) - np.bincount(dup_starts + width, minlength=size)
-    covered = np.cumsum(diff[: len(t.ids)]) > 0
-    return np.bincount(t.doc, weights=t.chars * covered, minlength=t.n_docs) / t.total
+    """Characters of words inside any n-gram that occurs more than once, as a fraction.
+
+    The union of the repeated n-grams' word spans, over those starts only (not every word): the
+    starts are sorted, so each covers its words up to the next start or `width` words, and an
+    n-gram never crosses its document's end."""
+    starts = pos[count > 1]
+    ends = starts + width
+    ends[:-1] = np.minimum(ends[:-1], starts[1:])
+    covered = (t.cum[ends] - t.cum[starts]).astype(np.float64)
+    return np.bincount(t.doc[starts], weights=covered, minlength=t.n_docs) / t.total
 
 
 def _grow(t: _Tokens, pos: np.ndarray, h: np.ndarray, width: int):
     """Extend each n-gram hash by one word, dropping starts that run past their document."""
-    end = pos + width - 1
-    inside = end < len(t.ids)
-    pos, h, end = pos[inside], h[inside], end[inside]
-    inside = t.doc[end] == t.doc[pos]
+    end = pos + width - 1  # <= len(t.ids): `pos` held a (width - 1)-gram inside the batch
+    inside = t.doc_or_end[end] == t.doc[pos]
     pos, h, end = pos[inside], h[inside], end[inside]
     return pos, h * _PRIME + (t.ids[end] + 1).astype(np.uint64)
 
