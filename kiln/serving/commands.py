@@ -36,7 +36,7 @@ def serve_settings(args: argparse.Namespace) -> dict:
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
         "batching": {
-            "max_batch_size": args.max_batch_size,
+            **({} if args.max_batch_size is None else {"max_batch_size": args.max_batch_size}),
             "speculative": speculative_settings(args),
         },
         "quantize": args.quantize,
