@@ -15,7 +15,7 @@ import torch
 
 from kiln.model.kv_cache import LayerKV
 
-DECODE_RUN_PADDING = 2  # a one-token row joins a run while the run's longest is <= this x its own
+DECODE_RUN_PADDING = 1.5  # a one-token row joins a run while its longest is <= this x its own
 
 
 class PackedBatch:
