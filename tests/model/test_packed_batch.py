@@ -58,3 +58,5 @@ def test_decoding_runs_split_where_padding_passes_the_bound():
     # one-token rows longest first: 40 and 30 share a run, 12 starts its own; chunks stand alone
     assert _pieces([40, 30, 12, 11, 5], [1, 1, 1, 1, 3]) == [(0, 2), (2, 4), (4, 5)]
     assert _pieces([8, 6], [2, 1]) == [(0, 1), (1, 2)]
+    # equal rows, but a run of 3 x 4000 slots would gather more than DECODE_RUN_KEYS
+    assert _pieces([3999] * 5, [1] * 5) == [(0, 2), (2, 4), (4, 5)]
