@@ -10,8 +10,10 @@ automatic prefix caching: a prompt whose leading full blocks some earlier reques
 (a shared system prompt, the previous turn of a chat, a sibling of `n > 1`) starts from them.
 Each iteration the scheduler (scheduler.py) picks decoding rows, prompt chunks and new requests
 within a token budget and the free blocks, preempting the newest request (to be recomputed)
-when blocks run out. Prompt chunks run as right-padded forwards of similar lengths, then one
-decode forward takes every decoding row ([rows, 1] tokens, each at its own length); each row is
+when blocks run out. Decoding rows and prompt chunks run side by side in one packed forward
+with no pads (kiln/model/packed_batch.py: attention per prompt chunk and per run of decoding
+rows); steps with LoRA rows, MLA models and a failed packed forward run prompt chunks as
+right-padded forwards of similar lengths, then one [rows, 1] decode forward. Each row is
 sampled with its own parameters and seed. A request that arrives while others decode joins at
 the next iteration. Errors are caught per request: a prefill or sampling failure fails that
 request only. torch releases the GIL in its kernels, so the submitting (asyncio) thread stays
