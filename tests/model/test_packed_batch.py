@@ -1,18 +1,28 @@
 """PackedBatch through `Transformer.forward`: decoding rows and prompt chunks of several sequences
 side by side in one [1, T] forward (no pads) give each sequence the logits its own contiguous
 `KVCache` row gives, step after step, with GQA and sliding windows; decoding runs are split
-where padding would pass the bound."""
+where padding would pass the bound; the engine runs one forward per step and decodes the
+padded path's tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kiln.engine.engine import Engine
+from kiln.engine.sampler import SamplingParams
 from kiln.model import KVCache
 from kiln.model.packed_batch import _pieces
 from kiln.model.paged_kv_cache import PagedKVCache
 from tests.engine.conftest import one_torch_thread  # noqa: F401 - autouse: one torch thread
-from tests.engine.tiny import tiny_model
+from tests.engine.tiny import tiny_generator, tiny_model, train_tokenizer
+
+
+class Padded(Engine):
+    """The engine with packing off (the padded forwards every step)."""
+
+    def _packable(self, work) -> bool:
+        return False
 
 
 @pytest.mark.parametrize(
@@ -60,3 +70,26 @@ def test_decoding_runs_split_where_padding_passes_the_bound():
     assert _pieces([8, 6], [2, 1]) == [(0, 1), (1, 2)]
     # equal rows, but a run of 3 x 4000 slots would gather more than DECODE_RUN_KEYS
     assert _pieces([3999] * 5, [1] * 5) == [(0, 2), (2, 4), (4, 5)]
+
+
+def test_the_engine_packs_each_step_into_one_forward_with_the_padded_paths_tokens():
+    gen = tiny_generator("mistral", train_tokenizer(), eos=False)
+    torch.manual_seed(3)
+    prompts = [torch.randint(0, 60, (n,)).tolist() for n in (3, 17, 9, 30, 5, 12)]
+    outputs, forwards = {}, {}
+    for name, cls in (("packed", Engine), ("padded", Padded)):
+        engine = cls(gen, max_slots=4, prefill_chunk=16, block_size=4)
+        calls = []
+        hook = gen.model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        params = SamplingParams(max_new_tokens=6)
+        requests = [engine.submit(p, params, lambda event: None) for p in prompts]
+        for _ in engine.run(requests):
+            pass
+        hook.remove()
+        outputs[name] = [r.seq.token_ids for r in requests]
+        forwards[name] = (len(calls), engine.steps)
+    assert outputs["packed"] == outputs["padded"]
+    assert all(len(ids) == 6 for ids in outputs["packed"])
+    calls, steps = forwards["packed"]
+    assert calls == steps  # one forward per step
+    assert forwards["padded"][0] > forwards["padded"][1]  # prefill groups + a decode forward
