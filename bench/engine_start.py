@@ -37,7 +37,7 @@ def start_and_answer(gen: Generator, max_slots: int, zero_all: bool) -> dict:
     engine = Engine(gen, max_slots=max_slots)
     cache = engine.kv.cache
     if zero_all:
-        cache._zero_through(cache.num_blocks - 1)
+        cache.zero_through(cache.num_blocks - 1)
     engine.start()
     try:
         engine.submit(

@@ -17,7 +17,10 @@ class BatchingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_batch_size: int = Field(
-        8, ge=1, description="sequences running at once (vLLM's max_num_seqs)"
+        128,
+        ge=1,
+        description="sequences running at once at most (vLLM's max_num_seqs, whose OpenAI server "
+        "default on CPU is 128); the token budget and free KV blocks decide how many of them run",
     )
     prefill_chunk: int = Field(
         256, ge=1, description="prompt tokens prefilled per step (long prompts chunked)"

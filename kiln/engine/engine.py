@@ -10,8 +10,10 @@ automatic prefix caching: a prompt whose leading full blocks some earlier reques
 (a shared system prompt, the previous turn of a chat, a sibling of `n > 1`) starts from them.
 Each iteration the scheduler (scheduler.py) picks decoding rows, prompt chunks and new requests
 within a token budget and the free blocks, preempting the newest request (to be recomputed)
-when blocks run out. Prompt chunks run as right-padded forwards of similar lengths, then one
-decode forward takes every decoding row ([rows, 1] tokens, each at its own length); each row is
+when blocks run out. Decoding rows and prompt chunks run side by side in one packed forward
+with no pads (kiln/model/packed_batch.py: attention per prompt chunk and per run of decoding
+rows); steps with LoRA rows, MLA models and a failed packed forward run prompt chunks as
+right-padded forwards of similar lengths, then one [rows, 1] decode forward. Each row is
 sampled with its own parameters and seed. A request that arrives while others decode joins at
 the next iteration. Errors are caught per request: a prefill or sampling failure fails that
 request only. torch releases the GIL in its kernels, so the submitting (asyncio) thread stays
@@ -20,6 +22,7 @@ responsive.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
@@ -121,6 +124,7 @@ class Engine:
         can_run = self.loras.admit if self.loras is not None else None
         self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len, can_run)
         self._forward = ModelRunner(model)
+        self._mla = getattr(model.cfg, "mla", None) is not None  # caches a latent: padded path
         self.speculator = (
             SpeculativeDecoder(
                 speculative,
@@ -276,13 +280,38 @@ class Engine:
         # retried request by request; decode rows are past their prompt
         decoding = [(r, n) for r, n in plan if n == 1 and r.computed >= len(r.prompt_ids)]
         prompts = [(r, n) for r, n in plan if n > 1 or r.computed < len(r.prompt_ids)]
-        for group in sched.prefill_groups(prompts):
-            self._prefill(group)
         if decoding and self.speculator is not None:
             decoding = self.speculator.decode(decoding)  # the rows it did not take
-        if decoding:
-            self._decode(decoding)
+        if not (self._packable(decoding + prompts) and self._packed(decoding, prompts)):
+            for group in sched.prefill_groups(prompts):
+                self._prefill(group)
+            if decoding:
+                self._decode(decoding)
         self.steps += bool(plan)
+
+    def _packable(self, work: Plan) -> bool:
+        """Whether this step's work can run as one packed forward: some work, a model whose
+        attention caches keys and values (not MLA's latent), no LoRA adapter among its rows
+        (adapters are applied per batch row)."""
+        if not work or self._mla:
+            return False
+        return self.loras is None or all(r.lora is None for r, _ in work)
+
+    def _packed(self, decoding: Plan, prompts: Plan) -> bool:
+        """Decoding rows and prompt chunks in one forward without pads (PackedBatch): the
+        weights are read once per step and no pad token is computed. False, with nothing
+        computed, when that forward fails: the step then runs as separate forwards, which
+        isolate a failing request."""
+        decoding = sorted(decoding, key=lambda item: -item[0].computed)  # padding-bounded runs
+        try:
+            self._run_chunks(decoding + prompts, packed=True)
+        except Exception as e:  # noqa: BLE001 - retried by the separate forwards
+            log.debug("packed forward failed (%s); retrying as separate forwards", e)
+            return False
+        if prompts:
+            self.prefill_forwards += 1
+            self.prefill_chunks += len(prompts)
+        return True
 
     def _retire(self) -> None:
         self.scheduler.retire()
@@ -332,30 +361,37 @@ class Engine:
         """Every decoding row's last token in one [rows, 1] forward."""
         self._run_chunks(rows)
 
-    def _run_chunks(self, group: Plan) -> None:
-        """One forward over each request's next `n` tokens, right-padded to the longest, read
-        and written through the requests' block tables; logits (and a sampled token) for the
+    def _run_chunks(self, group: Plan, packed: bool = False) -> None:
+        """One forward over each request's next `n` tokens, read and written through the
+        requests' block tables: right-padded to the longest ([rows, width]), or `packed` side by
+        side in one row ([1, sum n], no LoRA rows); logits (and a sampled token) for the
         requests whose chunk reaches their last token. A request's computed count advances
         only after the forward succeeded."""
-        if self.loras is not None:  # each adapter's rows side by side: slices, not gathers
+        if self.loras is not None and not packed:  # each adapter's rows side by side: slices
             group = sorted(group, key=lambda item: item[0].lora.uid if item[0].lora else 0)
-        width = max(n for _, n in group)
-        tokens = torch.zeros(len(group), width, dtype=torch.long)
-        for row, (request, n) in enumerate(group):
-            start = request.computed
-            tokens[row, :n] = torch.tensor(request.all_ids[start : start + n])
         kv = self.kv
-        batch = kv.cache.batch(
-            [kv.block_ids(r) for r, _ in group], [r.computed for r, _ in group], width
-        )
+        tables = [kv.block_ids(r) for r, _ in group]
+        lengths = [r.computed for r, _ in group]
+        chunks = [r.all_ids[r.computed : r.computed + n] for r, n in group]
         ending = [row for row, (r, n) in enumerate(group) if r.uncomputed == n]
-        cols = [group[row][1] - 1 for row in ending]
-        rows = [r for r, _ in group]
-        with self.loras.rows(rows, self.device) if self.loras is not None else nullcontext():
-            logits = self._forward(tokens.to(self.device), batch, ending, cols)
-        if width > 1:
-            self.prefill_forwards += 1
-            self.prefill_chunks += len(group)
+        if packed:
+            tokens = torch.tensor([[t for chunk in chunks for t in chunk]], dtype=torch.long)
+            batch = kv.cache.packed(tables, lengths, [n for _, n in group])
+            last = list(itertools.accumulate(n for _, n in group))
+            logits = self._forward(
+                tokens.to(self.device), batch, [0] * len(ending), [last[r] - 1 for r in ending]
+            )
+        else:
+            width = max(n for _, n in group)
+            tokens = torch.tensor([c + [0] * (width - len(c)) for c in chunks], dtype=torch.long)
+            batch = kv.cache.batch(tables, lengths, width)
+            cols = [group[row][1] - 1 for row in ending]
+            rows = [r for r, _ in group]
+            with self.loras.rows(rows, self.device) if self.loras is not None else nullcontext():
+                logits = self._forward(tokens.to(self.device), batch, ending, cols)
+            if width > 1:
+                self.prefill_forwards += 1
+                self.prefill_chunks += len(group)
         for request, n in group:
             kv.commit(request, n)
         if ending:

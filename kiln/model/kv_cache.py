@@ -167,3 +167,12 @@ class LayerKV:
         self, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.cache.update(self.index, k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core) -> torch.Tensor:
+        """`core`'s attention of q over the cache after appending k/v: the cache's own
+        (a packed batch attends row by row, packed_batch.py), else over what `update` returns."""
+        attend = getattr(self.cache, "attend", None)
+        if attend is not None:
+            return attend(self.index, q, k, v, core)
+        k, v, mask = self.cache.update(self.index, k, v)
+        return core(q, k, v, mask=mask)

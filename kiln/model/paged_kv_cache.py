@@ -14,6 +14,7 @@ import torch
 
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import LayerKV
+from kiln.model.packed_batch import PackedBatch
 
 NULL_BLOCK = 0  # never handed to a sequence: pads write here, short rows' tables point here
 
@@ -54,7 +55,7 @@ class PagedKVCache:
         self.local_layers = local_layers
         self.device = torch.device(device) if device is not None else self.k[0].device
         self.zeroed = 0  # blocks [0, zeroed) hold finite values
-        self._zero_through(NULL_BLOCK)
+        self.zero_through(NULL_BLOCK)
         # where a layer's gathered keys and values go: reused by every layer and step (a fresh
         # multi-MB tensor per layer costs page faults that took longer than the copy itself)
         self._gathered = torch.empty(0, dtype=dtype, device=device)
@@ -90,7 +91,7 @@ class PagedKVCache:
         heads, k_dim, v_dim = _cached_widths(cfg)
         return cfg.n_layers * block_size * heads * (k_dim + v_dim) * itemsize
 
-    def _zero_through(self, block: int) -> None:
+    def zero_through(self, block: int) -> None:
         """Make blocks up to `block` finite: zero the untouched storage in doubling steps."""
         if block < self.zeroed:
             return
@@ -120,7 +121,7 @@ class PagedKVCache:
         for row, blocks in enumerate(block_tables):
             blocks = blocks[:width]
             table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-        self._zero_through(int(table.max()))
+        self.zero_through(int(table.max()))
         starts = torch.tensor(lengths, dtype=torch.long)
         positions = starts[:, None] + torch.arange(seq_len)  # [B, S]
         slots = table.gather(1, positions // bs) * bs + positions % bs
@@ -128,6 +129,13 @@ class PagedKVCache:
         return PagedBatch(
             self, table.to(device), starts.to(device), slots.reshape(-1).to(device), end, seq_len
         )
+
+    def packed(
+        self, block_tables: list[list[int]], lengths: list[int], counts: list[int]
+    ) -> PackedBatch:
+        """The forward view of these rows packed into one [1, sum(counts)] sequence, no pads:
+        row b's `counts[b]` new tokens after its `lengths[b]` cached ones (packed_batch.py)."""
+        return PackedBatch(self, block_tables, lengths, counts)
 
 
 def _cached_widths(cfg: ModelConfig) -> tuple[int, int, int]:

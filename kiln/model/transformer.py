@@ -106,11 +106,7 @@ class Attention(nn.Module):
         v = v.view(B, S, -1, self.head_dim).transpose(1, 2)
         cos, sin = rope_rows(rope_cos, rope_sin, S, positions)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv_cache is None:
-            out = self.core(q, k, v)
-        else:
-            k, v, mask = kv_cache.update(k, v)
-            out = self.core(q, k, v, mask=mask)
+        out = self.core(q, k, v) if kv_cache is None else kv_cache.attend(q, k, v, self.core)
         return self.wo(out.transpose(1, 2).reshape(B, S, -1))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -67,10 +67,10 @@ class DeploymentOptions(BaseModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (torch threads follow)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
     max_ongoing_requests: int = Field(
-        64,
+        256,
         ge=1,
         description="requests a replica works on at once; must exceed max_batch_size to fill "
-        "batches",
+        "batches (the rest wait in the engine's queue, not Ray Serve's)",
     )
 
 

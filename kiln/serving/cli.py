@@ -39,7 +39,10 @@ def _register_serve(subparsers) -> None:
     p.add_argument("--triton-url", help="existing Triton gRPC host:port (default: start one)")
     p.add_argument("--triton-model", help="model name in the Triton repository")
     p.add_argument(
-        "--max-batch-size", type=int, default=8, help="local backend: sequences decoded at once"
+        "--max-batch-size",
+        type=int,
+        help="local backend: sequences running at once at most (vLLM's --max-num-seqs; default "
+        "128); the token budget and free KV blocks decide how many of them run",
     )
     p.add_argument(
         "--speculative",

@@ -13,6 +13,7 @@ from kiln.platform.signals import stop_on_signals
 from kiln.serving.client import KilnClient
 from kiln.serving.exposure import public_bind_warning
 from kiln.serving.launch import launch
+from kiln.serving.ray_idle import quiet_idle_ray
 
 
 def serve_settings(args: argparse.Namespace) -> dict:
@@ -36,7 +37,7 @@ def serve_settings(args: argparse.Namespace) -> dict:
         "triton_model": args.triton_model,
         "limits": {"max_new_tokens": args.max_new_tokens},
         "batching": {
-            "max_batch_size": args.max_batch_size,
+            **({} if args.max_batch_size is None else {"max_batch_size": args.max_batch_size}),
             "speculative": speculative_settings(args),
         },
         "quantize": args.quantize,
@@ -82,6 +83,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if warning := public_bind_warning(args.host, args.api_key):
         print(warning, file=sys.stderr, flush=True)
     stop_on_signals()  # SIGINT stops it even where the shell started it with SIGINT ignored
+    quiet_idle_ray()  # an embedded Ray's Serve controller polls once a second, not 10 times
     runtime = Runtime(address=args.address).ensure()
     try:
         endpoint = launch(args.model_dir, settings, host=args.host, port=args.port)

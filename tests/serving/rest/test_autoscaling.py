@@ -19,7 +19,7 @@ def test_the_deployment_runs_with_the_configured_autoscaling(endpoint):
     for key, value in AUTOSCALING.items():
         assert config[key] == value, key
     assert deployment["target_num_replicas"] == 1
-    assert deployment["deployment_config"]["max_ongoing_requests"] == 64
+    assert deployment["deployment_config"]["max_ongoing_requests"] == 256
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,157 @@
+"""Rows of a `PagedKVCache` packed side by side into one [1, T] forward, vLLM's flattened batch:
+every row's new tokens follow each other with no pads, so the projections, norms and MLP (per
+token) compute T real tokens, and the weights are streamed once per engine step for decoding
+rows and prompt chunks together. Only attention is per row: `attend` writes every token's
+keys/values into its block slot, then runs the attention core piece by piece, where a piece is
+one prompt chunk (its queries over its own context, causal) or a run of one-token rows (decoding,
+one [rows, 1] attention over keys padded to the run's longest row). vLLM-CPU's torch SDPA
+backend splits prefill and decode the same way.
+
+A model whose attention has a cache contract of its own (MLA's latent) keeps `PagedBatch`."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.model.kv_cache import LayerKV
+
+DECODE_RUN_PADDING = 1.5  # a one-token row joins a run while its longest is <= this x its own
+# ... and while the run gathers at most this many key slots: the gathered keys/values (~1.5 KB
+# a slot for SmolLM2) are read by the attention while still in cache (a 32-row run of 600-slot
+# rows took 6.0 ms a layer, in runs of 8-16 rows 4.6 ms)
+DECODE_RUN_KEYS = 8192
+
+
+class PackedBatch:
+    """Built by `PagedKVCache.packed`: `counts[b]` new tokens of row b after its `lengths[b]`
+    cached ones, rows in the given order; T = sum(counts)."""
+
+    def __init__(
+        self, cache, block_tables: list[list[int]], lengths: list[int], counts: list[int]
+    ) -> None:
+        self.cache = cache
+        bs = cache.block_size
+        ends = [n + c for n, c in zip(lengths, counts, strict=True)]
+        width = -(-max(ends) // bs)
+        table = torch.tensor([(b + [0] * width)[:width] for b in block_tables], dtype=torch.long)
+        cache.zero_through(int(table.max()))
+        count_t = torch.tensor(counts, dtype=torch.long)
+        row_of = torch.repeat_interleave(torch.arange(len(counts)), count_t)  # [T]
+        first = torch.cumsum(count_t, 0) - count_t
+        self.seq_len = int(count_t.sum())
+        token = torch.arange(self.seq_len)
+        positions = torch.tensor(lengths, dtype=torch.long)[row_of] + token - first[row_of]
+        slots = table[row_of, positions // bs] * bs + positions % bs
+        device = cache.device
+        self._positions = positions[None].to(device)  # [1, T]
+        self.write_slots = slots.to(device)
+        # pieces: (first token, rows, tokens per row, block table, end, query positions)
+        self.pieces = []
+        for lo, hi in _pieces(lengths, counts):
+            end = max(ends[lo:hi])
+            rows_table = table[lo:hi, : -(-end // bs)]
+            query = torch.tensor(lengths[lo:hi])[:, None] + torch.arange(counts[lo])
+            self.pieces.append(
+                (int(first[lo]), hi - lo, counts[lo], rows_table.to(device), end, query)
+            )
+        self._masks: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._folded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    @property
+    def batch(self) -> int:
+        return 1
+
+    def positions(self, seq_len: int) -> torch.Tensor:
+        return self._positions
+
+    def begin(self, seq_len: int) -> None:
+        if seq_len != self.seq_len:
+            raise ValueError(f"this packed batch was laid out for {self.seq_len} tokens")
+        window = self.cache.sliding_window
+        masks = []
+        for *_, end, query in self.pieces:
+            key = torch.arange(end)
+            causal = key[None, None, :] <= query[:, :, None]  # [rows, n, end]
+            windowed = causal
+            if window is not None:
+                windowed = causal & (query[:, :, None] - key[None, None, :] < window)
+            device = self.cache.device
+            masks.append((causal[:, None].to(device), windowed[:, None].to(device)))
+        self._masks = masks
+        self._folded = {}
+
+    def layer(self, index: int) -> LayerKV:
+        return LayerKV(self, index)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        raise NotImplementedError("a packed batch attends per piece: use attend()")
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, core):
+        """q [1, Hq, T, Dh], k/v [1, Hkv, T, Dh] -> attention output [1, Hq, T, Dh]: the new
+        keys/values written to their slots, then `core(q, k, v, mask=...)` per piece over the
+        piece's rows gathered from their blocks."""
+        if self._masks is None:
+            raise RuntimeError("PackedBatch.begin(seq_len) must precede attend()")
+        cache = self.cache
+        local = cache.local_layers is None or layer in cache.local_layers
+        pools = (cache.k[layer], cache.v[layer])
+        for pool, new in zip(pools, (k, v), strict=True):
+            slots = pool.view(-1, new.shape[1] * new.shape[3])  # [blocks * bs, Hkv * Dh]
+            rows = new[0].transpose(0, 1).reshape(-1, slots.shape[1])  # [T, Hkv * Dh]
+            slots.index_copy_(0, self.write_slots, rows.to(slots.dtype))
+        heads, dim, kv_heads = q.shape[1], q.shape[3], k.shape[1]
+        group = heads // kv_heads
+        out = []
+        if group not in self._folded:  # once per forward, not per layer
+            self._folded[group] = [(_fold(c, group), _fold(w, group)) for c, w in self._masks]
+        folded = self._folded[group]
+        for (start, rows, n, table, end, _), masks in zip(self.pieces, folded, strict=True):
+            index = table.reshape(-1)
+            gathered = []
+            for pool, buffer in zip(pools, cache.gather_buffers(index.numel()), strict=True):
+                blocks = pool.view(pool.shape[0], -1)  # [blocks, bs * Hkv * Dh]
+                kv = torch.index_select(blocks, 0, index, out=buffer)
+                kv = kv.view(rows, -1, *pool.shape[2:])[:, :end]  # [rows, end, Hkv, Dh]
+                gathered.append(kv.transpose(1, 2))
+            # GQA folded into the query axis: the `group` query heads of one kv head attend as
+            # group * n queries of an [rows, Hkv, ...] call, with no k/v repeated for them
+            piece_q = q[0, :, start : start + rows * n].view(heads, rows, n, dim).transpose(0, 1)
+            piece_q = piece_q.reshape(rows, kv_heads, group * n, dim)
+            mask = masks[1] if local else masks[0]
+            piece = core(piece_q, *gathered, mask=mask)  # [rows, Hkv, group * n, Dh]
+            piece = piece.reshape(rows, heads, n, -1).transpose(0, 1)
+            out.append(piece.reshape(heads, rows * n, -1))
+        return torch.cat(out, dim=1)[None] if len(out) > 1 else out[0][None]
+
+    def advance(self, seq_len: int) -> None:
+        self._masks, self._folded = None, {}
+
+
+def _fold(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """[rows, 1, n, end] -> [rows, 1, group * n, end]: each query's mask for each of the
+    `group` query heads folded into the query axis."""
+    if group == 1:
+        return mask
+    rows, _, n, end = mask.shape
+    return mask[:, :, None].expand(rows, 1, group, n, end).reshape(rows, 1, group * n, end)
+
+
+def _pieces(lengths: list[int], counts: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges: a row of several tokens alone; consecutive one-token rows together
+    while the run's longest context is at most DECODE_RUN_PADDING x the row's (so padding stays
+    bounded; the engine orders decoding rows longest first) and the run gathers at most
+    DECODE_RUN_KEYS key slots."""
+    out: list[tuple[int, int]] = []
+    lo = 0
+    for row, count in enumerate(counts):
+        if row == lo:
+            continue
+        longest = max(lengths[lo:row]) + 1
+        bounded = longest <= DECODE_RUN_PADDING * (lengths[row] + 1)
+        bounded = bounded and (row - lo + 1) * longest <= DECODE_RUN_KEYS
+        joins = count == 1 and counts[lo] == 1 and bounded
+        if not joins:
+            out.append((lo, row))
+            lo = row
+    out.append((lo, len(counts)))
+    return out
