@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from kiln.model.vocab_parallel_cross_entropy import vocab_parallel_linear_cross_entropy
 
 IGNORE_INDEX = -100
 
@@ -84,6 +87,10 @@ def linear_cross_entropy(
     """
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    if isinstance(weight, DTensor):  # tensor parallelism: the head is sharded by vocabulary
+        return vocab_parallel_linear_cross_entropy(
+            hidden, weight, labels, chunk_tokens, softcap, dtype
+        )
     hidden = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
     return _ChunkedLinearCrossEntropy.apply(
         hidden, weight.to(dtype), labels.reshape(-1), chunk_tokens, softcap

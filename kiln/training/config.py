@@ -228,12 +228,10 @@ class TrainConfig(_Strict):
         if self.model.mtp_depth:
             self._check_mtp_layout()
         self._check_fp8_recipe()
-        if self.loss_chunk_tokens and (self.parallel.tp > 1 or self.parallel.pp > 1):
-            # tp: the head's logits are vocabulary-sharded (loss_parallel's path, not this one);
-            # pp: the last stage hands logits to the schedule's loss function.
+        if self.loss_chunk_tokens and self.parallel.pp > 1:
+            # the last stage hands logits to the schedule's loss function
             raise ConfigError(
-                "loss_chunk_tokens is not supported with parallel.tp > 1 or parallel.pp > 1; "
-                "set it to 0 there"
+                "loss_chunk_tokens is not supported with parallel.pp > 1; set it to 0 there"
             )
         return self
 

@@ -89,7 +89,7 @@ def test_model_loss_equals_logits_loss_and_keeps_no_logits():
 
 
 @pytest.mark.parametrize(
-    "parallel,cls", [({"tp": 2}, TrainConfig), ({"pp": 2}, TrainConfig), ({}, PostTrainConfig)]
+    "parallel,cls", [({"pp": 2}, TrainConfig), ({}, PostTrainConfig)]
 )
 def test_layouts_without_a_chunked_path_are_refused(parallel, cls):
     with pytest.raises(ConfigError, match="loss_chunk_tokens"):

@@ -116,7 +116,7 @@ def _forward_backward(trainer: Trainer, tracker: MemTracker, grad_scale: float) 
             before = _total(tracker)
             # multi-token prediction (pp = tp = cp = 1: one part) runs its modules on the labels
             mtp = {"mtp_labels": inputs.roll(-1, 1)} if cfg.model.mtp_depth else {}
-            if last and cfg.loss_chunk_tokens:  # tp = pp = 1: one part, the head fused in
+            if last and cfg.loss_chunk_tokens:  # pp = 1: one part, the head fused in
                 labels = torch.randint(0, cfg.model.vocab_size, inputs.shape[:2], device=dev)
                 chunk = {"labels": labels, "loss_chunk_tokens": cfg.loss_chunk_tokens}
                 out = _stage_forward(trainer, part, inputs, **chunk, **mtp) * grad_scale

@@ -1,4 +1,5 @@
-"""loss_chunk_tokens in the Trainer: the plain path's loss and gradients, alone and under FSDP."""
+"""loss_chunk_tokens in the Trainer: the plain path's loss and gradients, alone, under FSDP and
+under tensor parallelism (a vocabulary-sharded head)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def test_dp_shard2_chunked_equals_plain_and_one_process():
     """The end-to-end proof under FSDP2 (2 gloo ranks; ~15 s on 2 busy cores)."""
     single = first_step({})
     per_rank = run_distributed(first_step, 2, {"dp_shard": 2}, timeout=600)
+    for runs in per_rank:
+        assert_same(runs[24], runs[0])
+        assert_same(runs[24], single[0])
+
+
+@pytest.mark.slow
+def test_tp2_chunked_equals_plain_and_one_process():
+    """The vocabulary-sharded chunked loss (2 gloo ranks, sequence-parallel hidden states)."""
+    single = first_step({})
+    per_rank = run_distributed(first_step, 2, {"tp": 2}, timeout=600)
     for runs in per_rank:
         assert_same(runs[24], runs[0])
         assert_same(runs[24], single[0])
