@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kiln.engine.generator import Generator  # noqa: E402
 from kiln.engine.sampler import SamplingParams  # noqa: E402
 from kiln.evaluate.perplexity import perplexity  # noqa: E402
+from kiln.model.cpu_linear import pack_for_cpu  # noqa: E402
 from kiln.model.formats.weights import import_model  # noqa: E402
 from kiln.model.kv_cache import KVCache  # noqa: E402
 from kiln.model.quantize import quantize_model  # noqa: E402
@@ -56,8 +57,10 @@ def variants(base: Generator, which: list[str]) -> dict[str, Generator]:
     for name in which:
         if name == "fp32":
             model = base.model
-        elif name == "bf16":
+        elif name.startswith("bf16"):
             model = copy.deepcopy(base.model).to(torch.bfloat16)
+            if name == "bf16":  # the serving path: packed for the CPU's bf16 units if present
+                pack_for_cpu(model)
         else:
             method, _, group = name.partition("-g")
             model = quantize_model(copy.deepcopy(base.model), method, group_size=int(group or 32))

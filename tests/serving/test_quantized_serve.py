@@ -59,3 +59,16 @@ def test_quantize_a_backend_cannot_honour_is_refused_before_deploying():
         build_parser().parse_args(
             ["serve", "m", "--quantize", "int4", "--quantize-group-size", "48"]
         )
+
+
+def test_serve_dtype_reaches_the_settings_and_triton_refuses_it():
+    for flag, dtype in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp32", "float32")):
+        settings = serve_settings(build_parser().parse_args(["serve", "m", "--dtype", flag]))
+        assert settings["dtype"] == dtype
+        assert AppSettings.model_validate({**settings, "model_dir": "m"}).dtype == dtype
+    assert serve_settings(build_parser().parse_args(["serve", "m"]))["dtype"] == "float32"
+    triton = {"backend": "triton", "triton_url": "127.0.0.1:1", "triton_model": "m"}
+    with pytest.raises(ConfigError, match="serve: .*dtype applies to the local backend"):
+        launch(None, {**triton, "dtype": "bfloat16"})
+    with pytest.raises(SystemExit):  # argparse: not a dtype the local backend serves
+        build_parser().parse_args(["serve", "m", "--dtype", "float16"])
