@@ -206,13 +206,17 @@ def main_kernels(args) -> None:
 
 
 def main_bf16(args) -> None:
-    """Top operators of one batch-1 decode step (64 tokens of context) in fp32 and in bf16."""
+    """Top operators of one batch-1 decode step (64 tokens of context) in fp32, in bf16 with
+    plain linears and in bf16 as served (linears packed when the CPU has bf16 units)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(args.threads)
     root = tempfile.mkdtemp(prefix="kiln-bench-q-")
     base = load_smollm2(root)
-    for name, model in (("fp32", base.model), ("bf16", copy.deepcopy(base.model).bfloat16())):
+    packed = copy.deepcopy(base.model).bfloat16()
+    pack_for_cpu(packed)
+    plain = copy.deepcopy(base.model).bfloat16()
+    for name, model in (("fp32", base.model), ("bf16-plain", plain), ("bf16", packed)):
         dtype = model.tok_embeddings.weight.dtype
         cache = KVCache.for_model(model.cfg, 1, 128, dtype=dtype)
         with torch.no_grad():
@@ -226,7 +230,7 @@ def main_bf16(args) -> None:
                     model(step, kv_cache=cache, logits_positions=rows)
         total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 5 / 1000
         print(f"--- {name}: {total:.1f} ms of operator self time per decode step")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 def main() -> int:

@@ -9,8 +9,8 @@ bf16 linear at 1-64 rows (`bench/serving_quantized.py --part kernels`).
 `pack_for_cpu(model)` swaps a bf16 model's `nn.Linear` layers for packed ones when the CPU has
 bf16 matrix instructions (`cpu_has_bf16_matmul`); elsewhere the model is left as it is (without
 bf16 units oneDNN would emulate bf16, slower than today's path). The packed weight is an opaque
-oneDNN tensor: the state dict still holds a plain `weight` (unpacked on save, repacked on load),
-but the module cannot be deep-copied; pack last, after any copy.
+oneDNN tensor (`PackedBf16Weight`): the state dict still holds a plain `weight` (unpacked on
+save, repacked on load) and a deep copy repacks.
 """
 
 from __future__ import annotations
@@ -32,12 +32,26 @@ def cpu_has_bf16_matmul() -> bool:
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
-def cpu_has_int8_matmul() -> bool:
-    """True when oneDNN is built in and the CPU has AMX tiles (AMX-INT8) or AVX-512-VNNI."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    probes = ("_is_amx_tile_supported", "_is_vnni_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+class PackedBf16Weight:
+    """A [N, K] weight in bf16, reordered once into oneDNN's blocked layout for `matmul`. The
+    reordered tensor is opaque (no storage to copy or save): a deep copy repacks the plain
+    weight, and `module.to()` / `state_dict()` do not see it (it is not a buffer)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(
+            weight.detach().to(torch.bfloat16).contiguous(), None
+        )
+
+    def plain(self) -> torch.Tensor:
+        """The [N, K] bf16 weight (a copy)."""
+        return self.packed.to_dense()
+
+    def matmul(self, a: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """a [M, K] contiguous bf16 -> a @ weight.T (+ bias), [M, N] bf16."""
+        return torch.ops.mkldnn._linear_pointwise(a, self.packed, bias, "none", [], "")
+
+    def __deepcopy__(self, memo) -> PackedBf16Weight:
+        return PackedBf16Weight(self.plain())
 
 
 class PackedBf16Linear(nn.Module):
@@ -46,24 +60,18 @@ class PackedBf16Linear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self._pack(linear.weight.detach())
+        self.packed_weight = PackedBf16Weight(linear.weight)
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16))
-
-    def _pack(self, weight: torch.Tensor) -> None:
-        # a plain attribute, not a buffer: module.to() and state_dict() cannot read its storage
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-            weight.to(torch.bfloat16).contiguous(), None
-        )
 
     @property
     def weight(self) -> torch.Tensor:
         """The plain [N, K] bf16 weight (a copy; for the chunked loss and the state dict)."""
-        return self.packed_weight.to_dense()
+        return self.packed_weight.plain()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(a, self.packed_weight, self.bias, "none", [], "")
+        y = self.packed_weight.matmul(a, self.bias)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
@@ -72,7 +80,7 @@ class PackedBf16Linear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
         if prefix + "weight" in state_dict:  # a weight refit: repack the new values
-            self._pack(state_dict[prefix + "weight"])
+            self.packed_weight = PackedBf16Weight(state_dict[prefix + "weight"])
             state_dict = {k: v for k, v in state_dict.items() if k != prefix + "weight"}
         super()._load_from_state_dict(state_dict, prefix, *args)
 
