@@ -267,7 +267,7 @@ def agreement(name: str, texts: list[str], ref: str, ref_texts: list[str]) -> st
 
 def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
     servers = []
-    kiln_rows = [("kiln fp32", [])]
+    kiln_rows = [] if args.no_kiln_fp32 else [("kiln fp32", [])]
     if args.kiln_dtype:
         kiln_rows.append(("kiln bf16", ["--dtype", args.kiln_dtype]))
     if args.kiln_quantize:
@@ -328,6 +328,11 @@ def main() -> int:
         help="add a `kiln serve --dtype bfloat16` row (weights packed for AMX / AVX-512-BF16)",
     )
     ap.add_argument("--kiln-max-batch-size", type=int, help="kiln serve --max-batch-size")
+    ap.add_argument(
+        "--no-kiln-fp32",
+        action="store_true",
+        help="leave out the kiln fp32 row (fewer servers at once on a small machine)",
+    )
     ap.add_argument("--vllm-dtype", default="float32", help="comma list: float32,bfloat16")
     ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--ready-timeout", type=float, default=600)
