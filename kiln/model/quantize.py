@@ -12,6 +12,14 @@ its weight in fewer bits and multiplies through a packed-weight kernel:
 
 With int4 the LM head is int8 (as llama.cpp's 4-bit files keep it at 6-8 bits).
 
+The weight-only kernels are matrix-vector loops: fastest at 1-2 rows, then 2-10x slower than a
+bf16 GEMM on AMX from 3 rows on (prefill, batched decoding). On a CPU with bf16 matrix units
+(`cpu_linear.cpu_has_bf16_matmul`) each layer also keeps its dequantized weight in bf16, packed
+for oneDNN, and multiplies more than `WEIGHT_ONLY_MAX_ROWS` rows through it: the same quantized
+weights (rounded once more, to bf16), 3 bytes per weight with int8 (2.5 with int4) against
+fp32's 4. Dynamic int8 activations on AMX-INT8 (oneDNN's qlinear, vLLM-CPU's W8A8) were as fast
+but cost SmolLM2 1.7% perplexity (per-token scales) against weight-only's 0.1%.
+
 The CPU kernels take bf16 activations (with fp32 ones they fall back to a path 40-95x slower,
 `bench/serving_quantized.py --part kernels`), so a layer casts its input to bf16 and its output
 back. Activations are never quantized: dynamic int8 activations cost SmolLM2 3x its perplexity.
@@ -26,7 +34,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from kiln.model.moe import MoE
+from kiln.model.cpu_linear import PackedBf16Weight, cpu_has_bf16_matmul, linear_layers
 from kiln.platform.errors import ConfigError
 
 QuantMethod = Literal["int8", "int4", "fp8"]
@@ -34,11 +42,26 @@ METHODS: tuple[str, ...] = get_args(QuantMethod)
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 INT4_ROWS = 16  # the int4 packing's granule of output channels
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor cores
+# rows a weight-only kernel takes; more go through the packed bf16 copy where there is one
+# (a [1536 x 576] layer: int8 41 / 55 / 69 us at 1 / 2 / 3 rows, packed bf16 45 / 47 / 49 us;
+# the [49152 x 576] head: int8 ahead up to 2 rows)
+WEIGHT_ONLY_MAX_ROWS = 2
 
 
 def _weight_only_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
     """x [..., K] as the contiguous bf16 [M, K] matrix the packed kernels read."""
     return x.reshape(-1, in_features).to(torch.bfloat16).contiguous()
+
+
+def _batched_copy(layer: nn.Module) -> PackedBf16Weight | None:
+    """The layer's dequantized weight packed for the CPU's bf16 units, or None without them."""
+    if not cpu_has_bf16_matmul():
+        return None
+    return PackedBf16Weight(layer.dequantized(torch.bfloat16))
+
+
+def _many_rows(layer: nn.Module, a: torch.Tensor) -> bool:
+    return layer.batched is not None and a.shape[0] > WEIGHT_ONLY_MAX_ROWS
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -54,16 +77,20 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("qweight", codes.contiguous())
         self.register_buffer("scales", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        self.batched = _batched_copy(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = _weight_only_input(x, self.in_features)
-        y = torch.ops.aten._weight_int8pack_mm(a, self.qweight, self.scales)
+        if _many_rows(self, a):
+            y = self.batched.matmul(a)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(a, self.qweight, self.scales)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight the kernel multiplies by, in fp32 [N, K]."""
-        return self.qweight.float() * self.scales.float()[:, None]
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the kernel multiplies by, [N, K] (exact in fp32, rounded once in bf16)."""
+        return (self.qweight.float() * self.scales.float()[:, None]).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -97,23 +124,29 @@ class Int4WeightOnlyLinear(nn.Module):
         scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        self.batched = _batched_copy(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = _weight_only_input(x, self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            a, self.qweight, self.group_size, self.scales_and_zeros
-        )
-        y = y[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if _many_rows(self, a):
+            y = self.batched.matmul(a)  # already out_features wide
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                a, self.qweight, self.group_size, self.scales_and_zeros
+            )[:, : self.out_features]
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight the kernel multiplies by, in fp32 [N, K] (the identity times the packed
-        weight, through the kernel itself: the packed layout is the kernel's own)."""
-        eye = torch.eye(self.in_features)  # fp32 in and out: no rounding of the product
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the kernel multiplies by, [N, K] (the identity times the packed weight,
+        through the kernel itself: the packed layout is the kernel's own). fp32: exact, but the
+        kernel's slow fp32 path (seconds per layer); bf16: rounded once, milliseconds."""
+        eye = torch.eye(self.in_features, dtype=dtype)
+        scales_and_zeros = self.scales_and_zeros.to(dtype)
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            eye, self.qweight, self.group_size, self.scales_and_zeros.float()
+            eye, self.qweight, self.group_size, scales_and_zeros
         )
-        return w_t[:, : self.out_features].float().t().contiguous()
+        return w_t[:, : self.out_features].t().contiguous()
 
     def extra_repr(self) -> str:
         return (
@@ -187,27 +220,18 @@ def quantize_model(model: nn.Module, method: str, *, group_size: int = 32) -> nn
     device = next(model.parameters()).device
     check_method(method, group_size, device)
     if method == "int4":
-        widths = sorted({m.in_features for _, m in _targets(model) if m.in_features % group_size})
+        widths = sorted(
+            {m.in_features for _, m in linear_layers(model) if m.in_features % group_size}
+        )
         if widths:
             raise ConfigError(
                 f"quantize_group_size: {group_size} does not divide the input width of every "
                 f"layer (widths {widths}); pick a smaller group size"
             )
-    for parent, name, linear in [(p, n, m) for (p, n), m in _targets(model)]:
+    for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
         # int4 keeps the LM head at int8, as llama.cpp keeps output.weight at Q6_K/Q8_0 in its
         # 4-bit files: SmolLM2's held-out perplexity is 1.06x fp32 with an int4 head, 1.004x so
         head = parent is model and name == "output"
         layer_method = "int8" if method == "int4" and head else method
         setattr(parent, name, quantized_linear(linear, layer_method, group_size).to(device))
     return model.eval().requires_grad_(False)
-
-
-def _targets(model: nn.Module):
-    """((parent, attribute name), linear) for every plain `nn.Linear` to quantize: not the
-    router of a mixture of experts (tiny; its experts are 3-D weights, not linear layers)."""
-    for parent in model.modules():
-        if isinstance(parent, MoE):
-            continue
-        for name, child in parent.named_children():
-            if type(child) is nn.Linear:
-                yield (parent, name), child

@@ -91,6 +91,11 @@ class AppSettings(BaseModel):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <api_key>'")
     limits: Limits = Field(default_factory=Limits)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="local backend: the weights' and KV cache's dtype; bfloat16 on a CPU with "
+        "AMX or AVX-512-BF16 multiplies through weights packed for them",
+    )
     quantize: QuantMethod | None = Field(
         None,
         description="local backend: quantize the weights after loading (int8, int4: CPU; fp8: "
@@ -117,6 +122,11 @@ class AppSettings(BaseModel):
                 "quantize applies to the local backend; a Triton model is quantized by its "
                 "export (export.triton.quantize)"
             )
+        if self.backend == "triton" and self.dtype != "float32":
+            raise ValueError(
+                "dtype applies to the local backend; a Triton model's dtype is its export's "
+                "(export.dtype)"
+            )
         if self.backend == "triton" and self.lora is not None:
             raise ValueError("lora applies to the local backend")
         if self.quantize == "fp8" and not self.deployment.num_gpus:
@@ -130,6 +140,7 @@ def make_backend(settings: AppSettings):
             settings.model_dir,  # type: ignore[arg-type]
             settings.model_name,
             settings.batching,
+            dtype=settings.dtype,
             quantize=settings.quantize,
             quantize_group_size=settings.quantize_group_size,
             lora=settings.lora,

@@ -67,6 +67,13 @@ def _register_serve(subparsers) -> None:
         help="decode plainly in steps where N or more requests decode at once",
     )
     p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "fp32", "bf16"],
+        default="float32",
+        help="local backend: weights and KV cache dtype; bfloat16 (bf16) packs the weights for "
+        "the CPU's AMX / AVX-512-BF16 units when it has them",
+    )
+    p.add_argument(
         "--quantize",
         choices=["int8", "int4", "fp8"],
         help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",

@@ -40,6 +40,7 @@ def serve_settings(args: argparse.Namespace) -> dict:
             **({} if args.max_batch_size is None else {"max_batch_size": args.max_batch_size}),
             "speculative": speculative_settings(args),
         },
+        "dtype": {"bf16": "bfloat16", "fp32": "float32"}.get(args.dtype, args.dtype),
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
         "lora": lora_settings(args),

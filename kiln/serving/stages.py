@@ -61,6 +61,11 @@ class ServeConfig(StageConfig):
         default_factory=BatchingConfig,
         description="Request batching inside a replica (local backend).",
     )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="local backend: the weights' and KV cache's dtype; bfloat16 on a CPU with "
+        "AMX or AVX-512-BF16 multiplies through weights packed for them",
+    )
     quantize: QuantMethod | None = Field(
         None,
         description="local backend: weights quantized after loading (int8, int4 on CPU; fp8 on "
@@ -113,6 +118,7 @@ class ServeStage(Stage):
                 "triton_model",
                 "limits",
                 "batching",
+                "dtype",
                 "quantize",
                 "quantize_group_size",
                 "lora",

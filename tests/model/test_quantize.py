@@ -18,7 +18,9 @@ from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.evaluate.perplexity import perplexity
 from kiln.model import ModelConfig, Transformer
+from kiln.model.cpu_linear import cpu_has_bf16_matmul
 from kiln.model.quantize import (
+    WEIGHT_ONLY_MAX_ROWS,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
     quantize_model,
@@ -138,6 +140,54 @@ def test_packed_kernels_multiply_by_the_quantized_weight(out_features):
         # and the stored weight is the original one up to the format's rounding
         w_err = (layer.dequantized() - linear.weight).abs().max() / linear.weight.abs().max()
         assert 0 < w_err < tolerance
+
+
+class _CountingWeight:
+    """Wraps a layer's packed bf16 copy, counting the rows it multiplies."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.rows = inner, 0
+
+    def matmul(self, a: torch.Tensor) -> torch.Tensor:
+        self.rows += a.shape[0]
+        return self.inner.matmul(a)
+
+
+@pytest.mark.skipif(not cpu_has_bf16_matmul(), reason="no AMX / AVX-512-BF16: no packed copy")
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 40])
+def test_many_rows_go_through_the_packed_bf16_copy_of_the_same_weight(rows):
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 40, bias=True)
+    x = torch.randn(rows, 64)
+    for layer in (Int8WeightOnlyLinear(linear), Int4WeightOnlyLinear(linear, 32)):
+        layer.batched = _CountingWeight(layer.batched)
+        y = layer(x)
+        # the weight-only kernel up to WEIGHT_ONLY_MAX_ROWS rows, the packed copy beyond
+        assert layer.batched.rows == (rows if rows > WEIGHT_ONLY_MAX_ROWS else 0)
+        expected = _bf16_input_reference(x, layer, linear.bias)
+        # the copy is the kernel's weight rounded once more, to bf16 (relative 2^-9)
+        torch.testing.assert_close(y, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_without_bf16_units_every_row_takes_the_weight_only_kernel(monkeypatch):
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 40, bias=False)
+    x = torch.randn(8, 64)
+    for layer in (Int8WeightOnlyLinear(linear), Int4WeightOnlyLinear(linear, 32)):
+        assert layer.batched is None
+        torch.testing.assert_close(
+            layer(x), _bf16_input_reference(x, layer, None), atol=2e-2, rtol=2e-2
+        )
+
+
+def test_a_quantized_model_deep_copies_with_its_packed_copies():
+    torch.manual_seed(0)
+    model = quantize_model(tiny_model("llama", 320), "int8")
+    twin = copy.deepcopy(model)
+    tokens = torch.randint(0, 320, (2, 6))  # 12 rows: the packed copies where there are any
+    assert torch.equal(model(tokens), twin(tokens))
 
 
 def test_int4_recovers_a_weight_already_on_a_16_level_grid():

@@ -1,13 +1,15 @@
-"""`kiln serve --quantize`: the command line's settings deploy an endpoint whose greedy answers
-are the int8 model's (loaded and quantized in this process), and quantize settings a backend
+"""`kiln serve --quantize` and `--dtype bf16`: the command line's settings deploy an endpoint whose
+greedy answers are the int8 (bf16) model's, loaded in this process, and settings a backend
 cannot honour are refused before anything is deployed."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
+from kiln.model.cpu_linear import PackedBf16Linear, cpu_has_bf16_matmul
 from kiln.platform.cli import build_parser
 from kiln.platform.errors import ConfigError
 from kiln.serving.app import AppSettings
@@ -45,6 +47,26 @@ def test_serve_quantize_int8_answers_as_the_int8_model(ray_session, tmp_path):
     assert served == expected
 
 
+@pytest.mark.slow
+def test_serve_dtype_bf16_answers_as_the_bf16_model(ray_session, tmp_path):
+    from ray import serve
+
+    model_dir = make_tiny_model(str(tmp_path / "tiny"))
+    argv = ["serve", model_dir, "--dtype", "bf16", "--num-cpus", "0.5"]
+    settings = serve_settings(build_parser().parse_args(argv))
+    bf16 = Generator.load(model_dir, dtype=torch.bfloat16)  # packed where the CPU has bf16 units
+    assert isinstance(bf16.model.output, PackedBf16Linear) == cpu_has_bf16_matmul()
+    expected = [c.text for c in bf16.generate(PROMPTS, SamplingParams(max_new_tokens=12))]
+    endpoint = launch(model_dir, settings, port=free_port(), app_name="bf", route_prefix="/bf")
+    try:
+        with KilnClient(endpoint.url) as client:
+            served = [client.complete(p, max_tokens=12, temperature=0) for p in PROMPTS]
+    finally:
+        endpoint.close()
+        serve.shutdown()
+    assert served == expected
+
+
 def test_quantize_a_backend_cannot_honour_is_refused_before_deploying():
     triton = {"backend": "triton", "triton_url": "127.0.0.1:1", "triton_model": "m"}
     with pytest.raises(ConfigError, match="serve: .*quantize applies to the local backend"):
@@ -59,3 +81,16 @@ def test_quantize_a_backend_cannot_honour_is_refused_before_deploying():
         build_parser().parse_args(
             ["serve", "m", "--quantize", "int4", "--quantize-group-size", "48"]
         )
+
+
+def test_serve_dtype_reaches_the_settings_and_triton_refuses_it():
+    for flag, dtype in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp32", "float32")):
+        settings = serve_settings(build_parser().parse_args(["serve", "m", "--dtype", flag]))
+        assert settings["dtype"] == dtype
+        assert AppSettings.model_validate({**settings, "model_dir": "m"}).dtype == dtype
+    assert serve_settings(build_parser().parse_args(["serve", "m"]))["dtype"] == "float32"
+    triton = {"backend": "triton", "triton_url": "127.0.0.1:1", "triton_model": "m"}
+    with pytest.raises(ConfigError, match="serve: .*dtype applies to the local backend"):
+        launch(None, {**triton, "dtype": "bfloat16"})
+    with pytest.raises(SystemExit):  # argparse: not a dtype the local backend serves
+        build_parser().parse_args(["serve", "m", "--dtype", "float16"])

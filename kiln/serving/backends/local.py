@@ -40,6 +40,7 @@ class LocalBackend:
         model_name: str | None = None,
         batching: BatchingConfig | None = None,
         *,
+        dtype: str = "float32",
         quantize: str | None = None,
         quantize_group_size: int = 32,
         lora: LoRAServingConfig | None = None,
@@ -48,7 +49,11 @@ class LocalBackend:
         # fp8's kernels are CUDA's: that model lives on the replica's GPU (Ray sets its device)
         device = "cuda" if quantize == "fp8" and torch.cuda.is_available() else None
         self.generator = Generator.load(
-            model_dir, device=device, quantize=quantize, quantize_group_size=quantize_group_size
+            model_dir,
+            device=device,
+            dtype=getattr(torch, dtype),
+            quantize=quantize,
+            quantize_group_size=quantize_group_size,
         )
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len

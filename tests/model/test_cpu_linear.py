@@ -1,0 +1,127 @@
+"""bf16 linear layers packed for the CPU's matrix units (kiln.model.cpu_linear): the packed layer
+computes the bf16 product a plain layer does, a packed model's logits and state dict are the
+plain bf16 model's, a weight refit repacks, and without the CPU flags (monkeypatched away)
+nothing is packed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
+from kiln.model import ModelConfig, Transformer
+from kiln.model.cpu_linear import PackedBf16Linear, cpu_has_bf16_matmul, pack_for_cpu
+from kiln.model.quantize import Int8WeightOnlyLinear, quantize_model
+
+needs_bf16_units = pytest.mark.skipif(
+    not cpu_has_bf16_matmul(), reason="this CPU has no AMX / AVX-512-BF16 (the fallback runs)"
+)
+# A packed product is the exact bf16 x bf16 product summed in fp32, then rounded to bf16 (one
+# rounding: a relative error of at most 2^-8 of each output, plus the summation order)
+BF16_OUTPUT_RTOL = 2**-8
+
+
+def _tiny_bf16_model(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden_dim=160, **overrides
+    )
+    return Transformer(cfg).to(torch.bfloat16).eval().requires_grad_(False)
+
+
+@needs_bf16_units
+@pytest.mark.parametrize("rows", [1, 3, 8, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_is_the_bf16_product(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    packed = PackedBf16Linear(linear)
+    x = torch.randn(2, rows, 96)
+    w, xb = linear.weight.bfloat16().float(), x.bfloat16().float()
+    b = None if linear.bias is None else linear.bias.bfloat16().float()
+    reference = F.linear(xb, w, b)  # exact bf16 inputs, fp32 sums
+    y = packed(x)
+    assert y.dtype == x.dtype and y.shape == (2, rows, 200)
+    scale = reference.abs().amax().item()
+    torch.testing.assert_close(y, reference, rtol=BF16_OUTPUT_RTOL, atol=BF16_OUTPUT_RTOL * scale)
+    # the packed weight unpacks to the bf16 weight, bit for bit
+    assert torch.equal(packed.weight, linear.weight.bfloat16())
+
+
+@needs_bf16_units
+@pytest.mark.parametrize("tied", [False, True])
+def test_packed_model_keeps_the_bf16_models_logits_state_and_refits(tied):
+    plain = _tiny_bf16_model(tie_embeddings=tied)
+    packed = copy.deepcopy(plain)
+    assert pack_for_cpu(packed)
+    linears = [m for m in packed.modules() if type(m) is nn.Linear]
+    assert not linears and isinstance(packed.output, PackedBf16Linear)
+    tokens = torch.randint(0, 96, (3, 20))
+    ref, got = plain(tokens).float(), packed(tokens).float()
+    # bf16 activations through two layers: the same model, a different summation order
+    torch.testing.assert_close(got, ref, rtol=0.02, atol=0.02 * ref.abs().amax().item())
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    plain_state, packed_state = plain.state_dict(), packed.state_dict()
+    assert plain_state.keys() == packed_state.keys()
+    for name, value in plain_state.items():
+        assert torch.equal(packed_state[name], value), name
+    # a weight refit (the RL engine's load_state_dict) repacks: the packed model follows it
+    other = _tiny_bf16_model(seed=1, tie_embeddings=tied)
+    packed.load_state_dict(other.state_dict())
+    ref = other(tokens).float()
+    torch.testing.assert_close(
+        packed(tokens).float(), ref, rtol=0.02, atol=0.02 * ref.abs().amax().item()
+    )
+
+
+@needs_bf16_units
+def test_generator_load_bf16_packs_and_decodes_as_the_plain_bf16_model(tmp_path):
+    from tests.serving.rest.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(str(tmp_path / "tiny"))
+    packed = Generator.load(model_dir, dtype=torch.bfloat16)
+    assert isinstance(packed.model.output, PackedBf16Linear)
+    plain = Generator.load(model_dir, dtype=torch.bfloat16)
+    for parent in plain.model.modules():  # undo the packing: today's plain bf16 path
+        for name, child in parent.named_children():
+            if isinstance(child, PackedBf16Linear):
+                linear = nn.Linear(child.in_features, child.out_features, bias=False)
+                linear.weight = nn.Parameter(child.weight, requires_grad=False)
+                setattr(parent, name, linear)
+    prompts = [[5, 9, 13, 2], [7, 7, 1]]
+    greedy = SamplingParams(max_new_tokens=8)
+    a, b = packed.generate_ids(prompts, greedy), plain.generate_ids(prompts, greedy)
+    pairs = zip(sum(a, []), sum(b, []), strict=True)
+    agree = sum(x == y for x, y in pairs)
+    assert agree >= 0.8 * sum(map(len, a)), (a, b)
+
+
+def test_no_bf16_units_no_packing(monkeypatch):
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+    assert not cpu_has_bf16_matmul()
+    model = _tiny_bf16_model()
+    assert not pack_for_cpu(model)
+    assert type(model.output) is nn.Linear  # today's plain bf16 path
+
+
+def test_only_the_amx_flag_is_enough(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    assert cpu_has_bf16_matmul()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert not cpu_has_bf16_matmul()  # no oneDNN, no packed kernels
+
+
+def test_fp32_and_quantized_models_are_not_packed():
+    fp32 = _tiny_bf16_model().float()
+    assert not pack_for_cpu(fp32) and type(fp32.output) is nn.Linear
+    int8 = quantize_model(_tiny_bf16_model().float(), "int8")
+    pack_for_cpu(int8)
+    assert isinstance(int8.output, Int8WeightOnlyLinear)
