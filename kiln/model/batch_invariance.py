@@ -1,0 +1,76 @@
+"""Batch-invariant arithmetic: each token's numbers the same however many other tokens share its
+forward, so a KV-cache decode (one query per row, keys padded to the batch's longest) and one
+full forward over the whole sequence give bit-identical fp32 logits on CPU.
+
+Two things make the same row come out differently in fp32 (measured on MKL, AVX-512):
+- a matmul with fewer than `MIN_GEMM_ROWS` rows runs MKL's small-matrix kernel, whose sums
+  round differently from the blocked kernel every larger matmul uses; from 16 rows on, a row's
+  result does not depend on the row count. Callers pad their rows up to it (`pad_rows`).
+- SDPA's fused CPU kernel blocks queries and keys by their counts, and a softmax over fewer
+  keys than a vector's width takes a scalar exp. `invariant_attention` is plain matmuls (rows
+  padded) and a softmax over keys padded with -inf to a multiple of `KEY_BLOCK`, so trailing
+  masked keys add exact zeros and every kept key takes the same vectorized path.
+
+It is what `attention_backend: invariant` runs; the RL loops switch it on (kiln/training/rl).
+The cost is the [queries, keys] score matrix SDPA's kernel never materialises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.model.softcap import soft_cap
+
+MIN_GEMM_ROWS = 16  # MKL's small-matrix kernel below this many rows (see above)
+KEY_BLOCK = 64  # softmax width padding: a multiple of every CPU vector width
+
+
+def pad_rows(x: torch.Tensor, rows: int = MIN_GEMM_ROWS) -> torch.Tensor:
+    """x [..., M, K] with zero rows appended up to `rows` (unchanged when M >= rows)."""
+    missing = rows - x.shape[-2]
+    if missing <= 0:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:-2], missing, x.shape[-1])], dim=-2)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with a's rows padded to the blocked kernel's range (the padding sliced off)."""
+    return (pad_rows(a) @ b)[..., : a.shape[-2], :]
+
+
+def invariant_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    scale: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v for q [B, Hq, S, Dh], k/v [B, Hkv, L, Dh] (GQA: Hq a multiple
+    of Hkv, query head h reading key head h // (Hq / Hkv)). `mask` (bool, True = attend,
+    broadcast to [B, 1, S, L]) or, when None, causal with the queries the last S positions
+    (and within `window` of each query)."""
+    B, Hq, S, Dh = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    groups = Hq // Hkv
+    # a key head's query heads side by side: one [groups * S, Dh] x [Dh, L] matmul per key head
+    scores = _matmul(q.reshape(B, Hkv, groups * S, Dh), k.transpose(-1, -2)) * scale
+    scores = scores.view(B, Hkv, groups, S, L)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    if mask is None:
+        query = torch.arange(L - S, L, device=q.device)[:, None]
+        key = torch.arange(L, device=q.device)[None, :]
+        mask = key <= query
+        if window is not None:
+            mask &= query - key < window
+    else:
+        mask = mask.unsqueeze(2)  # [B, 1, S, L] -> [B, 1, 1, S, L]: every head of a group
+    scores = scores.masked_fill(~mask, float("-inf"))
+    width = -(-L // KEY_BLOCK) * KEY_BLOCK
+    if width != L:
+        scores = torch.nn.functional.pad(scores, (0, width - L), value=float("-inf"))
+    probs = torch.softmax(scores, dim=-1)[..., :L].reshape(B, Hkv, groups * S, L)
+    return _matmul(probs, v).reshape(B, Hq, S, v.shape[-1])
