@@ -5,11 +5,13 @@ full forward over the whole sequence give bit-identical fp32 logits on CPU.
 Two things make the same row come out differently in fp32 (measured on MKL, AVX-512):
 - a matmul with fewer than `MIN_GEMM_ROWS` rows runs MKL's small-matrix kernel, whose sums
   round differently from the blocked kernel every larger matmul uses; from 16 rows on, a row's
-  result does not depend on the row count. Callers pad their rows up to it (`pad_rows`).
+  result does not depend on the row count. Callers pad their rows up to it (`pad_rows`). (A
+  plain 3-D bmm differs only at one row, but the attention's products, with a transposed
+  operand, measured different below 16 rows too.)
 - SDPA's fused CPU kernel blocks queries and keys by their counts, and a softmax over fewer
-  keys than a vector's width takes a scalar exp. `invariant_attention` is plain matmuls (rows
-  padded) and a softmax over keys padded with -inf to a multiple of `KEY_BLOCK`, so trailing
-  masked keys add exact zeros and every kept key takes the same vectorized path.
+  keys than a vector's width takes a scalar exp. `invariant_attention` is plain
+  matmuls (rows padded) and a softmax over keys padded (masked) to a multiple of `KEY_BLOCK`,
+  so trailing masked keys add exact zeros and every kept key takes the same vectorized path.
 
 It is what `attention_backend: invariant` runs; the RL loops switch it on (kiln/training/rl).
 The cost is the [queries, keys] score matrix SDPA's kernel never materialises.
@@ -18,6 +20,7 @@ The cost is the [queries, keys] score matrix SDPA's kernel never materialises.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kiln.model.softcap import soft_cap
 
@@ -35,6 +38,8 @@ def pad_rows(x: torch.Tensor, rows: int = MIN_GEMM_ROWS) -> torch.Tensor:
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with a's rows padded to the blocked kernel's range (the padding sliced off)."""
+    if a.shape[-2] >= MIN_GEMM_ROWS:
+        return a @ b
     return (pad_rows(a) @ b)[..., : a.shape[-2], :]
 
 
@@ -55,11 +60,6 @@ def invariant_attention(
     B, Hq, S, Dh = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     groups = Hq // Hkv
-    # a key head's query heads side by side: one [groups * S, Dh] x [Dh, L] matmul per key head
-    scores = _matmul(q.reshape(B, Hkv, groups * S, Dh), k.transpose(-1, -2)) * scale
-    scores = scores.view(B, Hkv, groups, S, L)
-    if softcap is not None:
-        scores = soft_cap(scores, softcap)
     if mask is None:
         query = torch.arange(L - S, L, device=q.device)[:, None]
         key = torch.arange(L, device=q.device)[None, :]
@@ -68,9 +68,17 @@ def invariant_attention(
             mask &= query - key < window
     else:
         mask = mask.unsqueeze(2)  # [B, 1, S, L] -> [B, 1, 1, S, L]: every head of a group
-    scores = scores.masked_fill(~mask, float("-inf"))
+    # keys padded to the softmax's block (zero keys and values, masked out): the scores come out
+    # padded, with no copy of the [queries, keys] matrix
     width = -(-L // KEY_BLOCK) * KEY_BLOCK
     if width != L:
-        scores = torch.nn.functional.pad(scores, (0, width - L), value=float("-inf"))
-    probs = torch.softmax(scores, dim=-1)[..., :L].reshape(B, Hkv, groups * S, L)
-    return _matmul(probs, v).reshape(B, Hq, S, v.shape[-1])
+        k, v = (F.pad(t, (0, 0, 0, width - L)) for t in (k, v))
+        mask = F.pad(mask, (0, width - L), value=False)
+    # a key head's query heads side by side: one [groups * S, Dh] x [Dh, keys] matmul per key head
+    scores = _matmul((q * scale).reshape(B, Hkv, groups * S, Dh), k.transpose(-1, -2))
+    scores = scores.view(B, Hkv, groups, S, width)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    out = _matmul(probs.view(B, Hkv, groups * S, width), v)
+    return out.reshape(B, Hq, S, v.shape[-1])

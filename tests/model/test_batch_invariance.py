@@ -41,11 +41,12 @@ def test_invariant_attention_equals_sdpa(window, softcap, scale):
     )
 
 
-def _model(backend: str) -> Transformer:
-    """Two layers with 64-wide heads (SmolLM2's head width), GQA."""
+def _model(backend: str, kv_heads: int = 1) -> Transformer:
+    """Two layers with 64-wide heads (SmolLM2's head width), GQA (or MHA: one query row per
+    key head in a decode)."""
     torch.manual_seed(0)
     cfg = ModelConfig(
-        vocab_size=96, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden_dim=256,
+        vocab_size=96, dim=128, n_layers=2, n_heads=2, n_kv_heads=kv_heads, ffn_hidden_dim=256,
         max_seq_len=128, attention_backend=backend,
     )  # fmt: skip
     return Transformer(cfg).eval()
@@ -73,11 +74,12 @@ def _decode_vs_full(model: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
     return decoded[:, : 40 - max(prompt)], expected
 
 
-def test_a_kv_cache_decode_equals_the_full_forward_bit_for_bit():
-    decoded, full = _decode_vs_full(_model("invariant"))
+@pytest.mark.parametrize("kv_heads", [1, 2], ids=["gqa", "mha"])
+def test_a_kv_cache_decode_equals_the_full_forward_bit_for_bit(kv_heads):
+    decoded, full = _decode_vs_full(_model("invariant", kv_heads))
     assert torch.equal(decoded, full)
     # SDPA's fused kernel, the same model otherwise, rounds the two differently
-    decoded, full = _decode_vs_full(_model("sdpa"))
+    decoded, full = _decode_vs_full(_model("sdpa", kv_heads))
     assert not torch.equal(decoded, full)
     torch.testing.assert_close(decoded, full, atol=1e-4, rtol=0)
 

@@ -51,8 +51,9 @@ def test_grpo_under_a_layout_equals_one_process(parallel, overrides):
             assert reward == pytest.approx(reward1, abs=1e-5)
             assert loss == pytest.approx(loss1, abs=1e-5)
             # the engine (gathered weights) vs the laid-out trainer: as in one process, where
-            # sampled ahead that also holds the policy's change over one update
-            assert mismatch == pytest.approx(mismatch1, abs=1e-5)
+            # sampled ahead that also holds the policy's change over one update (several nats:
+            # the layouts' updates agree to rounding, so relative)
+            assert mismatch == pytest.approx(mismatch1, abs=1e-5, rel=1e-5)
             assert mismatch < 1e-5 or overrides.get("max_policy_lag")
             assert match  # engine checksum == the trainer's gathered weights
 
