@@ -21,9 +21,14 @@ from torch import nn
 from kiln.model.batch_invariance import MIN_GEMM_ROWS
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64."""
-    scaled = logits.double() / (temperature if temperature > 0 else 1.0)
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64.
+    T: one temperature (0 means 1: greedy), or a float64 tensor broadcasting against logits."""
+    if not isinstance(temperature, torch.Tensor):
+        temperature = temperature if temperature > 0 else 1.0
+    scaled = logits.double() / temperature
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None])[..., 0]
 
 

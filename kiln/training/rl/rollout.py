@@ -47,12 +47,17 @@ class RolloutEngine(Engine):
 
     def _sample_rows(self, seqs: list[EngineSequence], logits: torch.Tensor) -> list[int]:
         tokens = Engine._sample_rows(seqs, logits)
+        # one log-softmax over the step's rows (each at its own temperature), as the trainer's
+        # over all its tokens: a row's values do not depend on the rows beside it
         chosen = torch.tensor(tokens, device=logits.device)
-        for seq, row, token in zip(seqs, logits, chosen, strict=True):
-            logp = token_logprobs(row.float(), token, seq.params.temperature)
-            ids, logps = self.sampled.setdefault(id(seq), ([], []))
-            ids.append(int(token))
-            logps.append(float(logp))
+        temperature = torch.tensor(
+            [s.params.temperature or 1.0 for s in seqs], dtype=torch.float64, device=logits.device
+        )
+        logps = token_logprobs(logits.float(), chosen, temperature[:, None]).tolist()
+        for seq, token, logp in zip(seqs, tokens, logps, strict=True):
+            ids, seq_logps = self.sampled.setdefault(id(seq), ([], []))
+            ids.append(token)
+            seq_logps.append(logp)
         return tokens
 
 
