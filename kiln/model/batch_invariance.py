@@ -68,14 +68,20 @@ def invariant_attention(
             mask &= query - key < window
     else:
         mask = mask.unsqueeze(2)  # [B, 1, S, L] -> [B, 1, 1, S, L]: every head of a group
-    # keys padded to the softmax's block (zero keys and values, masked out): the scores come out
-    # padded, with no copy of the [queries, keys] matrix
+    # keys padded to the softmax's block (masked out): a full forward pads its keys and values
+    # with zeros (the products come out padded, no copy of the score matrix); a decode, whose
+    # few queries make the score matrix the smaller, pads that instead. Both give the same
+    # numbers: trailing zero keys change neither product (tests/model/test_batch_invariance.py)
     width = -(-L // KEY_BLOCK) * KEY_BLOCK
+    pad_scores = groups * S < 2 * Dh
     if width != L:
-        k, v = (F.pad(t, (0, 0, 0, width - L)) for t in (k, v))
         mask = F.pad(mask, (0, width - L), value=False)
+        if not pad_scores:
+            k, v = (F.pad(t, (0, 0, 0, width - L)) for t in (k, v))
     # a key head's query heads side by side: one [groups * S, Dh] x [Dh, keys] matmul per key head
     scores = _matmul((q * scale).reshape(B, Hkv, groups * S, Dh), k.transpose(-1, -2))
+    if pad_scores and width != L:
+        scores = F.pad(scores, (0, width - L))
     scores = scores.view(B, Hkv, groups, S, width)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
@@ -83,5 +89,8 @@ def invariant_attention(
     # mask's small [.., S, keys] table is ~4x faster than a broadcast masked_fill on CPU
     bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
     probs = torch.softmax(scores + bias.masked_fill_(~mask, float("-inf")), dim=-1)
-    out = _matmul(probs.view(B, Hkv, groups * S, width), v)
+    probs = probs.view(B, Hkv, groups * S, width)
+    if pad_scores:
+        probs = probs[..., :L]
+    out = _matmul(probs, v)
     return out.reshape(B, Hq, S, v.shape[-1])
