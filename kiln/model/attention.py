@@ -13,18 +13,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.batch_invariance import invariant_attention
 from kiln.model.softcap import soft_cap
 from kiln.platform.errors import ConfigError
 
-BACKENDS = ("auto", "sdpa", "flash_attn", "te")
+BACKENDS = ("auto", "sdpa", "flash_attn", "te", "invariant")
 
 
 def backend_available(name: str) -> bool:
     """Whether an attention backend can run here (package importable and, for kernels, CUDA)."""
-    if name in ("auto", "sdpa"):
+    if name in ("auto", "sdpa", "invariant"):
         return True
     package = {"flash_attn": "flash_attn", "te": "transformer_engine"}[name]
     return torch.cuda.is_available() and importlib.util.find_spec(package) is not None
+
+
+def set_attention_backend(model: nn.Module, backend: str) -> None:
+    """Every attention core of `model` switched to `backend`, and `model.cfg` says so (a copy
+    or a rebuild from the config gets the same)."""
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"model.attention_backend {backend!r} is unknown; expected one of {BACKENDS}"
+        )
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            module.backend = backend
+    if getattr(model, "cfg", None) is not None:
+        model.cfg = model.cfg.model_copy(update={"attention_backend": backend})
 
 
 def sliding_window_mask(seq_len: int, window: int | None, device=None) -> torch.Tensor:
@@ -78,6 +93,11 @@ class AttentionCore(nn.Module):
     ) -> torch.Tensor:
         """`mask` (bool, True = attend, broadcast to [B, Hq, Sq, Sk]) replaces the causal and
         window masks: decoding from a KV cache, where queries and keys are not the same slots."""
+        if self.backend == "invariant":  # a decode and a full forward agree bit for bit
+            scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
+            return invariant_attention(
+                q, k, v, mask, scale=scale, softcap=self.softcap, window=self.sliding_window
+            )
         if self.softcap is not None:
             return self._softcapped(q, k, v, mask)
         if mask is not None:

@@ -196,9 +196,12 @@ class ModelConfig(BaseModel):
         description="Multi-token prediction: the training loss adds this times the mean of the "
         "modules' losses (DeepSeek-V3: 0.3, later 0.1).",
     )
-    attention_backend: Literal["auto", "sdpa", "flash_attn", "te"] = Field(
+    attention_backend: Literal["auto", "sdpa", "flash_attn", "te", "invariant"] = Field(
         "auto",
-        description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA.",
+        description="auto: flash-attn or Transformer Engine on GPUs that have them, else SDPA. "
+        "invariant: plain matmuls whose fp32 results on CPU do not depend on how many queries "
+        "and keys share a forward (a KV-cache decode equals a full forward bit for bit; RL "
+        "loops use it), at the cost of materialising the scores.",
     )
     fused_projections: bool = Field(
         False,

@@ -42,6 +42,14 @@ class RolloutConfig(BaseModel):
         "with one full forward, as the trainer does, so on CPU fp32 (full fine-tuning) they "
         "equal the trainer's bit for bit (off: the sampler's own, from the KV-cache decode).",
     )
+    batch_invariant: bool = Field(
+        True,
+        description="The policy's attention runs the batch-invariant backend "
+        "(`attention_backend: invariant`) and every matmul gets >= 16 rows, so the engine's "
+        "KV-cache decode and the trainer's full forward give the same logits: on CPU fp32 (full "
+        "fine-tuning) the sampling log-probs equal the trainer's bit for bit, for no extra "
+        "forward (off: SDPA's kernel, and they differ in the last bits, ~2e-5 on SmolLM2).",
+    )
     verify_refit: bool = Field(
         True,
         description="After each refit, compare a checksum of every actor's weights with the "

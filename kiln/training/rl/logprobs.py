@@ -5,7 +5,9 @@ the whole vocabulary, at the rollout's temperature T (T = 1 when greedy). top-k/
 out, as TRL and vLLM's `processed_logprobs` do: the policy gradient is taken through the
 temperature-scaled model, and the nucleus only decides which tokens get sampled. The engine and
 the trainer both call `token_logprobs` on fp32 logits (computed in float64), so on CPU fp32 the
-two differ only by the KV-cache decode's arithmetic against one full forward.
+two differ only by the KV-cache decode's arithmetic against one full forward; with the
+batch-invariant attention the RL loops switch on (`rollout.batch_invariant`,
+kiln/model/batch_invariance.py) that arithmetic is the same and so are the log-probs, bit for bit.
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kiln.model.batch_invariance import MIN_GEMM_ROWS
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64."""
-    scaled = logits.double() / (temperature if temperature > 0 else 1.0)
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float | torch.Tensor
+) -> torch.Tensor:
+    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64.
+    T: one temperature (0 means 1: greedy), or a float64 tensor broadcasting against logits."""
+    if not isinstance(temperature, torch.Tensor):
+        temperature = temperature if temperature > 0 else 1.0
+    scaled = logits.double() / temperature
     return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None])[..., 0]
 
 
@@ -50,7 +59,11 @@ def completion_logits(
     tp = _tensor_parallel_size(model)
     width = -(-width // tp) * tp
     device = next(model.parameters()).device
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    # at least MIN_GEMM_ROWS token rows (empty sequences added) and head rows (a position
+    # repeated) go into every matmul: the engine's decode does the same (rollout.py
+    # `InvariantRows`), so with the invariant attention both compute a token's logits alike
+    rows_needed = -(-MIN_GEMM_ROWS // width)
+    tokens = torch.zeros(max(len(prompts), rows_needed), width, dtype=torch.long)
     rows, cols, targets = [], [], []
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         tokens[i, : len(p) + len(c)] = torch.tensor([*p, *c])
@@ -58,11 +71,16 @@ def completion_logits(
             rows.append(i)
             cols.append(len(p) + j - 1)  # the position whose logits predict token j
             targets.append(token)
+    wanted = len(rows)
+    if 0 < wanted < MIN_GEMM_ROWS:
+        fill = MIN_GEMM_ROWS - wanted
+        rows, cols = rows + [rows[0]] * fill, cols + [cols[0]] * fill
     index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
     if tp > 1:
         logits = model(tokens.to(device))[index]
     else:
         logits = model(tokens.to(device), logits_positions=index)
+    logits, index = logits[:wanted], (index[0][:wanted], index[1][:wanted])
     place = (index[0], torch.tensor([j for c in completions for j in range(len(c))]))
     return CompletionLogits(logits, torch.tensor(targets, device=device), place)
 

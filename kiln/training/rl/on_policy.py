@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from kiln.engine.sampler import SamplingParams
+from kiln.model.attention import set_attention_backend
 from kiln.model.lora import apply_lora
 from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
@@ -82,6 +83,8 @@ class OnPolicyLoop:
         )
         self.prompts = [self.render(r) for r in self.rows]
         self.prompt_ids = [self.encode(p) for p in self.prompts]
+        if cfg.rollout.batch_invariant:  # before the engines copy the policy or its config
+            set_attention_backend(policy, "invariant")
         # `rollouts`: engines opened by the caller (a laid-out run's, shared over its ranks)
         self.rollouts = rollouts or open_rollouts(cfg, policy, tokenizer, self.eos_token_ids)
         if cfg.lora is not None:  # adapters drawn from the run's seed: a run repeats

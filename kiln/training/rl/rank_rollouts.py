@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
+from kiln.model.attention import set_attention_backend
 from kiln.training.rl.config import OnPolicyConfig
 from kiln.training.rl.local_rollouts import LocalRollouts
 from kiln.training.rl.ray_rollouts import RayRollouts, shards
@@ -128,6 +129,8 @@ def open_shared_rollouts(
 ) -> RolloutBackend:
     """The engines of a laid-out run, opened on every rank of `group` (before LoRA is applied,
     as open_rollouts): one in-process engine per rank, or Ray actors on rank 0 only."""
+    if cfg.rollout.batch_invariant:  # before the engines copy the policy (as OnPolicyLoop)
+        set_attention_backend(policy, "invariant")
     if cfg.rollout.workers == 0:
         return SplitRollouts(open_rollouts(cfg, policy, tokenizer, eos_token_ids), group)
     owner = dist.get_rank(group) == 0

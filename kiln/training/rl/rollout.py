@@ -17,6 +17,8 @@ import torch
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence as EngineSequence
+from kiln.model.batch_invariance import MIN_GEMM_ROWS
+from kiln.model.paged_kv_cache import NULL_BLOCK, PagedBatch
 from kiln.training.rl.logprobs import completion_logprobs, token_logprobs
 
 
@@ -31,22 +33,72 @@ class Rollout:
 
 
 class RolloutEngine(Engine):
-    """The serving engine, plus each sampled token's log-prob under its row's temperature."""
+    """The serving engine, plus each sampled token's log-prob under its row's temperature.
+    For a model with the batch-invariant attention (`attention_backend: invariant`, which the
+    RL loops set) every forward also gets enough rows for the invariant matmuls
+    (`InvariantRows`), so its logits equal the trainer's full forward bit for bit on CPU."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # id(sequence) -> every sampled token (the end-of-text one included) and its log-prob
         self.sampled: dict[int, tuple[list[int], list[float]]] = {}
+        if self.target.model.cfg.attention_backend == "invariant":
+            self._forward = InvariantRows(self._forward)
 
     def _sample_rows(self, seqs: list[EngineSequence], logits: torch.Tensor) -> list[int]:
         tokens = Engine._sample_rows(seqs, logits)
+        # one log-softmax over the step's rows (each at its own temperature), as the trainer's
+        # over all its tokens: a row's values do not depend on the rows beside it
         chosen = torch.tensor(tokens, device=logits.device)
-        for seq, row, token in zip(seqs, logits, chosen, strict=True):
-            logp = token_logprobs(row.float(), token, seq.params.temperature)
-            ids, logps = self.sampled.setdefault(id(seq), ([], []))
-            ids.append(int(token))
-            logps.append(float(logp))
+        temperature = torch.tensor(
+            [s.params.temperature or 1.0 for s in seqs], dtype=torch.float64, device=logits.device
+        )
+        logps = token_logprobs(logits.float(), chosen, temperature[:, None]).tolist()
+        for seq, token, logp in zip(seqs, tokens, logps, strict=True):
+            ids, seq_logps = self.sampled.setdefault(id(seq), ([], []))
+            ids.append(token)
+            seq_logps.append(logp)
         return tokens
+
+
+class InvariantRows:
+    """The engine's model runner with at least `MIN_GEMM_ROWS` rows into every matmul: a decode
+    step of a few sequences gets dummy sequences (no blocks: they read and write only the null
+    block, which pad tokens write anyway) and its LM head repeated positions, then both are
+    sliced off. Below that many rows MKL's small-matrix kernel rounds differently from the
+    trainer's one large forward (kiln/model/batch_invariance.py)."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def __call__(
+        self, tokens: torch.Tensor, cache: PagedBatch, rows: list[int], cols: list[int]
+    ) -> torch.Tensor:
+        batch, width = tokens.shape
+        extra = max(0, -(-MIN_GEMM_ROWS // width) - batch)
+        if extra:
+            tokens = torch.cat([tokens, tokens.new_zeros(extra, width)])
+            cache = _with_dummy_rows(cache, extra)
+        wanted = len(rows)
+        if 0 < wanted < MIN_GEMM_ROWS:
+            fill = MIN_GEMM_ROWS - wanted
+            rows, cols = rows + [rows[0]] * fill, cols + [cols[0]] * fill
+        return self.runner(tokens, cache, rows, cols)[:wanted]
+
+
+def _with_dummy_rows(batch: PagedBatch, extra: int) -> PagedBatch:
+    """`batch` plus `extra` empty sequences whose tokens go to positions 0.. in the null block."""
+    table, lengths = batch.table, batch.lengths
+    bs = batch.cache.block_size
+    slots = NULL_BLOCK * bs + torch.arange(batch.seq_len, device=lengths.device) % bs
+    return PagedBatch(
+        batch.cache,
+        torch.cat([table, table.new_full((extra, table.shape[1]), NULL_BLOCK)]),
+        torch.cat([lengths, lengths.new_zeros(extra)]),
+        torch.cat([batch.write_slots, slots.repeat(extra)]),
+        batch.end,
+        batch.seq_len,
+    )
 
 
 def generate_rollouts(

@@ -77,15 +77,24 @@ def test_full_finetuning_with_kl_keeps_a_frozen_reference_and_dapo_options_run()
     assert metrics[-1]["kl"] > 0
 
 
-def test_recomputed_logprobs_equal_the_trainers_bit_for_bit():
-    """rollout.recompute_logprobs: the engine scores its completions with the trainer's full
-    forward, so on CPU fp32 the mismatch is exactly 0 and the importance ratio exactly 1; the
-    sampler's own (KV-cache decode) differ in the last bits."""
-    sampled, sampled_metrics = _run(steps=3, on_step=lambda m: None)
-    exact, metrics = _run(steps=3, on_step=lambda m: None, rollout={"recompute_logprobs": True})
+def test_default_logprobs_equal_the_trainers_bit_for_bit():
+    """By default (rollout.batch_invariant) the engine's KV-cache decode and the trainer's
+    full forward compute each token alike, so on CPU fp32 the sampling log-probs are the
+    trainer's exactly and the importance ratio is exactly 1, with no extra forward. With SDPA's
+    fused kernel they differ in the last bits; `recompute_logprobs` (the engine scores its
+    samples with a full forward) makes those equal too."""
+    loop, metrics = _run(steps=3, on_step=lambda m: None)
     assert all(m["logprob_mismatch_max"] == 0.0 for m in metrics)
-    update = exact.last_update
+    update = loop.last_update
     assert torch.equal(update.is_ratio, torch.ones_like(update.is_ratio))
-    assert max(m["logprob_mismatch_max"] for m in sampled_metrics) > 0.0
+    _, fused = _run(steps=3, on_step=lambda m: None, rollout={"batch_invariant": False})
+    assert 0.0 < max(m["logprob_mismatch_max"] for m in fused) < 1e-5
+    exact, recomputed = _run(
+        steps=3,
+        on_step=lambda m: None,
+        rollout={"batch_invariant": False, "recompute_logprobs": True},
+    )
+    assert all(m["logprob_mismatch_max"] == 0.0 for m in recomputed)
+    assert torch.equal(exact.last_update.is_ratio, torch.ones_like(exact.last_update.is_ratio))
     # the same completions either way: only the recorded log-probs differ
-    assert [m["reward"] for m in metrics] == [m["reward"] for m in sampled_metrics]
+    assert [m["reward"] for m in recomputed] == [m["reward"] for m in fused]

@@ -8,6 +8,8 @@ import torch
 
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
+from kiln.model import ModelConfig, Transformer
+from kiln.model.attention import set_attention_backend
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.refit import refit
 from kiln.training.rl.rollout import generate_rollouts
@@ -21,18 +23,18 @@ def _tokenizer():
     return train_tokenizer()
 
 
-def _setup():
+def _setup(policy=None):
     tok = _tokenizer()
-    policy = tiny_model("llama", tok.get_vocab_size()).train()
+    policy = policy if policy is not None else tiny_model("llama", tok.get_vocab_size()).train()
     engine_model = copy.deepcopy(policy)
     gen = Generator(engine_model, tok, eos_token_ids=[0])
     prompts = [tok.encode("the quick brown fox").ids, tok.encode("hello world, this").ids[:3]]
     return tok, policy, gen, prompts
 
 
-def _worst_mismatch(policy, rollouts):
+def _worst_mismatch(policy, rollouts, temperature=0.8):
     scores = completion_logprobs(
-        policy, [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], 0.8
+        policy, [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], temperature
     )
     engine = torch.zeros_like(scores.logp)
     for i, r in enumerate(rollouts):
@@ -64,6 +66,37 @@ def test_engine_logprobs_equal_trainer_recompute_before_and_after_refit():
     rollouts = generate_rollouts(gen, prompts, group_size=3, params=PARAMS, seed=7)
     (_, worst), _ = _worst_mismatch(policy, rollouts)
     assert worst < 1e-5
+
+
+def _invariant_policy(vocab_size: int) -> Transformer:
+    """64-wide heads (SmolLM2's), GQA, flat enough logits for long completions; the batch-
+    invariant attention the RL loops switch on."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=vocab_size, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden_dim=256,
+        max_seq_len=160,
+    )  # fmt: skip
+    policy = Transformer(cfg).train()
+    set_attention_backend(policy, "invariant")
+    return policy
+
+
+def test_invariant_engine_logprobs_are_the_trainers_bit_for_bit():
+    """With the batch-invariant attention the engine's sampling log-probs (KV-cache decode,
+    prefix-cached prompts, decode steps of 1 to 12 rows padded to 16) equal the trainer's
+    recomputed ones exactly on CPU fp32, before and after a refit."""
+    _, policy, gen, prompts = _setup(_invariant_policy(_tokenizer().get_vocab_size()))
+    params = SamplingParams(max_new_tokens=96, temperature=1.0)
+    for step in range(2):
+        rollouts = generate_rollouts(gen, prompts, group_size=6, params=params, seed=11)
+        assert sum(len(r.completion_ids) for r in rollouts) > 300  # long completions, ragged
+        (mean, worst), scores = _worst_mismatch(policy, rollouts, temperature=1.0)
+        assert worst == 0.0, (step, mean, worst)
+        # a step of the policy, then the refit: the engine follows exactly
+        opt = torch.optim.SGD(policy.parameters(), lr=0.05)
+        (-(scores.logp * scores.mask).sum()).backward()
+        opt.step()
+        refit(policy, gen.model)
 
 
 def test_a_seed_repeats_its_rollouts():
