@@ -88,9 +88,7 @@ def test_model_loss_equals_logits_loss_and_keeps_no_logits():
     assert chunked == cfg.vocab_size * cfg.dim  # the output weight is the largest thing kept
 
 
-@pytest.mark.parametrize(
-    "parallel,cls", [({"pp": 2}, TrainConfig), ({}, PostTrainConfig)]
-)
+@pytest.mark.parametrize("parallel,cls", [({"pp": 2}, TrainConfig), ({}, PostTrainConfig)])
 def test_layouts_without_a_chunked_path_are_refused(parallel, cls):
     with pytest.raises(ConfigError, match="loss_chunk_tokens"):
         cls(model={"preset": "tiny"}, parallel=parallel, loss_chunk_tokens=256)
