@@ -18,10 +18,25 @@ REPO = Path(__file__).resolve().parents[3]
 BENCH = REPO / "bench"
 
 
+def _missing_host_wheels() -> list[str]:
+    """The pinned wheels of bench/gpu_wheels.txt that bench/.gpu-wheels-host lacks."""
+    missing = []
+    for line in (BENCH / "gpu_wheels.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+            if not list((BENCH / ".gpu-wheels-host").glob(pattern)):
+                missing.append(name)
+    return missing
+
+
 def _offline_reason() -> str | None:
     """Why the rehearsal cannot be built without PyPI here, or None."""
     if not (BENCH / ".gpu-wheels-host").is_dir():
         return "no bench/.gpu-wheels-host: run `bash bench/gpu_check.sh --fetch-wheels` once"
+    missing = _missing_host_wheels()
+    if missing:  # fetched before bench/gpu_wheels.txt grew
+        return f"bench/.gpu-wheels-host lacks {', '.join(missing)}: run --fetch-wheels again"
     if (
         not (BENCH / ".gpu-dry-venv" / ".kiln-stamp").is_file()
         and not (BENCH / ".gpu-image-wheels").is_dir()
