@@ -44,10 +44,14 @@ log = logging.getLogger("kiln.triton")
 START_ATTEMPTS = 5  # a start that crashes or deadlocks is tried again, this many times in all
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: the sockets stay bound until all are chosen (one closed socket's
+    port can be handed out again at once, and tritonserver refuses equal HTTP/metrics ports)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _die_with_parent() -> None:
@@ -98,9 +102,10 @@ class TritonServer:
             raise InputError(f"{repo_dir}: no such Triton model repository")
         self.repo_dir = os.path.abspath(repo_dir)
         self.host = host
-        self.http_port = http_port or _free_port()
-        self.grpc_port = grpc_port or _free_port()
-        self.metrics_port = metrics_port or _free_port()
+        free = iter(_free_ports(3))
+        self.http_port = http_port or next(free)
+        self.grpc_port = grpc_port or next(free)
+        self.metrics_port = metrics_port or next(free)
         self.startup_timeout_s = startup_timeout_s
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args or [])
