@@ -24,7 +24,22 @@ from torch import nn
 
 from kiln.platform.errors import ConfigError
 from kiln.platform.extras import require_extra
-from kiln.training.precision import FP8_MIN_CAPABILITY, fp8_linear_names
+from kiln.training.precision import (
+    FP8_MIN_CAPABILITY,
+    check_fp8_layout,
+    check_te_available,
+    fp8_linear_names,
+)
+
+
+def check_fp8(cfg, device: torch.device) -> None:
+    """precision: fp8's layout and its backend's availability, as one-line errors before any
+    model is built: Transformer Engine, or torchao's scaled matmuls on `device`."""
+    check_fp8_layout(cfg)
+    if cfg.fp8_backend == "te":
+        check_te_available()
+    else:
+        check_float8_available(device)
 
 
 def check_float8_available(device: torch.device) -> None:

@@ -27,11 +27,7 @@ from kiln.training.checkpoint import Checkpointer
 from kiln.training.config import TrainConfig
 from kiln.training.data import build_dataloader
 from kiln.training.data.loader import TokenLoader
-from kiln.training.float8 import (
-    check_float8_available,
-    convert_to_float8,
-    precompute_float8_scales,
-)
+from kiln.training.float8 import check_fp8, convert_to_float8, precompute_float8_scales
 from kiln.training.launch import (
     enable_tf32,
     local_cuda_index,
@@ -56,8 +52,6 @@ from kiln.training.parallel.pipeline_parallel import build_pipeline, pipeline_mi
 from kiln.training.precision import (
     LossScaler,
     autocast_context,
-    check_fp8_layout,
-    check_te_available,
     fp8_context,
     swap_to_te_linear,
 )
@@ -156,11 +150,7 @@ class Trainer:
         self.dims = ParallelDims.from_config(cfg.parallel, world)
         self.device = self._pick_device()
         if cfg.precision == "fp8":
-            check_fp8_layout(cfg)
-            if cfg.fp8_backend == "te":
-                check_te_available()
-            else:
-                check_float8_available(self.device)
+            check_fp8(cfg, self.device)
         if cfg.model.n_experts and self.dims.pp_enabled:
             log.warning("MoE load-balancing loss is not added under pipeline parallelism")
         if self.distributed:
