@@ -9,7 +9,8 @@ state; TP ranks score the same completions, each block's matmuls split between t
 equals the one-process run (tests/training/rl/test_layouts.py) with the policy's memory and the
 update's work spread over the ranks. The sampling is spread too (rank_rollouts.py): in-process
 engines each sample a share of the batch, which is all-gathered; Ray actors belong to rank 0.
-On-policy distillation takes the same layouts; its ranks each score the whole batch.
+On-policy distillation takes the same layouts and splits the same way: under FSDP2 each rank's
+teacher and student score only that rank's share of the completions.
 
 The `grpo` / `distill` stages and `kiln grpo` / `kiln distill` start the ranks on Ray Train
 (ray_launch.py); `torchrun -m kiln.training.rl.run` starts them for GRPO.

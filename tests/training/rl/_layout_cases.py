@@ -60,23 +60,38 @@ def torchrun_entry_vs_single(config: str, out: str) -> tuple[list, list] | None:
     return laid_out, run_grpo(single_cfg, f"{out}-single")["metrics"]
 
 
-def _distill_steps(parallel: dict | None, steps: int) -> list[tuple]:
-    loop = distill_loop(steps)
+def _distill_steps(parallel: dict | None, steps: int, overrides: dict) -> list[tuple]:
+    """Per step: reverse KL, loss, the log-prob mismatch, whether the engines hold the trainer's
+    weights, the completions this rank's teacher scored and the step's reported most per rank."""
+    loop = distill_loop(steps, **overrides)
     if parallel is not None:
         shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
-    rows = []
-    loop.run(
-        on_step=lambda m: rows.append(
-            (m["reverse_kl"], m["loss"], m["logprob_mismatch_max"], loop.engines_match())
+    rows, scored = [], [0]
+
+    def record(m: dict) -> None:
+        rows.append(
+            (
+                m["reverse_kl"],
+                m["loss"],
+                m["logprob_mismatch_max"],
+                loop.engines_match(),
+                loop.teacher_rows - scored[0],
+                m["teacher_rows_per_rank"],
+            )
         )
-    )
+        scored[0] = loop.teacher_rows
+
+    loop.run(on_step=record)
     loop.close()
     return rows
 
 
-def distill_layout_vs_single(parallel: dict, steps: int) -> tuple[list, list]:
+def distill_layout_vs_single(
+    parallel: dict, steps: int, overrides: dict | None = None
+) -> tuple[list, list]:
     """On-policy distillation's steps with the student under `parallel`, and in one process."""
-    return _distill_steps(parallel, steps), _distill_steps(None, steps)
+    overrides = overrides or {}
+    return _distill_steps(parallel, steps, overrides), _distill_steps(None, steps, overrides)
 
 
 def grpo_resumed_vs_straight(fields: dict, tmp: str) -> tuple[list, list, list] | None:

@@ -111,12 +111,34 @@ def test_a_layout_without_its_ranks_is_a_config_error(tmp_path):
         run_grpo(cfg, str(tmp_path / "out"))
 
 
-@pytest.mark.parametrize("parallel", [{"dp_shard": 2}, {"tp": 2}], ids=["fsdp", "tp"])
-def test_on_policy_distillation_under_a_layout_equals_one_process(parallel):
-    for laid_out, single in run_distributed(distill_layout_vs_single, 2, parallel, STEPS):
-        for (kl, loss, mismatch, match), (kl1, loss1, _, _) in zip(laid_out, single, strict=True):
+@pytest.mark.parametrize(
+    "parallel,divergence",
+    [
+        ({"dp_shard": 2}, "reverse_kl"),
+        ({"dp_shard": 2}, "forward_kl"),
+        ({"dp_shard": 2}, "jsd"),
+        ({"tp": 2}, "reverse_kl"),
+    ],
+    ids=["fsdp", "fsdp-forward-kl", "fsdp-jsd", "tp"],
+)
+def test_on_policy_distillation_under_a_layout_equals_one_process(parallel, divergence):
+    """FSDP2's ranks each score half of every batch, with the teacher and the student, and
+    still equal one process; TP's ranks score all of it together."""
+    ranks = run_distributed(
+        distill_layout_vs_single, 2, parallel, STEPS, {"divergence": divergence}
+    )
+    for laid_out, single in ranks:
+        assert len(laid_out) == len(single) == STEPS
+        for (kl, loss, mismatch, match, scored, most), (kl1, loss1, _, _, whole, most1) in zip(
+            laid_out, single, strict=True
+        ):
             assert kl == pytest.approx(kl1, abs=1e-5) and loss == pytest.approx(loss1, abs=1e-5)
             assert mismatch < 1e-5 and match
+            # 3 prompts x 2 completions a step; one process's teacher scores all 6
+            assert whole == most1 == 6
+            half = "dp_shard" in parallel
+            assert scored == most == (whole // 2 if half else whole)
+        assert laid_out[0][1] != laid_out[-1][1]  # the steps differ: a real comparison
 
 
 @pytest.mark.parametrize(

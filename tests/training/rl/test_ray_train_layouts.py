@@ -124,6 +124,9 @@ def test_distill_command_on_ray_train_equals_one_process(ray_session, tmp_path, 
     with open(os.path.join(out, "run.json")) as f:
         laid_out = json.load(f)["metrics"]
     _same_steps(laid_out, single, ("reverse_kl", "loss"))
+    # 2 prompts x 2 completions a step: one process's teacher scores 4, each rank's 2
+    assert [m["teacher_rows_per_rank"] for m in single] == [4.0] * STEPS
+    assert [m["teacher_rows_per_rank"] for m in laid_out] == [2.0] * STEPS
     printed = capsys.readouterr().out
     assert [line.split(" | ")[0] for line in printed.splitlines() if " | reverse-kl " in line] == [
         "step 1",
