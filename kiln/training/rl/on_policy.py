@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -262,10 +263,14 @@ class OnPolicyLoop:
     # -- refit --------------------------------------------------------------------------------
 
     def refit(self) -> dict:
-        """The updated policy's weights into every rollout engine: seconds, replaced actors."""
+        """The updated policy's weights into every rollout engine: seconds, replaced actors.
+        The seconds count the LoRA merge and, under a layout, the gather of the shards (a
+        collective: the ranks finish it together) as well as the engines' load."""
+        started = time.perf_counter()
         state = merged_policy_state(self.policy)
+        gathered_s = time.perf_counter() - started
         self.policy_version += 1
-        m = {"refit_s": self.rollouts.refit(state, self.policy_version)}
+        m = {"refit_s": gathered_s + self.rollouts.refit(state, self.policy_version)}
         if self.cfg.rollout.workers and self.cfg.rollout.verify_refit:
             if not self.engines_match(state):
                 raise RefitMismatch("a rollout actor's weights differ from the trainer's")

@@ -10,13 +10,16 @@ Ray actors (`rollout.workers` > 0): rank 0 owns the actors (one pool, not one pe
 refits them; each batch it collects is broadcast to the other ranks, as are its checksums.
 
 Every method here is a collective: the ranks call them in the same order, which the loop does
-(each runs the same steps)."""
+(each runs the same steps). So is `refit`, whose seconds are the same on every rank: the
+slowest rank's engine load (in-process engines), or rank 0's actors' (Ray), so that whichever
+rank logs a step logs the step's refit."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -68,7 +71,10 @@ class SplitRollouts(RolloutBackend):
         return [r for share in shares for r in share]
 
     def refit(self, state: dict, version: int) -> float:
-        return self.local.refit(state, version)
+        """Every rank's engine loads the gathered `state`; the slowest one's seconds."""
+        seconds = torch.tensor(self.local.refit(state, version), dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self.group)
+        return float(seconds)
 
     def checksums(self) -> list[str]:
         gathered: list[list[str] | None] = [None] * self.size
@@ -110,8 +116,9 @@ class RankZeroRollouts(RolloutBackend):
         return self._from_rank_zero(lambda: self.actors.wait(pending))
 
     def refit(self, state: dict, version: int) -> float:
-        """The gathered `state` (every rank has it) into rank 0's actors; 0 s elsewhere."""
-        return self.actors.refit(state, version) if self.actors is not None else 0.0
+        """The gathered `state` (every rank has it) into rank 0's actors; their seconds, on
+        every rank."""
+        return self._from_rank_zero(lambda: self.actors.refit(state, version))
 
     def checksums(self) -> list[str]:
         return self._from_rank_zero(lambda: self.actors.checksums())
