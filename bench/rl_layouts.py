@@ -6,8 +6,9 @@ the student (batch_split.py, what runs now) against every rank scoring the whole
 before); both sides sample split. On each rank two loops are laid out the same way over the same
 base; their steps alternate (the side that goes first alternates), so load from other jobs on a
 shared machine falls on both alike. Prints each side's median rollout (GRPO) or update
-(distillation) seconds, step seconds (rank 0's) and CPU seconds per step (all ranks' together),
-their ratios, and the load average at the start and the end.
+(distillation) seconds, step seconds (rank 0's) and CPU seconds per step, the whole step's and
+the update's (all ranks' together), their ratios, and the load average at the start and the
+end.
 
     python bench/rl_layouts.py --steps 6                   # tiny random model, dp_shard=2
     python bench/rl_layouts.py --steps 6 --parallel tp=2
@@ -76,6 +77,19 @@ def _loop(args, base: str, teacher: str | None, parallel: ParallelConfig, split:
     return loop
 
 
+def _cpu_timed(update, cpu: dict, key: str):
+    """`update` (a loop's scoring, backward and optimizer step), its CPU seconds per call
+    appended to cpu[key]."""
+
+    def timed(*args, **kwargs):
+        started = time.process_time()
+        out = update(*args, **kwargs)
+        cpu.setdefault(key, []).append(time.process_time() - started)
+        return out
+
+    return timed
+
+
 def _rank(rank: int, world: int, port: int, args, bases: tuple, parallel: dict, out) -> None:
     torch.set_num_threads(args.threads)
     dist.init_process_group(
@@ -87,6 +101,8 @@ def _rank(rank: int, world: int, port: int, args, bases: tuple, parallel: dict, 
             for side in ("split", "whole")
         }
         cpu = {side: [] for side in loops}  # this rank's CPU seconds per step
+        for side, loop in loops.items():
+            loop._update = _cpu_timed(loop._update, cpu, f"{side} update")
         order = list(loops)
         for step in range(args.steps):
             for side in order if step % 2 == 0 else order[::-1]:
@@ -191,7 +207,8 @@ def main() -> None:
         )
         print(
             f"{side:22s} {part}  step s {_median(metrics, 'step_s'):.3f}  CPU s/step (all "
-            f"ranks) {_cpu_per_step(cpu, key):.3f}  {figure}  completion length mean "
+            f"ranks) {_cpu_per_step(cpu, key):.3f}, of which the update "
+            f"{_cpu_per_step(cpu, f'{key} update'):.3f}  {figure}  completion length mean "
             f"{statistics.fmean(m['completion_len'] for m in metrics):.1f}"
         )
     if distill:
@@ -204,9 +221,11 @@ def main() -> None:
         label, keys = "rollout s", ("reward", "completion_len")
     step = _median(split, "step_s") / _median(whole, "step_s")
     cpu_ratio = _cpu_per_step(cpu, "split") / _cpu_per_step(cpu, "whole")
+    update_cpu = _cpu_per_step(cpu, "split update") / _cpu_per_step(cpu, "whole update")
     same = all(_close([m[k] for m in split], [m[k] for m in whole]) for k in keys)
     print(
-        f"ratio split / whole: {label} {part:.2f}x, step s {step:.2f}x, CPU s {cpu_ratio:.2f}x; "
+        f"ratio split / whole: {label} {part:.2f}x, step s {step:.2f}x, CPU s {cpu_ratio:.2f}x "
+        f"(the update's {update_cpu:.2f}x); "
         f"{', '.join(keys)} step for step {'equal' if same else 'DIFFER'} (the same batch)"
     )
 
