@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -71,10 +70,11 @@ class SplitRollouts(RolloutBackend):
         return [r for share in shares for r in share]
 
     def refit(self, state: dict, version: int) -> float:
-        """Every rank's engine loads the gathered `state`; the slowest one's seconds."""
-        seconds = torch.tensor(self.local.refit(state, version), dtype=torch.float64)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self.group)
-        return float(seconds)
+        """Every rank's engine loads the gathered `state`; the slowest one's seconds (an
+        object collective, as the others here: it runs over gloo and NCCL alike)."""
+        seconds: list[float | None] = [None] * self.size
+        dist.all_gather_object(seconds, self.local.refit(state, version), group=self.group)
+        return max(seconds)
 
     def checksums(self) -> list[str]:
         gathered: list[list[str] | None] = [None] * self.size
