@@ -12,6 +12,7 @@ from kiln.training.config import ParallelConfig
 from kiln.training.rl.config import GRPORunConfig
 from kiln.training.rl.layouts import shard_policy
 from kiln.training.rl.run import load_config, main, run_grpo
+from tests.training.rl.test_distill import HELD_OUT as DISTILL_HELD_OUT
 from tests.training.rl.test_distill import _loop as distill_loop
 from tests.training.rl.test_grpo import _loop
 
@@ -92,6 +93,20 @@ def distill_layout_vs_single(
     """On-policy distillation's steps with the student under `parallel`, and in one process."""
     overrides = overrides or {}
     return _distill_steps(parallel, steps, overrides), _distill_steps(None, steps, overrides)
+
+
+def _held_out_reverse_kl(parallel: dict | None) -> tuple[float, int]:
+    """The base student's held-out reverse KL and the completions this rank's teacher scored."""
+    loop = distill_loop(1)
+    if parallel is not None:
+        shard_policy(loop, ParallelConfig(**parallel), dist.get_world_size())
+    score = loop.evaluate([{"prompt": p} for p in DISTILL_HELD_OUT])
+    loop.close()
+    return score, loop.teacher_rows
+
+
+def distill_evaluate_vs_single(parallel: dict) -> tuple[tuple, tuple]:
+    return _held_out_reverse_kl(parallel), _held_out_reverse_kl(None)
 
 
 def grpo_resumed_vs_straight(fields: dict, tmp: str) -> tuple[list, list, list] | None:

@@ -16,6 +16,7 @@ from kiln.training.rl.layouts import shard_policy
 from kiln.training.rl.run import run_grpo
 from tests.training.distributed import run_distributed
 from tests.training.rl._layout_cases import (
+    distill_evaluate_vs_single,
     distill_layout_vs_single,
     grpo_layout_vs_single,
     grpo_resumed_vs_straight,
@@ -139,6 +140,16 @@ def test_on_policy_distillation_under_a_layout_equals_one_process(parallel, dive
             half = "dp_shard" in parallel
             assert scored == most == (whole // 2 if half else whole)
         assert laid_out[0][1] != laid_out[-1][1]  # the steps differ: a real comparison
+
+
+def test_held_out_distillation_score_splits_over_dp_shard_ranks():
+    """The held-out reverse KL (run.json's before/after): each rank's teacher scores half the
+    held-out completions, and the reduced mean is one process's."""
+    for (score, scored), (score1, whole) in run_distributed(
+        distill_evaluate_vs_single, 2, {"dp_shard": 2}
+    ):
+        assert score == pytest.approx(score1, abs=1e-5) and score1 > 0
+        assert (scored, whole) == (2, 4)  # 4 held-out prompts, one completion each
 
 
 @pytest.mark.parametrize(
