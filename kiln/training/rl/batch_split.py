@@ -32,17 +32,17 @@ class BatchSplit:
 
     def total(self, value: float) -> float:
         """The sum of `value` over the ranks."""
-        if self.size == 1:
-            return value
-        t = torch.tensor(value, dtype=torch.float64)
-        dist.all_reduce(t, group=self.group)
-        return float(t)
+        return value if self.size == 1 else self._all_reduce(value, dist.ReduceOp.SUM)
 
     def maximum(self, value: float) -> float:
-        if self.size == 1:
-            return value
-        t = torch.tensor(value, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return value if self.size == 1 else self._all_reduce(value, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, value: float, op) -> float:
+        # NCCL reduces only CUDA tensors; gloo only CPU ones.
+        on_cuda = dist.get_backend(self.group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
+        t = torch.tensor(value, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op, group=self.group)
         return float(t)
 
     def mean(self, value: float, weight: float) -> float:
