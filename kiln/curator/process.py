@@ -1,7 +1,7 @@
 """Per-document work on one batch: validate -> clean -> PII -> filter -> exact hash + MinHash
 bands.
 
-`ChunkProcessor` is what a Ray Data actor (or the inline loop) holds; it turns a list of read
+`ChunkProcessor` is what a streaming actor (or the inline loop) holds; it turns a list of read
 records into a table of candidates for dedup and a table of rejected documents with reasons.
 """
 

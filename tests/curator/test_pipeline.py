@@ -150,7 +150,7 @@ def test_ray_data_stream_and_dask_on_ray_give_the_inline_bytes(
     streamed = curate(
         _config(planted[1], stream="ray", cluster="local"), str(tmp_path / "ray-local")
     )
-    assert _shards(str(tmp_path / "ray-local")) == _shards(out)  # Ray Data == inline, byte for byte
+    assert _shards(str(tmp_path / "ray-local")) == _shards(out)  # on Ray == inline, byte for byte
     assert streamed["kept"] == report["kept"] and streamed["rejected"] == report["rejected"]
     on_ray = curate(_config(planted[1], stream="inline", cluster="ray"), str(tmp_path / "ray-ray"))
     assert on_ray["cluster"] == "ray"
