@@ -21,8 +21,11 @@ imported by GPU dedup), with its `RayDataExecutor` (the Xenna executor refuses 2
 runs in a fresh process with a fresh local Ray of the same CPUs; imports and Ray's start are not
 timed, the pipeline run is (Kiln's includes writing its shards and report). Runs are
 interleaved (Kiln, NeMo, Kiln, NeMo, ...) and the best of each is kept. Prints docs/s, docs per
-CPU-second (user + system time of the whole process tree, Ray's workers included), kept counts
-and how many documents the two keep differently, and the ratio, beside the load average.
+CPU-second (user + system time of the whole process tree, Ray's workers included; each run's
+line splits it into the driver, Ray's worker processes and Ray's own), kept counts and how many
+documents the two keep differently, and the ratio, beside the load average. Children run in the
+temporary folder: Ray's workers import from the driver's working folder first, so a checkout
+there would shadow `--kiln-baseline`.
 """
 
 from __future__ import annotations
@@ -227,17 +230,32 @@ def make_corpus(n: int, seed: int, out_dir: str, n_files: int) -> int:
 # -- measuring ---------------------------------------------------------------------------------
 
 
+def process_kind(p, root_pid: int) -> str:
+    """driver (the side's own process), workers (Ray worker processes: actors, tasks) or ray
+    (Ray's own: GCS, raylet, agents, log monitor)."""
+    if p.pid == root_pid:
+        return "driver"
+    try:
+        cmd = " ".join(p.cmdline())
+    except Exception:  # gone, or not ours to read
+        return "ray"
+    return "workers" if "default_worker.py" in cmd else "ray"
+
+
 class CpuTime:
     """User + system CPU seconds of a process tree (Ray's raylet and workers are its children),
-    sampled every 0.1 s: each process's last reading, summed, less the readings at the start."""
+    sampled every 0.1 s: each process's last reading, summed, less the readings at the start;
+    `by_kind` splits them by `process_kind`."""
 
     def __init__(self, pid: int | None = None):
         import psutil
 
         self.root = psutil.Process(pid or os.getpid())
         self.last: dict[tuple[int, float], float] = {}
+        self.kind: dict[tuple[int, float], str] = {}
         self.start = self._sample()
         self.frozen: float | None = None
+        self.frozen_last: dict | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -251,7 +269,10 @@ class CpuTime:
         for p in procs:
             try:
                 t = p.cpu_times()
-                self.last[(p.pid, p.create_time())] = t.user + t.system
+                key = (p.pid, p.create_time())
+                self.last[key] = t.user + t.system
+                if key not in self.kind:
+                    self.kind[key] = process_kind(p, self.root.pid)
             except psutil.Error:
                 pass
         return dict(self.last)
@@ -268,12 +289,21 @@ class CpuTime:
         """Stop counting here (`seconds` keeps this reading)."""
         self._sample()
         self.frozen = self.seconds
+        self.frozen_last = dict(self.last)
 
     @property
     def seconds(self) -> float:
         if self.frozen is not None:
             return self.frozen
         return sum(v - self.start.get(k, 0.0) for k, v in self.last.items())
+
+    def by_kind(self) -> dict[str, float]:
+        """CPU seconds per process kind, over the same span as `seconds`."""
+        out: dict[str, float] = {}
+        for k, v in (self.frozen_last or self.last).items():
+            kind = self.kind.get(k, "ray")
+            out[kind] = out.get(kind, 0.0) + v - self.start.get(k, 0.0)
+        return out
 
     def __enter__(self):
         self._thread.start()
@@ -331,7 +361,10 @@ def run_child(argv: list[str], env: dict) -> dict:
     (after imports and Ray's start) to its SECONDS line (the pipeline done)."""
     before = load()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        # cwd: not a checkout, whose kiln Ray's workers would import before PYTHONPATH's
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=tempfile.gettempdir()
+        )
         lines = {}
         with CpuTime(proc.pid) as cpu:
             for line in proc.stdout:
@@ -348,6 +381,7 @@ def run_child(argv: list[str], env: dict) -> dict:
     return {
         "seconds": float(lines["SECONDS"]),
         "cpu": cpu.seconds,
+        "cpu_by_kind": cpu.by_kind(),
         "kept": set(json.loads(lines["KEPT"])),
         "load": f"{before}-{load()}",
         "steps": f"; {lines['STEPS']}" if "STEPS" in lines else "",
@@ -365,7 +399,8 @@ def run_kiln(inputs: str, out: str, cpus: int, checkout: str | None = None) -> d
     env = _env()
     if checkout:
         env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
-    return run_child([sys.executable, __file__, "--kiln-child", inputs, out, str(cpus)], env)
+    script = os.path.abspath(__file__)
+    return run_child([sys.executable, script, "--kiln-child", inputs, out, str(cpus)], env)
 
 
 def run_nemo(inputs: str, out: str, cpus: int) -> dict:
@@ -400,7 +435,7 @@ def main() -> None:
         return
     if not os.path.exists(f"{NEMOVENV}/bin/python"):
         sys.exit(f"{NEMOVENV}: no NeMo Curator venv (run with --make-venv, or set KILN_NEMOVENV)")
-    work = args.work or tempfile.mkdtemp(prefix="kiln-bench-nemo-")
+    work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="kiln-bench-nemo-"))
     inputs = os.path.join(work, "input")
     chars = make_corpus(args.docs, args.seed, inputs, args.files)
     print(f"corpus: {args.docs:,} English docs, {chars / 1e6:.0f}M chars -> {inputs}")
@@ -412,8 +447,9 @@ def main() -> None:
     for r in range(args.repeats):
         for name, fn in sides:
             res = fn(inputs, os.path.join(work, f"{name}-{r}"), args.cpus)
+            kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(res["cpu_by_kind"].items()))
             print(
-                f"run {r} {name}: {res['seconds']:.1f}s wall, {res['cpu']:.1f} CPU-s, "
+                f"run {r} {name}: {res['seconds']:.1f}s wall, {res['cpu']:.1f} CPU-s ({kinds}), "
                 f"{len(res['kept']):,} kept (load {res['load']}{res.get('steps', '')})"
             )
             if name not in best or res["seconds"] < best[name]["seconds"]:

@@ -1,4 +1,4 @@
-"""kiln.curator: read, clean, filter and deduplicate text corpora (Ray Data + Dask).
+"""kiln.curator: read, clean, filter and deduplicate text corpora (Ray actors + Dask).
 
 from kiln.curator import CurateConfig, curate
 report = curate(CurateConfig(input=["data/*.jsonl.zst"]), "out/corpus")

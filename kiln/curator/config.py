@@ -299,11 +299,9 @@ class CurateConfig(StageConfig):
         default_factory=OutputConfig, description="How kept and rejected documents are written."
     )
     stream: Literal["ray", "inline"] = Field(
-        "ray", description="Ray Data actors, or one in-process loop"
+        "ray", description="Ray actors, or one in-process loop"
     )
-    actors: int | None = Field(
-        None, description="Ray Data actors (default: one per CPU of the machine)"
-    )
+    actors: int | None = Field(None, description="Ray actors (default: one per CPU of the machine)")
     backend: Literal["auto", "pandas", "cudf"] = Field(
         "auto",
         description="Dedup dataframes: pandas on CPU, cuDF on GPU, auto: cuDF where available.",

@@ -47,6 +47,9 @@ def write_outputs(
     if total == 0:
         return 0
     slot = np.random.default_rng(cfg.seed).permutation(total)
+    if total <= cfg.shard_docs:  # one shard, held whole either way: no spill and read back
+        write_one_shard(staging_files, kept_per_file, slot, out_dir, cfg)
+        return total
     spill_by_shard(staging_files, kept_per_file, slot, spill_dir, cfg.shard_docs)
     for shard in range(-(-total // cfg.shard_docs)):
         assemble_shard(spill_dir, shard, out_dir, cfg)
@@ -115,6 +118,28 @@ def spill_by_shard(
             d = os.path.join(spill_dir, f"{s:05d}")
             os.makedirs(d, exist_ok=True)
             pq.write_table(table.filter(pa.array(shard == s)), os.path.join(d, f"{i:06d}.parquet"))
+
+
+def write_one_shard(
+    staging_files: list[str],
+    kept_per_file: list[np.ndarray],
+    slot: np.ndarray,
+    out_dir: str,
+    cfg: OutputConfig,
+) -> None:
+    """Passes 2 and 3 when every kept document fits one shard: the same bytes as spilling and
+    assembling it (documents in `slot` order), without writing and reading the spill."""
+    tables = [
+        pq.read_table(path, columns=CORPUS_COLUMNS).filter(pa.array(keep))
+        for path, keep in zip(staging_files, kept_per_file, strict=True)
+        if keep.any()
+    ]
+    table = pa.concat_tables(tables).take(pa.array(np.argsort(slot)))
+    pq.write_table(
+        table.replace_schema_metadata(None),
+        os.path.join(out_dir, "shard-00000.parquet"),
+        compression=cfg.compression,
+    )
 
 
 def assemble_shard(spill_dir: str, shard: int, out_dir: str, cfg: OutputConfig) -> None:

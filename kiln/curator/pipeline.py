@@ -1,4 +1,4 @@
-"""A curation run in two steps — stream (Ray Data or inline), then dedup (Dask), output and report.
+"""A curation run in two steps — stream (Ray or inline), then dedup (Dask), output and report.
 
 Each step declares what it needs from the runtime (`Curation.steps`), so the platform can start
 Ray for streaming and shut an embedded Ray down before dedup on Dask threads (its processes'
@@ -39,7 +39,7 @@ log = logging.getLogger("kiln.curator")
 
 
 def step_needs(cfg: CurateConfig) -> tuple[Resources, Resources]:
-    """What the stream and the dedup step need: Ray for Ray Data or Dask-on-Ray, else none
+    """What the stream and the dedup step need: Ray for its actors or Dask-on-Ray, else none
     (an inline stream before Dask-on-Ray leaves the runtime as it is: no stop and restart).
     Dedup on Dask threads takes an embedded Ray's memory even when a later stage needs Ray: the
     dedup peak and Ray's idle processes together can exceed a small machine's memory

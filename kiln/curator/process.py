@@ -1,7 +1,7 @@
 """Per-document work on one batch: validate -> clean -> PII -> filter -> exact hash + MinHash
 bands.
 
-`ChunkProcessor` is what a Ray Data actor (or the inline loop) holds; it turns a list of read
+`ChunkProcessor` is what a streaming actor (or the inline loop) holds; it turns a list of read
 records into a table of candidates for dedup and a table of rejected documents with reasons.
 """
 
@@ -80,8 +80,8 @@ class ChunkProcessor:
     def process(
         self, records: list[dict], row_keys: np.ndarray
     ) -> tuple[pa.Table, pa.Table, Counter]:
-        """(kept candidates with `_row`, `_hash`, band columns; rejected with `reason`; reason
-        counts)."""
+        """(kept candidates with `_row`, `_hash` (exact dedup on), band columns (fuzzy dedup on);
+        rejected with `reason`; reason counts)."""
         reasons: list[str | None] = [r["reason"] for r in records]
         texts: list[str | None] = [r["text"] for r in records]
         ok = np.array([r is None for r in reasons], dtype=bool)
@@ -121,8 +121,9 @@ class ChunkProcessor:
             "text": pa.array(kept_texts, pa.large_string()),
             "source": pa.array([records[i]["source"] for i in kept_idx], pa.string()),
             "language": pa.array([language[i] for i in kept_idx], pa.string()),
-            "_hash": pa.array(text_hash(kept_texts), pa.int64()),
         }
+        if self.cfg.dedup.exact:  # exact dedup's key: no other step reads it
+            columns["_hash"] = pa.array(text_hash(kept_texts), pa.int64())
         if self.minhasher is not None:
             bands = self.minhasher.band_hashes(self.minhasher.signatures(kept_texts)).view(np.int64)
             for b, name in enumerate(band_columns(self.minhasher.bands)):

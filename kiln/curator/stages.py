@@ -45,7 +45,7 @@ class CurateStage(Stage):
         return run_steps(self, ctx)
 
     def steps(self) -> list[Step]:
-        """Stream (Ray Data when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
+        """Stream (Ray actors when `stream: ray`), then dedup + output (Ray only for Dask-on-Ray):
         the platform shuts an embedded Ray down between them when dedup runs on Dask threads."""
 
         stream_needs, dedup_needs = step_needs(self.config)

@@ -1,4 +1,4 @@
-"""The streamed per-document stage: read tasks run on Ray Data actors (or inline), each batch is
+"""The streamed per-document stage: read tasks run on Ray actors (or inline), each batch is
 processed and written straight to Parquet, so memory stays bounded by one batch per actor.
 
 A task's files are written first and its counts recorded in the stream folder's ledger last, so
@@ -6,7 +6,6 @@ a killed run's next attempt runs only the unrecorded tasks (`run_stream(..., fin
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from itertools import islice
@@ -64,18 +63,20 @@ def clear_unfinished(tasks: list[ReadTask], work_dir: str, rejected_dir: str) ->
 
 
 class TaskActor:
-    """A Ray Data actor: builds the filters (and loads the language model) once."""
+    """One streaming actor: builds the filters (and loads the language model) once, then runs
+    the read tasks it is given, one at a time."""
 
     def __init__(self, cfg_json: str, work_dir: str, rejected_dir: str, extra_filters=()):
         self.proc = ChunkProcessor(CurateConfig.model_validate_json(cfg_json), list(extra_filters))
         self.work_dir, self.rejected_dir = work_dir, rejected_dir
 
-    def __call__(self, batch: dict) -> dict:
-        out = [
-            run_task(ReadTask.from_dict(json.loads(t)), self.proc, self.work_dir, self.rejected_dir)
-            for t in batch["task"]
-        ]
-        return {"stats": [json.dumps(s) for s in out]}
+    def run(self, task: dict) -> dict:
+        return run_task(ReadTask.from_dict(task), self.proc, self.work_dir, self.rejected_dir)
+
+
+# A task whose worker dies (killed, out of memory, its node lost) reruns on the restarted actor,
+# this many times, before the actor counts as dead.
+TASK_RETRIES = 3
 
 
 def run_stream(
@@ -98,30 +99,63 @@ def run_stream(
             stats.append(run_task(t, proc, work_dir, rejected_dir))
             done(stats[-1])
         return stats
-    import ray
+    return run_on_actors(tasks, cfg, work_dir, rejected_dir, extra_filters, cpus_per_actor, done)
 
-    actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
-    # An actor that dies while starting (its node lost, or a pending one Ray Data itself let go)
-    # is replaced, up to once per actor in a row; a constructor that always fails still fails
-    # the run. Ray Data's default (0) fails the whole curate on the first such death.
-    data_ctx = ray.data.DataContext.get_current()
-    if 0 <= data_ctx.max_consecutive_actor_init_deaths < actors:
-        data_ctx.max_consecutive_actor_init_deaths = actors
-    ds = ray.data.from_items(
-        [{"task": json.dumps(t.to_dict())} for t in tasks], override_num_blocks=len(tasks)
-    )
-    ds = ds.map_batches(
-        TaskActor,
-        fn_constructor_args=(cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters)),
-        batch_size=1,
-        # one task at a time per actor: a task is a whole file chunk, and an actor holding
-        # several queued (Ray Data's default 4) leaves the others idle at the end of a run
-        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
+
+def run_on_actors(tasks, cfg, work_dir, rejected_dir, extra_filters, cpus_per_actor, done):
+    """The tasks on a pool of Ray actors, one task in flight per actor (a task is a whole file
+    chunk: an actor holding several queued leaves the others idle at the end of a run).
+
+    Plain Ray actors rather than a Ray Data `map_batches`: the tasks are a short list and each
+    actor writes its own output, so Ray Data's executor and its helper actors (stats, actor
+    locations, autoscaling; a Python process each) were most of a small run's fixed cost. Ray
+    Core restarts an actor whose worker dies and reruns its task (`TASK_RETRIES`); an actor that
+    dies for good (in its constructor, or past its restarts) is replaced and its task given to
+    the new one, up to once per actor in a row (a constructor that always fails fails the run)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    n_actors = max(1, min(len(tasks), cfg.actors or os.cpu_count() or 1))
+    actor_cls = ray.remote(
         num_cpus=cpus_per_actor,
-        num_gpus=1.0 / actors if cfg.backend == "cudf" else 0,
-    )
-    stats = []
-    for row in ds.iter_rows():  # as the actors finish tasks, not all at the end
-        stats.append(json.loads(row["stats"]))
-        done(stats[-1])
+        num_gpus=1.0 / n_actors if cfg.backend == "cudf" else 0,
+        max_restarts=TASK_RETRIES,
+        max_task_retries=TASK_RETRIES,
+    )(TaskActor)
+    args = (cfg.model_dump_json(), work_dir, rejected_dir, list(extra_filters))
+    todo = [t.to_dict() for t in reversed(tasks)]  # popped from the end: in task order
+    running: dict = {}  # object ref -> (actor, task)
+    actors = []
+    deaths = 0  # actors lost in a row, without a task finished in between
+
+    def give(actor, task: dict) -> None:
+        running[actor.run.remote(task)] = (actor, task)
+
+    try:
+        for _ in range(n_actors):
+            actors.append(actor_cls.remote(*args))
+            give(actors[-1], todo.pop())
+        stats = []
+        while running:
+            [ref], _ = ray.wait(list(running), num_returns=1)
+            actor, task = running.pop(ref)
+            try:
+                counts = ray.get(ref)
+            except RayActorError:
+                deaths += 1
+                if deaths > n_actors:
+                    raise
+                ray.kill(actor, no_restart=True)
+                actors.remove(actor)
+                actors.append(actor_cls.remote(*args))
+                give(actors[-1], task)
+                continue
+            deaths = 0
+            stats.append(counts)
+            done(counts)
+            if todo:
+                give(actor, todo.pop())
+    finally:
+        for actor in actors:  # their CPUs (and memory) go back before dedup
+            ray.kill(actor, no_restart=True)
     return sorted(stats, key=lambda s: s["task"])

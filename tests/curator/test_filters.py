@@ -223,8 +223,31 @@ def test_no_space_and_cjk_words_equal_the_full_regex_counts(ratio):
     assert words.cjk.tolist() == cjk.tolist() and cjk.any()
 
 
+def test_digit_and_non_alphanumeric_shares_equal_the_character_class_counts():
+    """Both rules count their (rare) characters as regex matches: the same numbers as deleting
+    the other characters and measuring what is left, in every script."""
+    from kiln.curator.filters.gopher import DigitRatio, NonAlnumRatio
+
+    base = _mixed_batch(6)
+    texts = base + [
+        "１２３ ٣٤ ⅷ 12.5%",  # full-width and Arabic-Indic digits, a Roman numeral: 9 digits
+        "日本語、テスト。「引用」",
+        "émoji 😀 ü\u00a0x\u3000y\tz",
+        "!!!",
+    ]
+    batch = DocBatch(texts)
+    n = batch.n_chars
+    k = len(base)
+    assert batch.count(r"\pN")[k] == 9
+    digits = DigitRatio(None, 0.1).statistic(batch)
+    assert digits.tolist() == batch.ratio(batch.count_chars(r"\pN"), n).tolist()
+    other = NonAlnumRatio(None, 0.1).statistic(batch)
+    assert other.tolist() == batch.ratio(n - batch.count_chars(r"\pL\pN\s"), n).tolist()
+    assert other[k + 3] == 1.0 and 0 < other[k + 1] < 1 and digits[k] > 0.5
+
+
 def test_the_streamed_filter_path_starts_without_torch():
-    """Each Ray Data actor imports the stream module: torch (the embedding classifier's, ~2 s)
+    """Each streaming actor imports the stream module: torch (the embedding classifier's, ~2 s)
     is imported only when an embedding classifier is trained or loaded."""
     import subprocess
     import sys

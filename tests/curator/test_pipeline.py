@@ -126,6 +126,18 @@ def test_exact_duplicates_keep_the_smallest_id(inline_run, planted):
     assert report["dedup"]["exact_duplicates"] == sum(len(g) - 1 for g in corpus.exact_groups)
 
 
+def test_fuzzy_dedup_alone_removes_each_exact_copy(planted, tmp_path):
+    """Exact dedup off: the stream writes no exact-dedup key, and fuzzy dedup (J = 1 >= its
+    threshold) still leaves one document of each group of copies."""
+    corpus, inputs = planted
+    cfg = _config(inputs, stream="inline", cluster="local", dedup={"exact": False})
+    report = curate(cfg, str(tmp_path / "out"))
+    kept = set(_ids(glob.glob(str(tmp_path / "out" / "shard-*.parquet"))))
+    for group in corpus.exact_groups:
+        assert len([i for i in group if i in kept]) == 1
+    assert "exact_duplicates" not in report["dedup"] and report["invariant_holds"]
+
+
 def test_junk_malformed_and_japanese(inline_run, planted):
     out, _ = inline_run
     corpus, _ = planted
@@ -150,7 +162,7 @@ def test_ray_data_stream_and_dask_on_ray_give_the_inline_bytes(
     streamed = curate(
         _config(planted[1], stream="ray", cluster="local"), str(tmp_path / "ray-local")
     )
-    assert _shards(str(tmp_path / "ray-local")) == _shards(out)  # Ray Data == inline, byte for byte
+    assert _shards(str(tmp_path / "ray-local")) == _shards(out)  # on Ray == inline, byte for byte
     assert streamed["kept"] == report["kept"] and streamed["rejected"] == report["rejected"]
     on_ray = curate(_config(planted[1], stream="inline", cluster="ray"), str(tmp_path / "ray-ray"))
     assert on_ray["cluster"] == "ray"

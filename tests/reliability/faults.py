@@ -74,7 +74,7 @@ def fail_on_init_marker() -> str:
 class FailOnInitOnce(DocumentFilter):
     """A curator filter that keeps every document; while the job's marker is armed, the first
     Ray actor to build it fails in its constructor: an actor that dies while it starts, which Ray
-    Core does not restart (a SIGKILL there would be restarted by Ray Core, not by Ray Data)."""
+    Core does not restart (a SIGKILL there would be restarted by Ray Core itself)."""
 
     name = "fail_on_init_once"
 

@@ -1,6 +1,6 @@
-"""Faults mid-`curate` (stream: ray): a Ray Data worker SIGKILLed, and the worker node of a 2-node
-cluster killed. Ray retries the lost tasks on a new actor and the corpus is byte-identical to a
-clean run's; in = kept + rejected."""
+"""Faults mid-`curate` (stream: ray): a streaming actor's worker SIGKILLed, and the worker node of
+a 2-node cluster killed. Ray retries the lost tasks on a restarted actor and the corpus is
+byte-identical to a clean run's; in = kept + rejected."""
 
 from __future__ import annotations
 
@@ -90,14 +90,15 @@ def test_worker_killed_mid_curate_gives_identical_corpus(ray_session, tmp_path):
     clean = _curate(config, tmp_path / "clean", "inline")
     marker.unlink()
     faulty = _curate(config, tmp_path / "faulty", "ray")
-    assert marker.exists()  # a Ray Data worker was SIGKILLed mid-task
+    assert marker.exists()  # a streaming actor's worker was SIGKILLed mid-task
     _check_same_corpus(faulty, clean)
 
 
 @pytest.mark.slow
 def test_actor_dead_while_starting_is_replaced(ray_session, tmp_path):
-    """A Ray Data actor that dies in its constructor is replaced: Ray Data's default fails the
-    whole curate on the first such death (seen when a node went away as an actor started)."""
+    """A streaming actor that dies in its constructor is replaced (Ray Core does not restart it;
+    without the replacement the whole curate fails on the first such death, as it did when a node
+    went away while an actor started)."""
     files = _inputs(tmp_path, _documents("", tagged=[]))
     config = {
         "input": files,

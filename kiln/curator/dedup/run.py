@@ -58,7 +58,8 @@ def exact_and_fuzzy(
 
     fz = cfg.dedup.fuzzy
     bands = band_columns(fz.bands) if fz.enabled else []
-    ddf = dd.read_parquet(staging_files, columns=["_row", "id", "_hash", *bands])
+    key = ["_hash"] if cfg.dedup.exact else []  # the stream writes it for exact dedup only
+    ddf = dd.read_parquet(staging_files, columns=["_row", "id", *key, *bands])
     ddf = ddf.repartition(
         npartitions=cfg.dask_partitions or max(1, -(-n_docs // ROWS_PER_PARTITION))
     )

@@ -89,7 +89,9 @@ class DocBatch:
 
     def count_chars(self, char_class: str) -> np.ndarray:
         """Characters per document in a class given as the inside of [...] (deletes runs of the
-        others, which is far cheaper than one regex match per character)."""
+        others, which is far cheaper than one regex match per character when most characters
+        are in the class; for a class rare in every script, such as digits,
+        `count(f"[{char_class}]")` gives the same count for less)."""
         kept = pc.replace_substring_regex(self.arr, f"[^{char_class}]+", "")
         return _np(pc.utf8_length(kept)).astype(np.int64)
 

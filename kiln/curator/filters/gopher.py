@@ -85,14 +85,15 @@ class NonAlnumRatio(Bounds):
     name = "non_alphanumeric"
 
     def statistic(self, batch):
-        return batch.ratio((batch.n_chars - batch.count_chars(r"\pL\pN\s")), batch.n_chars)
+        # the other characters counted as matches: fewer than the letters, digits and spaces
+        return batch.ratio(batch.count(r"[^\pL\pN\s]"), batch.n_chars)
 
 
 class DigitRatio(Bounds):
     name = "digits"
 
     def statistic(self, batch):
-        return batch.ratio(batch.count_chars(r"\pN"), batch.n_chars)
+        return batch.ratio(batch.count(r"\pN"), batch.n_chars)  # rare: counted as matches
 
 
 class DuplicateLines(DocumentFilter):

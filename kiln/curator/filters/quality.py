@@ -1,6 +1,6 @@
 """A trained quality classifier (`kiln classify`: fastText or embedding) as a curate filter step:
 documents whose P(high quality) is under the threshold — or that lose NeMo Curator's Pareto
-draw — are rejected as `quality`. The model is loaded once per Ray Data actor."""
+draw — are rejected as `quality`. The model is loaded once per streaming actor."""
 
 from __future__ import annotations
 
