@@ -55,7 +55,7 @@ class PackedBatch:
                 (int(first[lo]), hi - lo, counts[lo], rows_table.to(device), end, query)
             )
         self._masks: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._folded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._folded: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def batch(self) -> int:
@@ -102,9 +102,13 @@ class PackedBatch:
         heads, dim, kv_heads = q.shape[1], q.shape[3], k.shape[1]
         group = heads // kv_heads
         out = []
-        if group not in self._folded:  # once per forward, not per layer
-            self._folded[group] = [(_fold(c, group), _fold(w, group)) for c, w in self._masks]
-        folded = self._folded[group]
+        # once per forward, not per layer: folded for GQA and, where the core takes it, additive
+        additive = q.dtype if getattr(core, "takes_additive_mask", False) else None
+        if (group, additive) not in self._folded:
+            self._folded[group, additive] = [
+                tuple(_additive(_fold(m, group), additive) for m in pair) for pair in self._masks
+            ]
+        folded = self._folded[group, additive]
         for (start, rows, n, table, end, _), masks in zip(self.pieces, folded, strict=True):
             index = table.reshape(-1)
             gathered = []
@@ -134,6 +138,16 @@ def _fold(mask: torch.Tensor, group: int) -> torch.Tensor:
         return mask
     rows, _, n, end = mask.shape
     return mask[:, :, None].expand(rows, 1, group, n, end).reshape(rows, 1, group * n, end)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A bool mask as SDPA would turn it into a float one on every call (0 where True, -inf
+    where False, in `dtype`), or as it is when `dtype` is None."""
+    if dtype is None:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
 
 
 def _pieces(lengths: list[int], counts: list[int]) -> list[tuple[int, int]]:
