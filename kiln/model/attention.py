@@ -84,6 +84,13 @@ class AttentionCore(nn.Module):
         self.softcap = softcap
         self._te_attention = None  # built on first use: TE wants the (TP-local) head counts
 
+    @property
+    def takes_additive_mask(self) -> bool:
+        """Whether `forward` may be given a float mask (0 = attend, -inf = not) instead of a
+        bool one: SDPA turns a bool mask into exactly that on every call, so a caller that
+        attends many times with one mask converts it once."""
+        return self.backend in ("auto", "sdpa") and self.softcap is None
+
     def forward(
         self,
         q: torch.Tensor,
@@ -91,8 +98,9 @@ class AttentionCore(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`mask` (bool, True = attend, broadcast to [B, Hq, Sq, Sk]) replaces the causal and
-        window masks: decoding from a KV cache, where queries and keys are not the same slots."""
+        """`mask` (bool, True = attend, broadcast to [B, Hq, Sq, Sk]; additive where
+        `takes_additive_mask`) replaces the causal and window masks: decoding from a KV cache,
+        where queries and keys are not the same slots."""
         if self.backend == "invariant":  # a decode and a full forward agree bit for bit
             scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
             return invariant_attention(

@@ -1,16 +1,24 @@
-"""bf16 linear layers packed for the CPU's matrix units (AMX, AVX-512-BF16), as vLLM-CPU does.
+"""CPU linear layers laid out once, at load, for the kernels that multiply them, as vLLM-CPU does.
 
-A plain bf16 `F.linear` on CPU reaches oneDNN's AMX matmul, but reorders the weight into
+bf16: a plain bf16 `F.linear` on CPU reaches oneDNN's AMX matmul, but reorders the weight into
 oneDNN's blocked layout on every call: at SmolLM2's shapes that reorder is most of the call, and
 bf16 decoding was only 1.2-1.6x fp32. `PackedBf16Linear` reorders once, at load
 (`mkldnn._reorder_linear_weight`), and multiplies with `mkldnn._linear_pointwise`: 2-4x a plain
 bf16 linear at 1-64 rows (`bench/serving_quantized.py --part kernels`).
 
-`pack_for_cpu(model)` swaps a bf16 model's `nn.Linear` layers for packed ones when the CPU has
-bf16 matrix instructions (`cpu_has_bf16_matmul`); elsewhere the model is left as it is (without
-bf16 units oneDNN would emulate bf16, slower than today's path). The packed weight is an opaque
-oneDNN tensor (`PackedBf16Weight`): the state dict still holds a plain `weight` (unpacked on
-save, repacked on load) and a deep copy repacks.
+fp32: MKL's sgemm multiplies `x @ W.T` (an [N, K] row-major weight, "NT") 1.3-2x slower at 4-64
+rows than `x @ M` with M the same weight stored column-major ("NN"); a block's linears keep
+their values and their `nn.Linear` but hold the weight column-major. The LM head (49152 x 576
+for SmolLM2, tied to the embedding, whose row lookups want it row-major) gets a oneDNN-reordered
+fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_linear.py`).
+
+`pack_for_cpu(model)` lays a CPU model's linears out so: bf16 only when the CPU has bf16 matrix
+instructions (`cpu_has_bf16_matmul`; without them oneDNN would emulate bf16, slower than
+today's path), fp32 where torch has oneDNN and MKL. A packed weight is an opaque oneDNN tensor
+(`PackedWeight`): the state dict still holds a plain `weight` (unpacked on save, repacked on
+`load_state_dict`) and a deep copy repacks. A refit that writes into `state_dict()`'s tensors in
+place reaches a column-major weight but not a packed copy: engines that refit (RL rollouts) do
+not go through `pack_for_cpu`.
 """
 
 from __future__ import annotations
@@ -32,45 +40,56 @@ def cpu_has_bf16_matmul() -> bool:
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
-class PackedBf16Weight:
-    """A [N, K] weight in bf16, reordered once into oneDNN's blocked layout for `matmul`. The
-    reordered tensor is opaque (no storage to copy or save): a deep copy repacks the plain
-    weight, and `module.to()` / `state_dict()` do not see it (it is not a buffer)."""
+def cpu_has_fp32_packing() -> bool:
+    """True when torch has oneDNN (the head's reordered copy) and MKL (column-major sgemm)."""
+    return torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()
 
-    def __init__(self, weight: torch.Tensor) -> None:
+
+class PackedWeight:
+    """A [N, K] weight in `dtype` (bf16 or fp32), reordered once into oneDNN's blocked layout
+    for `matmul`. The reordered tensor is opaque (no storage to copy or save): a deep copy
+    repacks the plain weight, and `module.to()` / `state_dict()` do not see it (not a buffer)."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.dtype = dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(
-            weight.detach().to(torch.bfloat16).contiguous(), None
+            weight.detach().to(dtype).contiguous(), None
         )
 
     def plain(self) -> torch.Tensor:
-        """The [N, K] bf16 weight (a copy)."""
+        """The [N, K] weight in `dtype` (a copy)."""
         return self.packed.to_dense()
 
     def matmul(self, a: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """a [M, K] contiguous bf16 -> a @ weight.T (+ bias), [M, N] bf16."""
+        """a [M, K] contiguous, in `dtype` -> a @ weight.T (+ bias), [M, N] in `dtype`."""
         return torch.ops.mkldnn._linear_pointwise(a, self.packed, bias, "none", [], "")
 
-    def __deepcopy__(self, memo) -> PackedBf16Weight:
-        return PackedBf16Weight(self.plain())
+    def __deepcopy__(self, memo) -> PackedWeight:
+        return PackedWeight(self.plain(), self.dtype)
 
 
-class PackedBf16Linear(nn.Module):
-    """`nn.Linear` in bf16 with its weight reordered once into oneDNN's blocked layout."""
+PackedBf16Weight = PackedWeight  # its default dtype: the int8/int4 layers' bf16 copies
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` in `dtype` with its weight reordered once into oneDNN's blocked layout;
+    inputs of another dtype are cast to it and the output back."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = PackedBf16Weight(linear.weight)
+        self.dtype = dtype
+        self.packed_weight = PackedWeight(linear.weight, dtype)
         bias = linear.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype))
 
     @property
     def weight(self) -> torch.Tensor:
-        """The plain [N, K] bf16 weight (a copy; for the chunked loss and the state dict)."""
+        """The plain [N, K] weight (a copy; for the chunked loss and the state dict)."""
         return self.packed_weight.plain()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        a = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
         y = self.packed_weight.matmul(a, self.bias)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
@@ -80,12 +99,20 @@ class PackedBf16Linear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
         if prefix + "weight" in state_dict:  # a weight refit: repack the new values
-            self.packed_weight = PackedBf16Weight(state_dict[prefix + "weight"])
+            self.packed_weight = PackedWeight(state_dict[prefix + "weight"], self.dtype)
             state_dict = {k: v for k, v in state_dict.items() if k != prefix + "weight"}
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 packed"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {dtype} packed"
+
+
+class PackedBf16Linear(PackedLinear):
+    """`nn.Linear` in bf16 with its weight reordered once into oneDNN's blocked layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear, torch.bfloat16)
 
 
 def linear_layers(model: nn.Module) -> Iterator[tuple[tuple[nn.Module, str], nn.Linear]]:
@@ -99,15 +126,32 @@ def linear_layers(model: nn.Module) -> Iterator[tuple[tuple[nn.Module, str], nn.
                 yield (parent, name), child
 
 
+def column_major(linear: nn.Linear) -> None:
+    """Hold `linear`'s weight column-major: the same [N, K] values and parameter, strides
+    (1, N), so `F.linear` multiplies by a contiguous [K, N] matrix (MKL's "NN" sgemm)."""
+    if linear.weight.stride(0) != 1:
+        linear.weight.data = linear.weight.detach().t().contiguous().t()
+
+
 def pack_for_cpu(model: nn.Module) -> bool:
-    """Swap a bf16 CPU model's linear layers for `PackedBf16Linear` in place when the CPU has
-    bf16 matrix units; return whether it did (False: another dtype, device or CPU)."""
+    """Lay a CPU model's linear layers out for the CPU's kernels in place: bf16 ones packed
+    (`PackedBf16Linear`) when the CPU has bf16 matrix units; fp32 ones column-major, the LM
+    head (`model.output`) packed. Returns whether it did (False: another dtype, device or
+    CPU)."""
     weight = next(model.parameters())
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+    if weight.device.type != "cpu":
         return False
-    if not cpu_has_bf16_matmul():
+    if weight.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
+        for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
+            setattr(parent, name, PackedBf16Linear(linear))
+    elif weight.dtype == torch.float32 and cpu_has_fp32_packing():
+        head = getattr(model, "output", None)
+        for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
+            if linear is head:
+                setattr(parent, name, PackedLinear(linear, torch.float32))
+            else:
+                column_major(linear)
+    else:
         return False
-    for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
-        setattr(parent, name, PackedBf16Linear(linear))
     model.eval().requires_grad_(False)
     return True

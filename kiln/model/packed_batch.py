@@ -5,7 +5,8 @@ rows and prompt chunks together. Only attention is per row: `attend` writes ever
 keys/values into its block slot, then runs the attention core piece by piece, where a piece is
 one prompt chunk (its queries over its own context, causal) or a run of one-token rows (decoding,
 one [rows, 1] attention over keys padded to the run's longest row). vLLM-CPU's torch SDPA
-backend splits prefill and decode the same way.
+backend splits prefill and decode the same way. A prompt's first chunk (nothing cached before
+it) attends over its own new keys/values as a full forward does: no gather, no mask.
 
 A model whose attention has a cache contract of its own (MLA's latent) keeps `PagedBatch`."""
 
@@ -54,8 +55,8 @@ class PackedBatch:
             self.pieces.append(
                 (int(first[lo]), hi - lo, counts[lo], rows_table.to(device), end, query)
             )
-        self._masks: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._folded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._masks: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None
+        self._folded: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def batch(self) -> int:
@@ -69,7 +70,10 @@ class PackedBatch:
             raise ValueError(f"this packed batch was laid out for {self.seq_len} tokens")
         window = self.cache.sliding_window
         masks = []
-        for *_, end, query in self.pieces:
+        for _, rows, n, _, end, query in self.pieces:
+            if rows == 1 and end == n:  # a prompt's first chunk: the core's own causal mask
+                masks.append((None, None))
+                continue
             key = torch.arange(end)
             causal = key[None, None, :] <= query[:, :, None]  # [rows, n, end]
             windowed = causal
@@ -102,10 +106,20 @@ class PackedBatch:
         heads, dim, kv_heads = q.shape[1], q.shape[3], k.shape[1]
         group = heads // kv_heads
         out = []
-        if group not in self._folded:  # once per forward, not per layer
-            self._folded[group] = [(_fold(c, group), _fold(w, group)) for c, w in self._masks]
-        folded = self._folded[group]
+        # once per forward, not per layer: folded for GQA and, where the core takes it, additive
+        additive = q.dtype if getattr(core, "takes_additive_mask", False) else None
+        if (group, additive) not in self._folded:
+            self._folded[group, additive] = [
+                tuple(_additive(_fold(m, group), additive) for m in pair) for pair in self._masks
+            ]
+        folded = self._folded[group, additive]
         for (start, rows, n, table, end, _), masks in zip(self.pieces, folded, strict=True):
+            if rows == 1 and end == n and k.dtype == pools[0].dtype:
+                # a prompt's first chunk: its keys are this forward's, its mask the plain causal
+                # one the core builds itself (SDPA's is_causal skips the masked half; no gather)
+                span = slice(start, start + n)
+                out.append(core(q[:, :, span], k[:, :, span], v[:, :, span])[0])
+                continue
             index = table.reshape(-1)
             gathered = []
             for pool, buffer in zip(pools, cache.gather_buffers(index.numel()), strict=True):
@@ -127,13 +141,23 @@ class PackedBatch:
         self._masks, self._folded = None, {}
 
 
-def _fold(mask: torch.Tensor, group: int) -> torch.Tensor:
+def _fold(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
     """[rows, 1, n, end] -> [rows, 1, group * n, end]: each query's mask for each of the
     `group` query heads folded into the query axis."""
-    if group == 1:
+    if group == 1 or mask is None:
         return mask
     rows, _, n, end = mask.shape
     return mask[:, :, None].expand(rows, 1, group, n, end).reshape(rows, 1, group * n, end)
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """A bool mask as SDPA would turn it into a float one on every call (0 where True, -inf
+    where False, in `dtype`), or as it is when `dtype` is None."""
+    if dtype is None or mask is None:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
 
 
 def _pieces(lengths: list[int], counts: list[int]) -> list[tuple[int, int]]:

@@ -1,7 +1,8 @@
-"""bf16 linear layers packed for the CPU's matrix units (kiln.model.cpu_linear): the packed layer
+"""CPU linear layers laid out for their kernels (kiln.model.cpu_linear): a packed bf16 layer
 computes the bf16 product a plain layer does, a packed model's logits and state dict are the
 plain bf16 model's, a weight refit repacks, and without the CPU flags (monkeypatched away)
-nothing is packed."""
+nothing is packed; an fp32 model (column-major block linears, packed head) keeps its logits,
+state dict and greedy tokens, and follows a refit."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.engine import generator as generator_module
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
 from kiln.model import ModelConfig, Transformer
-from kiln.model.cpu_linear import PackedBf16Linear, cpu_has_bf16_matmul, pack_for_cpu
+from kiln.model.cpu_linear import (
+    PackedBf16Linear,
+    PackedLinear,
+    cpu_has_bf16_matmul,
+    cpu_has_fp32_packing,
+    pack_for_cpu,
+)
 from kiln.model.quantize import Int8WeightOnlyLinear, quantize_model
 
 needs_bf16_units = pytest.mark.skipif(
@@ -119,9 +127,67 @@ def test_only_the_amx_flag_is_enough(monkeypatch):
     assert not cpu_has_bf16_matmul()  # no oneDNN, no packed kernels
 
 
-def test_fp32_and_quantized_models_are_not_packed():
-    fp32 = _tiny_bf16_model().float()
-    assert not pack_for_cpu(fp32) and type(fp32.output) is nn.Linear
+def test_quantized_models_are_not_packed():
     int8 = quantize_model(_tiny_bf16_model().float(), "int8")
     pack_for_cpu(int8)
     assert isinstance(int8.output, Int8WeightOnlyLinear)
+
+
+needs_fp32_packing = pytest.mark.skipif(
+    not cpu_has_fp32_packing(), reason="this torch has no oneDNN or no MKL"
+)
+
+
+@needs_fp32_packing
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_packed_fp32_linear_is_the_fp32_product(rows):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=True)
+    packed = PackedLinear(linear, torch.float32)
+    x = torch.randn(2, rows, 96)
+    reference = F.linear(x.double(), linear.weight.double(), linear.bias.double())
+    y = packed(x)
+    assert y.dtype == torch.float32 and y.shape == (2, rows, 200)
+    torch.testing.assert_close(y.double(), reference, rtol=1e-5, atol=1e-5)
+    assert torch.equal(packed.weight, linear.weight)  # unpacks bit for bit
+
+
+@needs_fp32_packing
+@pytest.mark.parametrize("tied", [False, True])
+def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied):
+    plain = _tiny_bf16_model(tie_embeddings=tied).float()
+    laid_out = copy.deepcopy(plain)
+    assert pack_for_cpu(laid_out)
+    assert isinstance(laid_out.output, PackedLinear) and laid_out.output.dtype == torch.float32
+    block_linears = [m for m in laid_out.modules() if type(m) is nn.Linear]
+    assert block_linears and all(m.weight.stride(0) == 1 for m in block_linears)  # column-major
+    assert laid_out.tok_embeddings.weight.is_contiguous()  # the embedding's rows stay rows
+    tokens = torch.randint(0, 96, (3, 20))
+    ref, got = plain(tokens), laid_out(tokens)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)  # fp32: only summation order
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    plain_state, laid_out_state = plain.state_dict(), laid_out.state_dict()
+    assert list(plain_state) == list(laid_out_state)
+    for name, value in plain_state.items():
+        assert torch.equal(laid_out_state[name], value), name
+    # a copy repacks; a refit through load_state_dict reaches packed and column-major weights
+    other = _tiny_bf16_model(seed=1, tie_embeddings=tied).float()
+    laid_out = copy.deepcopy(laid_out)
+    laid_out.load_state_dict(other.state_dict())
+    torch.testing.assert_close(laid_out(tokens), other(tokens), rtol=1e-5, atol=1e-5)
+    assert all(m.weight.stride(0) == 1 for m in laid_out.modules() if type(m) is nn.Linear)
+
+
+@needs_fp32_packing
+def test_generator_load_fp32_lays_out_and_decodes_as_the_plain_model(tmp_path, monkeypatch):
+    from tests.serving.rest.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(str(tmp_path / "tiny"))
+    laid_out = Generator.load(model_dir)
+    assert isinstance(laid_out.model.output, PackedLinear)
+    monkeypatch.setattr(generator_module, "pack_for_cpu", lambda model: False)
+    plain = Generator.load(model_dir)  # today's plain fp32 path
+    assert type(plain.model.output) is nn.Linear
+    prompts = [[5, 9, 13, 2], [7, 7, 1], [3, 1, 4, 1, 5, 9, 2, 6]]
+    greedy = SamplingParams(max_new_tokens=12)
+    assert laid_out.generate_ids(prompts, greedy) == plain.generate_ids(prompts, greedy)

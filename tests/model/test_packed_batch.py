@@ -12,6 +12,7 @@ import torch
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
 from kiln.model import KVCache
+from kiln.model.attention import AttentionCore
 from kiln.model.packed_batch import _pieces
 from kiln.model.paged_kv_cache import PagedKVCache
 from tests.engine.conftest import one_torch_thread  # noqa: F401 - autouse: one torch thread
@@ -62,6 +63,33 @@ def test_packed_rows_equal_contiguous_rows(shape, overrides):
             want = model(torch.tensor([seq[:-1]]), kv_cache=KVCache.for_model(model.cfg, 1, 32))
             torch.testing.assert_close(logits[r], want[0, -1], rtol=1e-4, atol=1e-4)
             assert len(seq) > len(prompts[r]) + 1  # every row decoded past its prompt
+
+
+@pytest.mark.parametrize("shape", ["llama", "mistral"])
+def test_additive_masks_give_the_bool_masks_output_bit_for_bit(shape, monkeypatch):
+    # PackedBatch hands SDPA float masks built once per forward; SDPA would build the same
+    # from a bool mask on every call, so the logits must not move by a single bit
+    model = tiny_model(shape, 60)
+    torch.manual_seed(3)
+    lengths, counts = [9, 6, 6, 3], [1, 1, 1, 5]  # three decoding rows and a prompt chunk
+    tables = [[9, 3, 17], [2, 21], [4, 25], [1, 36, 10]]
+    prompts = [torch.randint(0, 60, (n,)) for n in lengths]
+
+    def logits(additive: bool) -> torch.Tensor:
+        monkeypatch.setattr(AttentionCore, "takes_additive_mask", additive)
+        paged = PagedKVCache.for_model(model.cfg, num_blocks=40, block_size=4)
+        with torch.inference_mode():
+            model(prompts[0][None], kv_cache=paged.packed([tables[0]], [0], [9]))
+            for r in (1, 2, 3):
+                model(prompts[r][None], kv_cache=paged.packed([tables[r]], [0], [lengths[r]]))
+            tokens = torch.randint(
+                0, 60, (1, sum(counts)), generator=torch.Generator().manual_seed(0)
+            )
+            return model(tokens, kv_cache=paged.packed(tables, lengths, counts))
+
+    assert AttentionCore(16).takes_additive_mask  # the SDPA core takes them by default
+    bool_mask, additive = logits(False), logits(True)
+    assert torch.equal(bool_mask, additive)
 
 
 def test_decoding_runs_split_where_padding_passes_the_bound():
