@@ -192,7 +192,7 @@ def main() -> None:
     )
     ap.add_argument("--corpus", default=CORPUS)
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens of each doc embedded")
-    ap.add_argument("--hidden", type=int, default=None, help="MLP head width (0: logistic)")
+    ap.add_argument("--hidden", type=int, default=64, help="MLP head width (0: logistic)")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the encoder")
     ap.add_argument("--cpus", type=int, default=1, help="NeMo's local Ray CPUs")
@@ -207,7 +207,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     emb = {"precision": args.precision}
     emb |= {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
-    emb |= {} if args.hidden is None else {"hidden": args.hidden}
+    emb |= {"hidden": args.hidden}
     with tempfile.TemporaryDirectory(prefix="kiln-bench-classify-") as work:
         labelled, counts = write_inputs(args.corpus, work)
         print(f"labels: {counts} (rule: commands and APIs are `reference`); load {load()}")

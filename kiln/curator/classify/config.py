@@ -55,7 +55,10 @@ class EmbeddingConfig(_Section):
         "AVX-512-BF16, else fp32), bf16 or fp32",
     )
     hidden: int = Field(
-        64, ge=0, description="0: logistic regression; > 0: an MLP head with this hidden width"
+        0,
+        ge=0,
+        description="0: logistic regression; > 0: an MLP head with this hidden width (64 pays "
+        "from ~1k labelled rows; on a few dozen it overfits)",
     )
     steps: int = Field(100, gt=0, description="L-BFGS iterations of the head's training.")
     weight_decay: float = Field(1e-4, ge=0, description="L2 penalty on the head's weights.")
