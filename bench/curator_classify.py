@@ -10,15 +10,16 @@ formats, games, overviews).
 
 NeMo Curator 1.4's model classifiers (quality, domain, FineWeb-Edu: DeBERTa `ModelStage`s) and
 its embedders declare `Resources(gpus=1)`: on CPU its model-based scoring is
-`FastTextQualityFilter` in a `ScoreFilter`. Its fastText model is trained here, in NeMo's venv,
+`FastTextQualityFilter` (in a `Score` stage here: every document scored and written, as
+Kiln's `keep: all`). Its fastText model is trained here, in NeMo's venv,
 on the same training rows (NeMo's preprocessing: newlines to spaces; Kiln's fastText settings),
-and the pipeline JsonlReader -> ScoreFilter -> JsonlWriter runs on its `RayDataExecutor` with a
+and the pipeline JsonlReader -> Score -> JsonlWriter runs on its `RayDataExecutor` with a
 local Ray of `--cpus` CPUs in its own process (imports and Ray's start not timed; CPU time of
 its whole process tree, Ray's workers included). Kiln scores in this process (`kiln classify`:
 read JSONL + score + write Parquet; CPU time of this process). Scoring runs are interleaved
 (fastText, learned, NeMo, ...) and the best of each is kept.
 
-  .venv/bin/python bench/curator_classify.py [--max-tokens 128] [--threads 1] [--cpus 1]
+  .venv/bin/python bench/curator_classify.py [--max-tokens 128] [--threads 1] [--cpus 2]
   .venv/bin/python bench/curator_classify.py --make-venv   # NeMo Curator + fasttext, once
 
 NeMo Curator runs in KILN_NEMOVENV (default /tmp/nemovenv; `--make-venv` installs
@@ -71,13 +72,13 @@ if mode == "train":
 import ray
 from nemo_curator.backends.ray_data import RayDataExecutor
 from nemo_curator.pipeline import Pipeline
-from nemo_curator.stages.text.filters.score_filter import ScoreFilter
+from nemo_curator.stages.text.filters.score_filter import Score
 from nemo_curator.stages.text.io.reader import JsonlReader
 from nemo_curator.stages.text.io.writer import JsonlWriter
 out = sys.argv[4]
 score = FastTextQualityFilter(model_path=model, label="__label__reference")
 stages = [JsonlReader(file_paths=f"{work}/corpus", files_per_partition=1, fields=["id", "text"]),
-          ScoreFilter(filter_obj=score, text_field="text", score_field="score"),
+          Score(score_fn=score, score_field="score", text_field="text"),
           JsonlWriter(path=out)]
 ray.init(address="local", num_cpus=cpus, include_dashboard=False)
 print("START", flush=True)
@@ -127,7 +128,9 @@ def write_inputs(corpus: str, work: str) -> tuple[str, dict[str, int]]:
 
 def kiln_train(name: str, extra: dict, labelled: str, work: str) -> dict:
     base = {"kind": "domain", "labelled": labelled, "held_out": HELD_OUT, "seed": SEED}
-    cfg = base | {"input": [os.path.join(work, "corpus")], "keep": {"method": "all"}} | extra
+    # scores only the held-out rows here: the corpus is scored by kiln_score, timed
+    cfg = base | {"input": [os.path.join(work, "held-out.jsonl")], "keep": {"method": "all"}}
+    cfg |= extra
     trained = classify(ClassifyConfig.model_validate(cfg), os.path.join(work, f"{name}-train"))
     return {
         "model": trained["model"]["path"],
@@ -140,7 +143,8 @@ def kiln_train(name: str, extra: dict, labelled: str, work: str) -> dict:
 def kiln_score(model: str, work: str, out: str) -> dict:
     """Score the corpus with a saved classifier here: wall and CPU seconds of the scoring."""
     before = load()
-    cfg = {"input": [os.path.join(work, "corpus")], "model": model, "keep": {"method": "all"}}
+    cfg = {"input": [os.path.join(work, "corpus")], "model": model, "kind": "domain"}
+    cfg["keep"] = {"method": "all"}
     cpu = time.process_time()
     report = classify(ClassifyConfig.model_validate(cfg), out)
     return {
@@ -176,7 +180,7 @@ def nemo_train(work: str) -> dict:
 
 def nemo_score(work: str, out: str, cpus: int, docs: int) -> dict:
     res = run_child(nemo(["score", work, str(cpus), out]), _env())
-    assert len(res["kept"]) == docs, (len(res["kept"]), docs)  # ScoreFilter keeps by Pareto
+    assert len(res["kept"]) == docs, (len(res["kept"]), docs)  # Score writes every document
     return res | {"docs": docs}
 
 
@@ -195,7 +199,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=64, help="MLP head width (0: logistic)")
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the encoder")
-    ap.add_argument("--cpus", type=int, default=1, help="NeMo's local Ray CPUs")
+    # 2: with 1 CPU, NeMo's fused reader + scorer actor holds it and the writer never runs
+    ap.add_argument("--cpus", type=int, default=2, help="NeMo's local Ray CPUs (>= 2)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved scoring runs, best kept")
     ap.add_argument("--make-venv", action="store_true", help="install NeMo Curator + fasttext")
     args = ap.parse_args()
