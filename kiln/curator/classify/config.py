@@ -46,7 +46,7 @@ class EmbeddingConfig(_Section):
         None, description="an LM encoder's tokenizer.json or folder (default: the model's own)"
     )
     max_tokens: int = Field(
-        128, gt=1, description="tokens of each document embedded (its head: 128 held accuracy)"
+        128, gt=1, description="tokens embedded from the start of each document"
     )
     batch_size: int = Field(32, gt=0, description="Documents embedded per forward pass.")
     precision: Literal["auto", "bf16", "fp32"] = Field(
