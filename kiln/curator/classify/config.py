@@ -45,10 +45,20 @@ class EmbeddingConfig(_Section):
     tokenizer: str | None = Field(
         None, description="an LM encoder's tokenizer.json or folder (default: the model's own)"
     )
-    max_tokens: int = Field(256, gt=1, description="tokens of each document embedded")
+    max_tokens: int = Field(
+        128, gt=1, description="tokens embedded from the start of each document"
+    )
     batch_size: int = Field(32, gt=0, description="Documents embedded per forward pass.")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="a BERT encoder's linear layers: auto (bf16 where the CPU has AMX or "
+        "AVX-512-BF16, else fp32), bf16 or fp32",
+    )
     hidden: int = Field(
-        0, ge=0, description="0: logistic regression; > 0: an MLP head with this hidden width"
+        0,
+        ge=0,
+        description="0: logistic regression; > 0: an MLP head with this hidden width (64 pays "
+        "from ~1k labelled rows; on a few dozen it overfits)",
     )
     steps: int = Field(100, gt=0, description="L-BFGS iterations of the head's training.")
     weight_decay: float = Field(1e-4, ge=0, description="L2 penalty on the head's weights.")

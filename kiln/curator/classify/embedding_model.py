@@ -81,7 +81,7 @@ class EmbeddingClassifier:
         random.Random(seed).shuffle(order)
         n_test = max(1, int(len(order) * held_out))
         test, train = order[:n_test], order[n_test:]
-        encoder = load_encoder(cfg.encoder, cfg.tokenizer, cfg.max_tokens, cfg.batch_size)
+        encoder = load_encoder(cfg)
         x = torch.from_numpy(encoder([texts[i] for i in train]))
         y = torch.tensor([names.index(labels[i]) for i in train])
         head = fit_head(x, y, len(names), cfg, seed)
@@ -125,5 +125,5 @@ class EmbeddingClassifier:
         first = state["0.weight" if cfg.hidden else "weight"]
         head = build_head(first.shape[1], len(meta["labels"]), cfg.hidden)
         head.load_state_dict(state)
-        encoder = load_encoder(cfg.encoder, cfg.tokenizer, cfg.max_tokens, cfg.batch_size)
+        encoder = load_encoder(cfg)
         return cls(encoder, head.eval(), meta["labels"], meta)

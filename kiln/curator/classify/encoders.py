@@ -1,6 +1,7 @@
 """Sentence encoders for the learned classifier: texts -> unit-length float32 vectors.
 
-`minilm` (or a sentence-transformers BERT folder) is the encoder semantic dedup ships; any other
+`minilm` (or a sentence-transformers BERT folder) is the model semantic dedup ships, run by
+`bert_encoder` (bf16 on CPUs with matrix units, length-sorted batches); any other
 source is a Kiln-loadable language model (checkpoint, HF folder, .gguf file or a package shipping
 one) whose last hidden states (after the final norm) are mean-pooled over the real tokens.
 Documents are embedded in fixed batches in input order, so a file gives the same vectors in this
@@ -17,7 +18,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from kiln.curator.dedup.semantic import DEFAULT_MODEL, Embedder
+from kiln.curator.classify.bert_encoder import BertSentenceEncoder
+from kiln.curator.classify.config import EmbeddingConfig
+from kiln.curator.dedup.semantic import DEFAULT_MODEL
 from kiln.model.formats.checkpoint_tokenizer import tokenizer_folder
 from kiln.model.formats.weights import build_model, read_model, read_weights
 from kiln.text.tokenizer import find_tokenizer
@@ -68,10 +71,10 @@ class LanguageModelEncoder:
         return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
 
 
-def load_encoder(source: str, tokenizer: str | None, max_tokens: int, batch_size: int) -> Encoder:
+def load_encoder(cfg: EmbeddingConfig) -> Encoder:
     """The encoder named by `embedding.encoder` (see the module docstring)."""
-    if source == "minilm":
-        return Embedder(DEFAULT_MODEL, max_tokens, batch_size)
-    if os.path.isdir(source) and _is_bert_folder(source):
-        return Embedder(source, max_tokens, batch_size)
-    return LanguageModelEncoder(source, tokenizer, max_tokens, batch_size)
+    source = cfg.encoder
+    if source == "minilm" or (os.path.isdir(source) and _is_bert_folder(source)):
+        model = DEFAULT_MODEL if source == "minilm" else source
+        return BertSentenceEncoder(model, cfg.max_tokens, cfg.batch_size, cfg.precision)
+    return LanguageModelEncoder(source, cfg.tokenizer, cfg.max_tokens, cfg.batch_size)
