@@ -28,6 +28,7 @@ from kiln.text.tokenizer import vocabulary_ids
 
 if TYPE_CHECKING:
     from kiln.engine.logprobs import TokenScore
+    from kiln.engine.request import EngineEvent
     from kiln.engine.sampler import SamplingParams
 
 log = logging.getLogger("kiln")
@@ -152,7 +153,7 @@ class LocalBackend:
         self._inferences += 1
         if by_ids:
             return self._result_from_ids(job, end.token_ids)
-        text = end.text if end.text is not None else self._text(job, end.token_ids)
+        text = self._final_text(job, end)
         reason = end.finish_reason or "length"
         cut = reason == "stop" and self._has_stop(end.token_ids, job.params.stop)
         return Result(
@@ -184,7 +185,7 @@ class LocalBackend:
                 self._inferences += 1
                 job.finish_reason = "length" if event.finish_reason == "length" else "stop"
                 job.completion_tokens = len(event.token_ids)
-                end = event.text if event.text is not None else self._text(job, event.token_ids)
+                end = self._final_text(job, event)
                 if len(end) > len(sent):
                     yield end[len(sent) :]
                 return
@@ -210,6 +211,15 @@ class LocalBackend:
         reason = "length" if full else "stop"
         text = self._text(job, new)
         return Result(text, reason, len(prompt_ids), len(new), prompt_ids, new, not full)
+
+    def _final_text(self, job: Job, end: EngineEvent) -> str:
+        """A finished request's text, decoded as its stream was (`_text`); cut at the first
+        stop string when one ended it (the engine cut its own decode, without the prompt)."""
+        text = self._text(job, end.token_ids)
+        if end.text is None:
+            return text
+        cuts = [c for c in (text.find(s) for s in job.params.stop if s) if c >= 0]
+        return text[: min(cuts)] if cuts else end.text
 
     def _text(self, job: Job, ids: list[int]) -> str:
         """The completion's text, decoded after the prompt's last tokens (a character split
