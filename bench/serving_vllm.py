@@ -123,11 +123,19 @@ def prompt_sets(hf_dir: str, sizes: list[int], seed: int = 0) -> list[list[str]]
 class Server:
     """A server subprocess, its URL and the CPU time of its whole process tree."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, env: dict, log: str) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], port: int, env: dict, log: str, cwd: str | None = None
+    ) -> None:
+        """`cwd`: where it runs (`python -m kiln` imports the kiln found there first)."""
         self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
         self.logf = open(log, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=self.logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.model = ""
         self.launched, self.startup_s = time.perf_counter(), 0.0
@@ -299,7 +307,7 @@ def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
         if args.kiln_max_batch_size:
             cmd += ["--max-batch-size", str(args.kiln_max_batch_size)]
         log = os.path.join(logs, f"{name}.log")
-        servers.append(Server(name, cmd, port, kiln_env(repo), log))
+        servers.append(Server(name, cmd, port, kiln_env(repo), log, cwd=repo))
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own venv only
     vllm_env.update(
         TOKENIZERS_PARALLELISM="false",
