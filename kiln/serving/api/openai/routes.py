@@ -30,7 +30,7 @@ from kiln.serving.api.openai.protocol import (
     TopLogprob,
     Usage,
 )
-from kiln.serving.api.openai.streaming import sse, stream_finish, stream_usage
+from kiln.serving.api.openai.streaming import sse, stream_finish, stream_usage, text_template
 from kiln.serving.api.openai.structured import requested_grammar
 from kiln.serving.api.openai.tool_messages import ToolCallDeltas, calls_finish, tool_message
 from kiln.serving.api.openai.tools import (
@@ -230,12 +230,13 @@ async def _completion_stream(
         # `usage` only on the usage chunk: the schema has an object there, or nothing
         return base.model_copy(update={"choices": [choice]}).model_dump_json(exclude={"usage"})
 
+    text_chunk = text_template(chunk)  # the same JSON as chunk(text), for each token's text
     if req.echo:
-        yield chunk(_echo_text(backend, job))
+        yield text_chunk(_echo_text(backend, job))
     deltas = 0
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
-        yield chunk(delta)
+        yield text_chunk(delta)
     yield chunk("", stream_finish(job, deltas))
     if req.stream_options and req.stream_options.include_usage:
         yield stream_usage(base, job, deltas)
@@ -347,10 +348,14 @@ async def _chat_stream(
         return json.dumps(event, ensure_ascii=False)
 
     yield chunk(ChatDelta(role="assistant", content=""))
+    content_chunk = text_template(lambda text: chunk(ChatDelta(content=text)))
     deltas = 0
     async for delta in backend.stream(job) if stream is None else stream:
         deltas += 1
-        for piece in calls.feed(delta) if calls is not None else [ChatDelta(content=delta)]:
+        if calls is None:
+            yield content_chunk(delta)
+            continue
+        for piece in calls.feed(delta):
             yield chunk(piece)
     if calls is not None:
         for piece in calls.finish():
