@@ -10,7 +10,8 @@ this project's pins exclude. It imports no kiln. The venv (KILN_TRLVENV, default
     grpo MODEL_DIR PROMPTS.jsonl --steps N ...   GRPOTrainer with its own generation
         (transformers `generate`, no vLLM) on an HF folder. It talks to its parent over stdin and
         stdout, one line per message, ours prefixed with `KILN `: before each step it says
-        {"ready": step} and waits for `go` (the parent interleaves TRL's steps with Kiln's);
+        {"ready": step, "cpu_s": its CPU seconds so far} and waits for `go` (the parent
+        interleaves TRL's steps with Kiln's);
         the reward of each completion it asks of the parent ({"reward": [...]}, answered with a
         JSON list), which scores with Kiln's own RewardSet; after each step it says {"step": ...}
         (seconds, generation seconds, generated tokens, mean reward).
@@ -69,7 +70,7 @@ class Lockstep(TrainerCallback):
         self.rewards: list[float] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
-        _say({"ready": state.global_step})
+        _say({"ready": state.global_step, "cpu_s": time.process_time()})
         if _hear() != "go":
             raise SystemExit("expected `go`")
         self.trainer.generation_s, self.trainer.generated_tokens = 0.0, 0
@@ -159,7 +160,7 @@ def grpo(args) -> None:
                                    callbacks=[lockstep])  # fmt: skip
         lockstep.trainer = trainer
         trainer.train()
-    _say({"done": True})
+    _say({"done": True, "cpu_s": time.process_time()})
 
 
 def loss(args) -> None:
