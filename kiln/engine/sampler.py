@@ -136,12 +136,18 @@ def sampling_probs_rows(
     rows at once: the distributions [n, V] (float64) and whether each could be formed [n]
     (False: non-finite logits; that row takes its argmax). Each row's numbers equal those of the
     row on its own (every step works along the row; tests/engine/test_sampler.py)."""
-    logits = torch.nan_to_num(logits.double(), nan=float("-inf"))
+    logits = logits.double()
     finite = torch.isfinite(logits)
-    valid = finite.any(-1)
+    if bool(finite.all()):  # the usual case: nothing to mask, every row can be sampled
+        valid = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        finite_max = logits.amax(-1, keepdim=True)
+    else:  # NaN to -inf; +-inf to the largest finite values (nan_to_num's defaults)
+        logits = torch.nan_to_num(logits, nan=float("-inf"))
+        finite = torch.isfinite(logits)
+        valid = finite.any(-1)
+        finite_max = logits.masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
+        finite_max = finite_max.masked_fill(~valid[:, None], 0.0)  # rows with none: unused
     # shifting by the max first keeps logits / temperature finite for any temperature >= 1e-5
-    finite_max = logits.masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
-    finite_max = finite_max.masked_fill(~valid[:, None], 0.0)  # rows with none: unused
     temperature = torch.tensor(
         [max(p.temperature, TEMPERATURE_MIN) for p in params],
         dtype=torch.float64,
@@ -176,10 +182,12 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator | None])
         [torch.rand(1, dtype=torch.float64, generator=g, device=device) for g in generators]
     )
     cdf = probs.double().cumsum(-1)
-    index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    # u x total can round up to the total itself: the last token with any mass then
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    return torch.minimum(index, last).tolist()
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].tolist()
+    vocab = probs.shape[-1]
+    for i, token in enumerate(tokens):
+        if token == vocab:  # u x total rounded up to the total: the last token with any mass
+            tokens[i] = int(torch.nonzero(probs[i]).max())
+    return tokens
 
 
 def sample_next(
@@ -214,13 +222,14 @@ def sample_next(
     if sampled:
         probs, valid = sampling_probs_rows(rows[sampled], [params[work[j]] for j in sampled])
         valid = valid.tolist()
-    argmax = torch.nan_to_num(rows.double(), nan=float("-inf")).argmax(-1).tolist()
     tokens = out.tolist()
-    for i, token in zip(work, argmax, strict=True):  # greedy and ill-defined rows
-        tokens[i] = token
-    drawn = [n for n, ok in enumerate(valid or []) if ok]
-    if drawn:
-        picks = draw_rows(probs[drawn], [generators[work[sampled[n]]] for n in drawn])
-        for n, token in zip(drawn, picks, strict=True):
+    formed = [n for n, ok in enumerate(valid or []) if ok]  # of `sampled`
+    drawn = {sampled[n] for n in formed}
+    for j, i in enumerate(work):  # penalized greedy rows and ill-defined ones: their argmax
+        if j not in drawn:
+            tokens[i] = int(torch.nan_to_num(rows[j].double(), nan=float("-inf")).argmax())
+    if formed:
+        picks = draw_rows(probs[formed], [generators[work[sampled[n]]] for n in formed])
+        for n, token in zip(formed, picks, strict=True):
             tokens[work[sampled[n]]] = token
     return torch.tensor(tokens, dtype=torch.long, device=out.device)
