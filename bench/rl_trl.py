@@ -29,7 +29,8 @@ class TRLPeer:
     step and returns that step's figures, answering its reward requests with `rewards` (a Kiln
     RewardSet). A step's `wall_s` runs from `go` to the peer's next `ready` (or its end): all
     of TRL's loop, its logging and batch fetch included, on the parent's clock; `cpu_s` is the
-    peer process's CPU time over the same span."""
+    peer process's CPU time from `go` to that `ready`, `idle_cpu_s` what it spent waiting for
+    the `go` (while the other side stepped: it should be about 0)."""
 
     def __init__(self, venv: str, model_dir: str, prompts: str, rewards, args) -> None:
         self.rewards = rewards
@@ -41,8 +42,7 @@ class TRLPeer:
              "--lr", str(args.lr), "--threads", str(args.threads)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1,
         )  # fmt: skip
-        # imports, model and trainer set up: none of it timed
-        self.cpu_s = self._expect("ready")["cpu_s"]
+        self._expect("ready")  # imports, model and trainer set up: none of it timed
 
     def _hear(self) -> dict:
         for line in self.proc.stdout:
@@ -71,9 +71,9 @@ class TRLPeer:
                                          [x["completion"] for x in items],
                                          [x["row"] for x in items])  # fmt: skip
             self._say(json.dumps([r.total for r in results]))
-        cpu_s = self._expect("ready", "done")["cpu_s"]
-        used, self.cpu_s = cpu_s - self.cpu_s, cpu_s
-        return {**message["step"], "wall_s": time.perf_counter() - started, "cpu_s": used}
+        turn = self._expect("ready", "done")
+        return {**message["step"], "wall_s": time.perf_counter() - started,
+                "cpu_s": turn["cpu_s"], "idle_cpu_s": turn["idle_cpu_s"]}  # fmt: skip
 
     def close(self) -> None:
         if self.proc.poll() is None:
