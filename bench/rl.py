@@ -158,8 +158,14 @@ def _print_trl(args, pair: tuple[list[dict], list[dict]] | None) -> None:
         f"rollout share {statistics.fmean(x['generation_s'] / x['wall_s'] for x in theirs):.2f}"
         ", log-prob mismatch not measured by TRL (only its vLLM mode keeps sampling log-probs)"
     )
+    kiln_cpu = statistics.median(x["cpu_s"] for x in ours)
+    trl_cpu = statistics.median(x["cpu_s"] for x in theirs)
+    idle = statistics.median(x["idle_cpu_s"] for x in theirs)
+    print(f"kiln  CPU s per step (median) {kiln_cpu:.2f}; trl {trl_cpu:.2f} (and {idle:.2f} "
+          "while waiting for its turn)")  # fmt: skip
     print(
         f"ratio kiln / trl steps/s {kiln_sps / trl_sps:.2f}x, "
+        f"steps per CPU-second {trl_cpu / kiln_cpu:.2f}x, "
         f"generated tokens/s {kiln_tok / trl_tok:.2f}x"
     )
     print(

@@ -28,7 +28,9 @@ class TRLPeer:
     """A running `trl_peer.py grpo`, set up and waiting; `step()` lets it take one optimizer
     step and returns that step's figures, answering its reward requests with `rewards` (a Kiln
     RewardSet). A step's `wall_s` runs from `go` to the peer's next `ready` (or its end): all
-    of TRL's loop, its logging and batch fetch included, on the parent's clock."""
+    of TRL's loop, its logging and batch fetch included, on the parent's clock; `cpu_s` is the
+    peer process's CPU time from `go` to that `ready`, `idle_cpu_s` what it spent waiting for
+    the `go` (while the other side stepped: it should be about 0)."""
 
     def __init__(self, venv: str, model_dir: str, prompts: str, rewards, args) -> None:
         self.rewards = rewards
@@ -69,8 +71,9 @@ class TRLPeer:
                                          [x["completion"] for x in items],
                                          [x["row"] for x in items])  # fmt: skip
             self._say(json.dumps([r.total for r in results]))
-        self._expect("ready", "done")
-        return {**message["step"], "wall_s": time.perf_counter() - started}
+        turn = self._expect("ready", "done")
+        return {**message["step"], "wall_s": time.perf_counter() - started,
+                "cpu_s": turn["cpu_s"], "idle_cpu_s": turn["idle_cpu_s"]}  # fmt: skip
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -83,14 +86,18 @@ class TRLPeer:
 
 def lockstep(kiln_loop, peer: TRLPeer, steps: int) -> tuple[list[dict], list[dict]]:
     """Kiln's and TRL's steps alternating, the side that goes first alternating too; each
-    side's per-step figures (`wall_s` on this process's clock for both)."""
+    side's per-step figures (`wall_s` on this process's clock for both, `cpu_s` each side's
+    process CPU time: on a shared machine, where other jobs stretch wall time, the steadier)."""
     ours, theirs = [], []
     try:
         for step in range(steps):
             for side in ("kiln", "trl") if step % 2 == 0 else ("trl", "kiln"):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 if side == "kiln":
-                    m = {**kiln_loop.step(step), "wall_s": time.perf_counter() - started}
+                    m = kiln_loop.step(step)
+                    # this process's CPU time: the trainer's thread and the engine's together
+                    m = {**m, "wall_s": time.perf_counter() - started,
+                         "cpu_s": time.process_time() - cpu}  # fmt: skip
                     ours.append(m)
                 else:
                     m = peer.step()

@@ -10,7 +10,9 @@ this project's pins exclude. It imports no kiln. The venv (KILN_TRLVENV, default
     grpo MODEL_DIR PROMPTS.jsonl --steps N ...   GRPOTrainer with its own generation
         (transformers `generate`, no vLLM) on an HF folder. It talks to its parent over stdin and
         stdout, one line per message, ours prefixed with `KILN `: before each step it says
-        {"ready": step} and waits for `go` (the parent interleaves TRL's steps with Kiln's);
+        {"ready": step, "cpu_s": CPU seconds of the last step from its `go`, "idle_cpu_s": those
+        spent waiting for that `go`} and waits for `go` (the parent interleaves TRL's steps with
+        Kiln's);
         the reward of each completion it asks of the parent ({"reward": [...]}, answered with a
         JSON list), which scores with Kiln's own RewardSet; after each step it says {"step": ...}
         (seconds, generation seconds, generated tokens, mean reward).
@@ -68,10 +70,21 @@ class Lockstep(TrainerCallback):
         self.trainer: TimedGRPOTrainer | None = None
         self.rewards: list[float] = []
 
+    go_cpu: float | None = None  # process CPU time when the last `go` came
+    idle_cpu = 0.0  # CPU time spent waiting for that `go` (the parent's other side stepping)
+
+    def turn_figures(self) -> dict:
+        """CPU seconds of the step since the last `go`, and of the wait before it."""
+        step = time.process_time() - self.go_cpu if self.go_cpu is not None else 0.0
+        return {"cpu_s": step, "idle_cpu_s": self.idle_cpu}
+
     def on_step_begin(self, args, state, control, **kwargs):
-        _say({"ready": state.global_step})
+        waiting = time.process_time()
+        _say({"ready": state.global_step, **self.turn_figures()})
         if _hear() != "go":
             raise SystemExit("expected `go`")
+        self.go_cpu = time.process_time()
+        self.idle_cpu = self.go_cpu - waiting
         self.trainer.generation_s, self.trainer.generated_tokens = 0.0, 0
         self.rewards, self.started = [], time.perf_counter()
 
@@ -159,7 +172,7 @@ def grpo(args) -> None:
                                    callbacks=[lockstep])  # fmt: skip
         lockstep.trainer = trainer
         trainer.train()
-    _say({"done": True})
+    _say({"done": True, **lockstep.turn_figures()})
 
 
 def loss(args) -> None:

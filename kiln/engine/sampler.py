@@ -1,7 +1,7 @@
 """Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, penalties,
 seeded. Every row of a batch is sampled with its own parameters, in a numerically safe way: a row
 whose distribution cannot be formed (non-finite logits) falls back to its argmax instead of
-raising inside `torch.multinomial` and failing the whole batch."""
+failing the whole batch."""
 
 from __future__ import annotations
 
@@ -53,17 +53,34 @@ class SamplingParams(BaseModel):
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) the tokens outside top-k and outside the top-p nucleus of one row [V]."""
-    if top_k and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+    return filter_rows(logits[None], [top_k], [top_p])[0]
+
+
+def filter_rows(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """`filter_logits` on every row of [n, V] with that row's top_k and top_p; each filter
+    runs on the rows that ask for it, all of them at once (a row's values are the same as on
+    its own: topk, sort, softmax and cumsum work along the row)."""
+    vocab = logits.shape[-1]
+    k_rows = [i for i, k in enumerate(top_k) if k and k < vocab]
+    if k_rows:
+        index = torch.tensor(k_rows, device=logits.device)
+        k = torch.tensor([top_k[i] for i in k_rows], device=logits.device)
+        rows = logits[index]
+        kth = torch.topk(rows, int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
+        logits = logits.index_copy(0, index, rows.masked_fill(rows < kth, float("-inf")))
+    p_rows = [i for i, p in enumerate(top_p) if p < 1.0]
+    if p_rows:
+        index = torch.tensor(p_rows, device=logits.device)
+        p = torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64, device=logits.device)
+        rows = logits[index]
+        sorted_logits, order = torch.sort(rows, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the mass before it already reaches top_p (the first token always stays)
-        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        # drop a token when the mass before it already reaches top_p (the first token always
+        # stays)
+        drop_sorted = (probs.cumsum(-1) - probs) >= p[:, None].to(probs.dtype)
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.index_copy(0, index, rows.masked_fill(drop, float("-inf")))
     return logits
 
 
@@ -106,16 +123,41 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     one row [V] of logits; None where it cannot be formed (greedy, or non-finite logits), and
     the row then takes its argmax. Speculative decoding verifies drafts against this same
     distribution (kiln/engine/rejection_sampler.py)."""
-    logits = torch.nan_to_num(logits.double(), nan=float("-inf"))
-    if params.greedy or not torch.isfinite(logits).any():
+    if params.greedy:
         return None
+    probs, valid = sampling_probs_rows(logits[None], [params])
+    return probs[0] if bool(valid[0]) else None
+
+
+def sampling_probs_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampling_probs` of every row of [n, V] logits with its own (non-greedy) parameters, all
+    rows at once: the distributions [n, V] (float64) and whether each could be formed [n]
+    (False: non-finite logits; that row takes its argmax). Each row's numbers equal those of the
+    row on its own (every step works along the row; tests/engine/test_sampler.py)."""
+    logits = logits.double()
+    finite = torch.isfinite(logits)
+    if bool(finite.all()):  # the usual case: nothing to mask, every row can be sampled
+        valid = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        finite_max = logits.amax(-1, keepdim=True)
+    else:  # NaN to -inf; +-inf to the largest finite values (nan_to_num's defaults)
+        logits = torch.nan_to_num(logits, nan=float("-inf"))
+        finite = torch.isfinite(logits)
+        valid = finite.any(-1)
+        finite_max = logits.masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
+        finite_max = finite_max.masked_fill(~valid[:, None], 0.0)  # rows with none: unused
     # shifting by the max first keeps logits / temperature finite for any temperature >= 1e-5
-    finite_max = logits.masked_fill(~torch.isfinite(logits), float("-inf")).max()
-    row = (logits - finite_max).clamp(min=-1e300) / max(params.temperature, TEMPERATURE_MIN)
-    probs = torch.softmax(filter_logits(row, params.top_k, params.top_p), dim=-1)
-    if not torch.isfinite(probs).all() or float(probs.sum()) <= 0:
-        return None
-    return probs
+    temperature = torch.tensor(
+        [max(p.temperature, TEMPERATURE_MIN) for p in params],
+        dtype=torch.float64,
+        device=logits.device,
+    )
+    rows = (logits - finite_max).clamp(min=-1e300) / temperature[:, None]
+    rows = filter_rows(rows, [p.top_k for p in params], [p.top_p for p in params])
+    probs = torch.softmax(rows, dim=-1)
+    valid &= torch.isfinite(probs).all(-1) & (probs.sum(-1) > 0)
+    return probs, valid
 
 
 def sample_row(
@@ -125,7 +167,27 @@ def sample_row(
     probs = sampling_probs(logits, params)
     if probs is None:
         return int(torch.nan_to_num(logits.double(), nan=float("-inf")).argmax())
-    return int(torch.multinomial(probs, 1, generator=generator)[0])
+    return draw_rows(probs[None], [generator])[0]
+
+
+def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
+    """One token per row of [n, V] distributions by inverse CDF: u ~ U[0, 1) from the row's
+    own generator (one float64 per token, so a seeded row's stream does not depend on its
+    batch), then the first token whose cumulative mass exceeds u x the row's total. A token of
+    zero mass is never drawn. One number per draw, where `torch.multinomial` draws an
+    exponential per vocabulary entry (its Gumbel-max path): that was most of a sampled token's
+    cost at a 49k vocabulary."""
+    device = probs.device
+    u = torch.cat(
+        [torch.rand(1, dtype=torch.float64, generator=g, device=device) for g in generators]
+    )
+    cdf = probs.double().cumsum(-1)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].tolist()
+    vocab = probs.shape[-1]
+    for i, token in enumerate(tokens):
+        if token == vocab:  # u x total rounded up to the total: the last token with any mass
+            tokens[i] = int(torch.nonzero(probs[i]).max())
+    return tokens
 
 
 def sample_next(
@@ -138,17 +200,36 @@ def sample_next(
     """Pick one token per row of `logits` [B, V] with that row's parameters; returns [B] int64.
     `histories` ((prompt ids, output ids) per row) feed the penalties of rows that ask for them;
     `grammars` (a matcher or None per row) mask each constrained row to the tokens its grammar
-    allows, before greedy and sampled rows alike pick."""
+    allows, before greedy and sampled rows alike pick.
+
+    Every row gets what `sample_row` gives it alone: the distributions of all sampled rows are
+    formed at once, and each row draws one number from its own generator (`draw_rows`)."""
     logits = logits.float()
     if grammars is not None and any(g is not None for g in grammars):
         logits = logits.clone()  # masked here; the caller's logits stay the model's
         apply_grammar_masks(logits, list(grammars))
     out = logits.argmax(dim=-1)
-    for i, p in enumerate(params):
-        row = logits[i]
-        if histories is not None and p.penalized:
-            row = apply_penalties(row, p, *histories[i])
-        elif p.greedy:
-            continue
-        out[i] = sample_row(row, p, generators[i])
-    return out
+    penalized = [histories is not None and p.penalized for p in params]
+    work = [i for i, p in enumerate(params) if penalized[i] or not p.greedy]
+    if not work:
+        return out
+    rows = logits[torch.tensor(work, device=logits.device)]
+    for j, i in enumerate(work):
+        if penalized[i]:
+            rows[j] = apply_penalties(rows[j], params[i], *histories[i])
+    sampled = [j for j, i in enumerate(work) if not params[i].greedy]
+    probs = valid = None
+    if sampled:
+        probs, valid = sampling_probs_rows(rows[sampled], [params[work[j]] for j in sampled])
+        valid = valid.tolist()
+    tokens = out.tolist()
+    formed = [n for n, ok in enumerate(valid or []) if ok]  # of `sampled`
+    drawn = {sampled[n] for n in formed}
+    for j, i in enumerate(work):  # penalized greedy rows and ill-defined ones: their argmax
+        if j not in drawn:
+            tokens[i] = int(torch.nan_to_num(rows[j].double(), nan=float("-inf")).argmax())
+    if formed:
+        picks = draw_rows(probs[formed], [generators[work[sampled[n]]] for n in formed])
+        for n, token in zip(formed, picks, strict=True):
+            tokens[work[sampled[n]]] = token
+    return torch.tensor(tokens, dtype=torch.long, device=out.device)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kiln.model.batch_invariance import MIN_GEMM_ROWS
+from kiln.training.rl import shared_prompt
 
 
 def token_logprobs(
@@ -54,7 +55,13 @@ def completion_logits(
 
     Under tensor parallelism the blocks hand the head sequence shards, which positions cannot
     index: the head then runs on every position (the width padded to a multiple of tp) and the
-    wanted rows are taken from its replicated logits."""
+    wanted rows are taken from its replicated logits.
+
+    Where prompts repeat (a GRPO group's) and the model allows, each distinct prompt is computed
+    once for all its rows (shared_prompt.py): the same logits, fewer tokens."""
+    if completions and shared_prompt.applies(model, prompts):
+        logits, targets = shared_prompt.shared_prompt_logits(model, prompts, completions)
+        return CompletionLogits(logits, targets, _places(completions, logits.device))
     width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
     tp = _tensor_parallel_size(model)
     width = -(-width // tp) * tp
@@ -80,9 +87,16 @@ def completion_logits(
         logits = model(tokens.to(device))[index]
     else:
         logits = model(tokens.to(device), logits_positions=index)
-    logits, index = logits[:wanted], (index[0][:wanted], index[1][:wanted])
-    place = (index[0], torch.tensor([j for c in completions for j in range(len(c))]))
-    return CompletionLogits(logits, torch.tensor(targets, device=device), place)
+    return CompletionLogits(
+        logits[:wanted], torch.tensor(targets, device=device), _places(completions, device)
+    )
+
+
+def _places(completions: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, completion position) of every completion token, row by row."""
+    rows = [i for i, c in enumerate(completions) for _ in c]
+    cols = [j for c in completions for j in range(len(c))]
+    return torch.tensor(rows, device=device), torch.tensor(cols, device=device)
 
 
 def _tensor_parallel_size(model: nn.Module) -> int:

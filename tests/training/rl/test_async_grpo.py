@@ -105,7 +105,7 @@ def test_lag_one_still_learns_the_toy_task():
     _, metrics = _run(steps=14, max_policy_lag=1)
     rewards = [m["reward"] for m in metrics]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    # measured: 0.03 -> 0.46 (on-policy gets there in about half the steps at this lr)
+    # measured: 0.03 -> 0.60 (on-policy gets there in about half the steps at this lr)
     assert last > first + 0.3, rewards
 
 
