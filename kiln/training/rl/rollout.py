@@ -45,6 +45,13 @@ class RolloutEngine(Engine):
         if self.target.model.cfg.attention_backend == "invariant":
             self._forward = InvariantRows(self._forward)
 
+    def _packable(self, work) -> bool:
+        # InvariantRows pads a forward with dummy sequences, which a packed batch (one row of
+        # all the step's tokens) cannot take: a step of fewer tokens runs as separate forwards
+        if isinstance(self._forward, InvariantRows) and sum(n for _, n in work) < MIN_GEMM_ROWS:
+            return False
+        return super()._packable(work)
+
     def _sample_rows(self, seqs: list[EngineSequence], logits: torch.Tensor) -> list[int]:
         tokens = Engine._sample_rows(seqs, logits)
         # one log-softmax over the step's rows (each at its own temperature), as the trainer's
