@@ -44,16 +44,8 @@ def applies(model: nn.Module, prompts: Sequence[Sequence[int]]) -> bool:
     return not any(isinstance(p, DTensor) for p in model.parameters())
 
 
-class PromptKeys:
-    """Pass 1's cache: a plain causal forward (the contract's hooks do nothing else) that keeps
-    each layer's keys and values [U, Hkv, P, Dh], after RoPE."""
-
-    def __init__(self) -> None:
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-
-    def positions(self, seq_len: int) -> None:
-        return None  # 0 .. seq_len - 1, as a forward without a cache
+class _Hooks:
+    """The KV-cache contract's hooks that neither pass needs: nothing to reserve or advance."""
 
     def begin(self, seq_len: int) -> None:
         pass
@@ -64,12 +56,24 @@ class PromptKeys:
     def layer(self, index: int) -> _Layer:
         return _Layer(self, index)
 
+
+class PromptKeys(_Hooks):
+    """Pass 1's cache: a plain causal forward (the contract's hooks do nothing else) that keeps
+    each layer's keys and values [U, Hkv, P, Dh], after RoPE."""
+
+    def __init__(self) -> None:
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def positions(self, seq_len: int) -> None:
+        return None  # 0 .. seq_len - 1, as a forward without a cache
+
     def attend(self, index: int, q, k, v, core) -> torch.Tensor:
         self.k[index], self.v[index] = k, v
         return core(q, k, v)
 
 
-class OverPrompt:
+class OverPrompt(_Hooks):
     """Pass 2's cache: row b's tokens at positions P_b.., attending to its prompt's keys and
     values (row `prompt_of[b]` of `keys`), then its own, with masked keys only at the end."""
 
@@ -91,15 +95,6 @@ class OverPrompt:
 
     def positions(self, seq_len: int) -> torch.Tensor:
         return self.query
-
-    def begin(self, seq_len: int) -> None:
-        pass
-
-    def advance(self, seq_len: int) -> None:
-        pass
-
-    def layer(self, index: int) -> _Layer:
-        return _Layer(self, index)
 
     def attend(self, index: int, q, k, v, core) -> torch.Tensor:
         rows = [
