@@ -225,7 +225,7 @@ def test_streamed_tool_calls_through_the_openai_client(oai, client):
         "tool_choice": "required",
         "max_tokens": 160,
         "temperature": 1.0,
-        "seed": 4,
+        "seed": 0,  # a draw whose random-model arguments close within max_tokens
     }
     calls: dict[int, dict] = {}
     finish = None
