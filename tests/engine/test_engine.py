@@ -186,8 +186,9 @@ def test_a_lagging_stream_gets_the_tokens_it_missed_as_one_event(tokenizer):
         engine.stop()
     lengths = [len(e.token_ids) for e in seen]
     assert seen[-1].kind == "finish" and seen[-1].token_ids == expected
-    assert lengths == sorted(set(lengths)) and lengths[0] == 1
-    assert len(seen) <= 3  # the first token, then the rest at once (and perhaps the finish)
+    # the first event may already carry several tokens when the engine ran ahead of the loop
+    assert lengths == sorted(set(lengths))
+    assert len(seen) <= 3  # the first token(s), then the rest at once (and perhaps the finish)
 
 
 @pytest.mark.parametrize(("chunk", "shape"), [(512, "llama"), (7, "llama"), (7, "mistral")])
