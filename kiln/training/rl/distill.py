@@ -63,7 +63,6 @@ class OnPolicyDistill(OnPolicyLoop):
             rollouts=rollouts,
         )
         self.teacher = teacher.eval().requires_grad_(False)
-        self.split = BatchSplit()  # one process: the whole batch (layouts.py sets the ranks')
         self.teacher_rows = 0  # completions this rank's teacher has scored, all steps together
 
     def step(self, step: int) -> dict:

@@ -84,7 +84,6 @@ class GRPO(OnPolicyLoop):
         )
         self.rewards = RewardSet.from_specs(cfg.rewards)
         self.lag = cfg.max_policy_lag
-        self.split = BatchSplit()  # one process: the whole batch (layouts.py sets the ranks')
         self.last_update: UpdateBatch | None = None
         self.reference = None
         if cfg.lora is None and cfg.beta > 0:

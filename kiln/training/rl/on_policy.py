@@ -32,6 +32,7 @@ from kiln.model.lora import apply_lora
 from kiln.platform.errors import InputError, KilnError
 from kiln.text.tokenizer import end_of_text_ids
 from kiln.training.optimizer import build_optimizer, clip_grads_, global_grad_norm
+from kiln.training.rl.batch_split import BatchSplit
 from kiln.training.rl.config import OnPolicyConfig
 from kiln.training.rl.loop_state import PlainState
 from kiln.training.rl.prompts import render_prompt
@@ -95,6 +96,7 @@ class OnPolicyLoop:
         self.policy = policy.train()
         self.optimizer = build_optimizer(policy, cfg.optimizer)
         self.trainer_state = PlainState()  # a laid-out policy's is gathered (layouts.py)
+        self.split = BatchSplit()  # one process: the whole batch (layouts.py sets the ranks')
         self.params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
         )
