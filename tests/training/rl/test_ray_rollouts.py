@@ -14,6 +14,7 @@ from kiln.training.rl.logprobs import completion_logprobs
 from kiln.training.rl.ray_rollouts import RolloutWorker
 from kiln.training.rl.refit import merged_policy_state, state_checksum, to_wire
 from tests.engine.tiny import tiny_model, train_tokenizer
+from tests.training.rl.test_distill import _loop as distill_loop
 from tests.training.rl.test_grpo import share_of_target
 
 ROWS = [{"prompt": p} for p in ("the quick", "hello world", "kiln turns", "ray serve")]
@@ -191,3 +192,21 @@ def test_worker_engine_keeps_the_trainers_attention_backend():
     for i, r in enumerate(rollouts):
         trainer = scores.logp[i, : len(r.logprobs)].tolist()
         assert r.logprobs == trainer, i
+
+
+def test_distill_on_an_actor_equals_in_process(ray_session):
+    """On-policy distillation samples through the same actors: the run, its log-prob mismatch
+    included, is the in-process run step for step, bit for bit."""
+    local = distill_loop(steps=3).run()
+    loop = distill_loop(steps=3, rollout={"workers": 1, "cpus_per_worker": 0.25})
+    try:
+        metrics = loop.run()
+        assert loop.engines_match()
+    finally:
+        loop.close()
+    # in-process too, a prompt shorter than its batch's others that the engine prefills in one
+    # packed forward with them is ~1e-6 off the trainer's (not the actors': the same figures)
+    assert max(m["logprob_mismatch_max"] for m in metrics) < 1e-5
+    keys = ("reverse_kl", "loss", "grad_norm", "logprob_mismatch_mean", "logprob_mismatch_max")
+    for key in (*keys, "completion_len"):
+        assert [m[key] for m in metrics] == [m[key] for m in local], key
