@@ -195,8 +195,8 @@ def test_worker_engine_keeps_the_trainers_attention_backend():
 
 
 def test_distill_on_an_actor_equals_in_process(ray_session):
-    """On-policy distillation samples through the same actors: the run, its log-prob mismatch
-    included, is the in-process run step for step, bit for bit."""
+    """On-policy distillation samples through the same actors: the student's log-probs on the
+    actor are the trainer's exactly, and the run is the in-process run step for step."""
     local = distill_loop(steps=3).run()
     loop = distill_loop(steps=3, rollout={"workers": 1, "cpus_per_worker": 0.25})
     try:
@@ -204,9 +204,8 @@ def test_distill_on_an_actor_equals_in_process(ray_session):
         assert loop.engines_match()
     finally:
         loop.close()
-    # in-process too, a prompt shorter than its batch's others that the engine prefills in one
-    # packed forward with them is ~1e-6 off the trainer's (not the actors': the same figures)
-    assert max(m["logprob_mismatch_max"] for m in metrics) < 1e-5
+    # its 3-token prompts too (batch_invariance.py keeps their attention off ATen's small bmm)
+    assert all(m["logprob_mismatch_max"] == 0.0 for m in metrics)
     keys = ("reverse_kl", "loss", "grad_norm", "logprob_mismatch_mean", "logprob_mismatch_max")
     for key in (*keys, "completion_len"):
         assert [m[key] for m in metrics] == [m[key] for m in local], key
