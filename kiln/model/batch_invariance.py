@@ -73,7 +73,10 @@ def invariant_attention(
     # few queries make the score matrix the smaller, pads that instead. Both give the same
     # numbers: trailing zero keys change neither product (tests/model/test_batch_invariance.py)
     width = -(-L // KEY_BLOCK) * KEY_BLOCK
-    pad_scores = groups * S < 2 * Dh
+    # fewer keys than a block: keys and values padded, never the scores. ATen's bmm runs its own
+    # loop, not MKL, on products of contraction x rows x columns < 400: over 1-3 keys of 8-wide
+    # heads (tiny models) the sliced scores would take it and round unlike the trainer's
+    pad_scores = groups * S < 2 * Dh and L >= KEY_BLOCK
     if width != L:
         mask = F.pad(mask, (0, width - L), value=False)
         if not pad_scores:

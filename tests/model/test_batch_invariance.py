@@ -9,6 +9,7 @@ import torch
 
 from kiln.model import KVCache, ModelConfig, Transformer
 from kiln.model.attention import AttentionCore, set_attention_backend
+from kiln.model.batch_invariance import invariant_attention
 from kiln.platform.errors import ConfigError
 
 ROWS = 16  # a decode step of 16 rows: the matmuls' row count needs no padding (MIN_GEMM_ROWS)
@@ -91,3 +92,17 @@ def test_set_attention_backend_switches_every_core_and_the_config():
     assert {m.backend for m in model.modules() if isinstance(m, AttentionCore)} == {"invariant"}
     with pytest.raises(ConfigError, match="attention_backend"):
         set_attention_backend(model, "fast")
+
+
+def test_a_prefix_of_one_to_three_keys_rounds_as_the_whole_sequence():
+    """8-wide heads (the tiny test models') over 1-3 keys make products small enough
+    (contraction x rows x columns < 400) for ATen's own bmm loop, which rounds unlike MKL's
+    kernel. A short prompt's prefill (or a decode over it) must still equal the trainer's
+    forward of the whole sequence at those positions, bit for bit."""
+    q, k, v = _qkv(batch=1, seq=20, dim=8)
+    full = invariant_attention(q, k, v, scale=8**-0.5)
+    for n in (1, 2, 3, 4):
+        prefill = invariant_attention(q[:, :, :n], k[:, :, :n], v[:, :, :n], scale=8**-0.5)
+        assert torch.equal(prefill, full[:, :, :n]), n
+        decode = invariant_attention(q[:, :, n - 1 : n], k[:, :, :n], v[:, :, :n], scale=8**-0.5)
+        assert torch.equal(decode, full[:, :, n - 1 : n]), n

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
+from kiln.model.attention import backend_available, set_attention_backend
 from kiln.model.config import ModelConfig
 from kiln.model.formats.weights import build_model
 from kiln.platform.errors import KilnError
@@ -56,9 +57,14 @@ class RolloutWorker:
         version: int = 0,
         recompute_logprobs: bool = False,
     ) -> None:
-        model = build_model(
-            ModelConfig(**model_cfg), from_wire(weights), device="cpu", dtype=getattr(torch, dtype)
-        )
+        cfg = ModelConfig(**model_cfg)
+        model = build_model(cfg, from_wire(weights), device="cpu", dtype=getattr(torch, dtype))
+        # build_model puts every model on SDPA; the trainer's backend (the RL loops' batch-
+        # invariant one, `rollout.batch_invariant`) is what makes the engine's log-probs equal
+        # the trainer's bit for bit: on SDPA they sit ~1e-6 apart. A GPU kernel the trainer
+        # named and this CPU actor cannot run stays on SDPA.
+        if backend_available(cfg.attention_backend):
+            set_attention_backend(model, cfg.attention_backend)
         tokenizer = Tokenizer.from_str(tokenizer_json)
         self.generator = Generator(model, tokenizer, eos_token_ids=eos_token_ids)
         self.max_batch_size = max_batch_size
