@@ -163,6 +163,8 @@ def _print_trl(args, pair: tuple[list[dict], list[dict]] | None) -> None:
     idle = statistics.median(x["idle_cpu_s"] for x in theirs)
     print(f"kiln  CPU s per step (median) {kiln_cpu:.2f}; trl {trl_cpu:.2f} (and {idle:.2f} "
           "while waiting for its turn)")  # fmt: skip
+    print(f"kiln  trainer CPU s per step (median: forward, backward, optimizer) "
+          f"{statistics.median(x['train_cpu_s'] for x in ours):.2f}")  # fmt: skip
     print(
         f"ratio kiln / trl steps/s {kiln_sps / trl_sps:.2f}x, "
         f"steps per CPU-second {trl_cpu / kiln_cpu:.2f}x, "

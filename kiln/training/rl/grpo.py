@@ -117,11 +117,14 @@ class GRPO(OnPolicyLoop):
             keep = informative_groups(rewards, cfg.group_size)
         m = self._reward_metrics(step, rewards, results, rollouts, keep)
         m["policy_lag"] = float(lag)
-        train_started = time.perf_counter()
+        train_started, train_cpu = time.perf_counter(), time.process_time()
         if keep.any():
             m.update(self._update([r for r, k in zip(rollouts, keep, strict=True) if k],
                                   advantages[keep]))  # fmt: skip
         train_s = time.perf_counter() - train_started
+        # the process's CPU seconds in the update (forward, backward, optimizer): on a shared
+        # host a steadier figure than its wall time
+        m["train_cpu_s"] = time.process_time() - train_cpu
         m.update(self.refit())
         generated = sum(len(r.completion_ids) for r in rollouts)
         m["rollout_wait_s"] = rollout_s

@@ -20,17 +20,24 @@ from torch import nn
 
 from kiln.model.batch_invariance import MIN_GEMM_ROWS
 from kiln.training.rl import shared_prompt
+from kiln.training.rl.tied_embedding import sparse_tied_embedding
+
+
+def sampler_log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits / T) in float64 over the vocabulary: logits [..., V] -> [..., V].
+    T: one temperature (0 means 1: greedy), or a float64 tensor broadcasting against logits.
+    A float T of 1 divides nothing (x / 1 is x exactly, so the values are the same)."""
+    scaled = logits.double()
+    if isinstance(temperature, torch.Tensor) or temperature not in (0, 1):
+        scaled = scaled / temperature
+    return torch.log_softmax(scaled, dim=-1)
 
 
 def token_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float | torch.Tensor
 ) -> torch.Tensor:
-    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64.
-    T: one temperature (0 means 1: greedy), or a float64 tensor broadcasting against logits."""
-    if not isinstance(temperature, torch.Tensor):
-        temperature = temperature if temperature > 0 else 1.0
-    scaled = logits.double() / temperature
-    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[..., None])[..., 0]
+    """log_softmax(logits / T)[token] per row: logits [..., V], tokens [...] -> [...] float64."""
+    return sampler_log_softmax(logits, temperature).gather(-1, tokens[..., None])[..., 0]
 
 
 @dataclass
@@ -59,6 +66,13 @@ def completion_logits(
 
     Where prompts repeat (a GRPO group's) and the model allows, each distinct prompt is computed
     once for all its rows (shared_prompt.py): the same logits, fewer tokens."""
+    with sparse_tied_embedding(model):
+        return _completion_logits(model, prompts, completions)
+
+
+def _completion_logits(
+    model: nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+) -> CompletionLogits:
     if completions and shared_prompt.applies(model, prompts):
         logits, targets = shared_prompt.shared_prompt_logits(model, prompts, completions)
         return CompletionLogits(logits, targets, _places(completions, logits.device))
@@ -124,9 +138,11 @@ def completion_logprobs(
     """The completion tokens' log-probs (one forward, `completion_logits`) and the sampler's
     entropy."""
     out = completion_logits(model, prompts, completions)
-    flat = token_logprobs(out.logits, out.targets, temperature)
+    # one log-softmax over the vocabulary serves both (a [tokens, V] float64 pass each)
+    logp_all = sampler_log_softmax(out.logits, temperature)
+    flat = logp_all.gather(-1, out.targets[:, None])[:, 0]
     with torch.no_grad():
-        scaled = torch.log_softmax(out.logits.detach().double() / (temperature or 1.0), dim=-1)
+        scaled = logp_all.detach()
         flat_entropy = -(scaled.exp() * scaled).sum(-1)
     n = len(prompts)
     logp = per_completion(flat, out, n)

@@ -2,22 +2,25 @@
 
 A step's G completions of a prompt share that prompt token for token, and a full forward over
 every prompt + completion computes the prompt G times (most of a step's tokens when prompts are
-longer than completions, as chat-templated ones are). Here the forward runs in two passes
-through `Transformer.forward`'s KV-cache contract (`kv_cache=`), without a copy of the model:
+longer than completions, as chat-templated ones are). Here one `Transformer.forward` runs over
+one packed row, through the model's KV-cache contract (`kv_cache=`), without a copy of the model:
 
-1. the distinct prompts, right-padded, as a plain causal forward; every layer's keys and values
-   are kept (`PromptKeys`, still in the autograd graph), and the last prompt position gives the
-   logits of each completion's first token;
-2. the completions (all but their last token), each row at its prompt's positions, attending to
-   its prompt's keys/values gathered in front of its own (`OverPrompt`); their positions give
-   the logits of the other completion tokens.
+- the row holds the distinct prompts (right-padded to the longest, a grid of `prompt_rows` x
+  `prompt_width`) then every completion but its last token (right-padded, `rows` x `width`),
+  each token at its own RoPE position;
+- the embedding, every Linear and the head see all of the batch's tokens in one matmul, so each
+  weight's gradient is one product over the batch (two passes, one for the prompts and one for
+  the completions, took two products and a sum per weight: most of their backward's extra cost);
+- in each layer the attention (`Packed.attend`) unpacks the two grids: the prompts attend
+  causally to themselves; each completion attends to its prompt's keys/values gathered in front
+  of its own, with masked keys only trailing, the layout the engine's decode attends over.
 
-Gradients reach the prompt's tokens through the gathered keys and values (summed over the
-group), so the loss and its gradient are the full forward's, up to summation order. With the
-batch-invariant attention (`rollout.batch_invariant`) every token's logits equal the full
-forward's bit for bit: each row's keys are its prompt then its completion with masked keys only
-trailing, the layout the engine's decode attends over, and every matmul keeps at least
-`MIN_GEMM_ROWS` rows (tests/training/rl/test_shared_prompt.py).
+A prompt's last position gives the logits of its completions' first token, a completion's
+positions those of its other tokens. Gradients reach the prompt's tokens through the gathered
+keys and values (summed over the group), so the loss and its gradient are the full forward's, up
+to summation order. With the batch-invariant attention (`rollout.batch_invariant`) every token's
+logits equal the full forward's bit for bit: a row's result does not depend on how many rows
+share a matmul once there are `MIN_GEMM_ROWS` (tests/training/rl/test_shared_prompt.py).
 
 Models whose attention caches something else (MLA's latent), whose experts drop tokens by
 capacity (a token's expert would depend on the batch), or that are laid out over ranks
@@ -35,7 +38,7 @@ from kiln.model.batch_invariance import MIN_GEMM_ROWS
 
 
 def applies(model: nn.Module, prompts: Sequence[Sequence[int]]) -> bool:
-    """Whether the two-pass forward can run on `model` and saves work: some prompt repeats."""
+    """Whether the packed forward can run on `model` and saves work: some prompt repeats."""
     cfg = getattr(model, "cfg", None)
     if cfg is None or cfg.mla is not None or (cfg.n_experts and cfg.capacity_factor):
         return False
@@ -44,8 +47,52 @@ def applies(model: nn.Module, prompts: Sequence[Sequence[int]]) -> bool:
     return not any(isinstance(p, DTensor) for p in model.parameters())
 
 
-class _Hooks:
-    """The KV-cache contract's hooks that neither pass needs: nothing to reserve or advance."""
+def _unpack(t: torch.Tensor, start: int, rows: int, width: int) -> torch.Tensor:
+    """[1, H, N, Dh] packed -> the grid at `start` as [rows, H, width, Dh] (a view)."""
+    return t[0, :, start : start + rows * width].unflatten(1, (rows, width)).transpose(0, 1)
+
+
+def _pack(t: torch.Tensor) -> torch.Tensor:
+    """[rows, H, width, Dh] -> [1, H, rows * width, Dh]."""
+    return t.transpose(0, 1).flatten(1, 2)[None]
+
+
+class Packed:
+    """The KV-cache contract's hooks for the packed row: its RoPE positions and the attention
+    of its two grids (nothing is stored or advanced)."""
+
+    def __init__(
+        self,
+        prompt_grid: tuple[int, int],
+        prompt_of: list[int],
+        lengths: list[int],
+        width: int,
+    ) -> None:
+        self.prompt_rows, self.prompt_width = prompt_grid
+        self.rows, self.width = len(prompt_of), width
+        self.start = self.prompt_rows * self.prompt_width  # the completions' first slot
+        self.prompt_of = torch.tensor(prompt_of)
+        lengths_t = torch.tensor(lengths)[:, None]  # [B, 1]
+        self.query = lengths_t + torch.arange(width)  # [B, W]: completion token positions
+        longest = self.prompt_width
+        total = longest + width
+        key = torch.arange(total)[None, :]  # [1, L]
+        # key slot j of row b: its prompt's j-th key while j < P_b, then its own (j - P_b)-th
+        # from the `longest` slots on; past the row's tokens any slot (masked by causality)
+        self.gather = torch.where(key < lengths_t, key, longest + key - lengths_t).clamp(
+            max=total - 1
+        )
+        self.key = key  # key slot j holds position j while j < P_b + width
+        prompt_positions = torch.arange(longest).repeat(self.prompt_rows)
+        self._positions = torch.cat([prompt_positions, self.query.flatten()])[None]
+
+    def to(self, device) -> Packed:
+        for name in ("prompt_of", "query", "gather", "key", "_positions"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def positions(self, seq_len: int) -> torch.Tensor:
+        return self._positions  # [1, N]
 
     def begin(self, seq_len: int) -> None:
         pass
@@ -53,76 +100,31 @@ class _Hooks:
     def advance(self, seq_len: int) -> None:
         pass
 
-    def layer(self, index: int) -> _Layer:
-        return _Layer(self, index)
-
-
-class PromptKeys(_Hooks):
-    """Pass 1's cache: a plain causal forward (the contract's hooks do nothing else) that keeps
-    each layer's keys and values [U, Hkv, P, Dh], after RoPE."""
-
-    def __init__(self) -> None:
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-
-    def positions(self, seq_len: int) -> None:
-        return None  # 0 .. seq_len - 1, as a forward without a cache
-
-    def attend(self, index: int, q, k, v, core) -> torch.Tensor:
-        self.k[index], self.v[index] = k, v
-        return core(q, k, v)
-
-
-class OverPrompt(_Hooks):
-    """Pass 2's cache: row b's tokens at positions P_b.., attending to its prompt's keys and
-    values (row `prompt_of[b]` of `keys`), then its own, with masked keys only at the end."""
-
-    def __init__(self, keys: PromptKeys, prompt_of: list[int], lengths: list[int], width: int):
-        self.keys = keys
-        device = next(iter(keys.k.values())).device
-        self.prompt_of = torch.tensor(prompt_of, device=device)
-        lengths_t = torch.tensor(lengths, device=device)[:, None]  # [B, 1]
-        self.query = lengths_t + torch.arange(width, device=device)  # [B, S] positions
-        longest = next(iter(keys.k.values())).shape[2]
-        total = longest + width
-        key = torch.arange(total, device=device)[None, :]  # [1, L]
-        # key slot j of row b: its prompt's j-th key while j < P_b, then its own (j - P_b)-th
-        # from the `longest` slots on; past the row's tokens any slot (masked by causality)
-        self.gather = torch.where(key < lengths_t, key, longest + key - lengths_t).clamp(
-            max=total - 1
-        )
-        self.key = key  # key slot j holds position j while j < P_b + width
-
-    def positions(self, seq_len: int) -> torch.Tensor:
-        return self.query
-
-    def attend(self, index: int, q, k, v, core) -> torch.Tensor:
-        rows = [
-            torch.cat([t.index_select(0, self.prompt_of), new], dim=2)
-            for t, new in ((self.keys.k[index], k), (self.keys.v[index], v))
-        ]
-        slots = self.gather[:, None, :, None]
-        k, v = (t.gather(2, slots.expand(-1, t.shape[1], -1, t.shape[3])) for t in rows)
-        query = self.query[:, :, None]  # [B, S, 1]
-        mask = self.key[:, None, :] <= query  # [B, S, L]
-        if core.sliding_window is not None:
-            mask &= query - self.key[:, None, :] < core.sliding_window
-        return core(q, k, v, mask=mask[:, None])
-
-
-class _Layer:
-    """What an `Attention` module is handed: `LayerKV`'s `attend` (no storage of its own)."""
-
-    __slots__ = ("cache", "index")
-
-    def __init__(self, cache, index: int) -> None:
-        self.cache, self.index = cache, index
+    def layer(self, index: int) -> Packed:
+        return self  # every layer attends alike; nothing is kept per layer
 
     def attend(self, q, k, v, core) -> torch.Tensor:
-        return self.cache.attend(self.index, q, k, v, core)
+        grid = (0, self.prompt_rows, self.prompt_width)
+        prompt_k, prompt_v = _unpack(k, *grid), _unpack(v, *grid)
+        out = _pack(core(_unpack(q, *grid), prompt_k, prompt_v))
+        if self.width == 0:
+            return out
+        own = (self.start, self.rows, self.width)
+        keys = [
+            torch.cat([t.index_select(0, self.prompt_of), _unpack(new, *own)], dim=2)
+            for t, new in ((prompt_k, k), (prompt_v, v))
+        ]
+        slots = self.gather[:, None, :, None]
+        keys = [t.gather(2, slots.expand(-1, t.shape[1], -1, t.shape[3])) for t in keys]
+        query = self.query[:, :, None]  # [B, W, 1]
+        mask = self.key[:, None, :] <= query  # [B, W, L]
+        if core.sliding_window is not None:
+            mask &= query - self.key[:, None, :] < core.sliding_window
+        over = core(_unpack(q, *own), *keys, mask=mask[:, None])
+        return torch.cat([out, _pack(over)], dim=2)
 
 
-def _padded(rows: Sequence[Sequence[int]], width: int, min_rows: int) -> torch.Tensor:
+def _grid(rows: Sequence[Sequence[int]], width: int, min_rows: int = 0) -> torch.Tensor:
     """Token rows right-padded to `width`, with empty rows added up to `min_rows`."""
     tokens = torch.zeros(max(len(rows), min_rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
@@ -130,59 +132,33 @@ def _padded(rows: Sequence[Sequence[int]], width: int, min_rows: int) -> torch.T
     return tokens
 
 
-def _logits(model, tokens, cache, rows: list[int], cols: list[int], device) -> torch.Tensor:
-    """The forward's logits at (rows, cols), at least `MIN_GEMM_ROWS` head rows (a position
-    repeated, then sliced off), as `completion_logits` and the engine's decode take them."""
-    wanted = len(rows)
-    if wanted < MIN_GEMM_ROWS:
-        fill = MIN_GEMM_ROWS - wanted
-        rows, cols = rows + [rows[0]] * fill, cols + [cols[0]] * fill
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
-    return model(tokens.to(device), kv_cache=cache, logits_positions=index)[:wanted]
-
-
 def shared_prompt_logits(
     model: nn.Module, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits predicting each completion token [N, V] (row by row, token by token, as
-    `completion_logits` orders them) and those tokens [N], by the two passes above."""
+    `completion_logits` orders them) and those tokens [N], by the packed forward above."""
     device = next(model.parameters()).device
     distinct: dict[tuple[int, ...], int] = {}
     prompt_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     unique = list(distinct)
-    lengths = [len(p) for p in unique]
-    # pass 1: the distinct prompts; each one's last position predicts its completions' first
-    longest = max(lengths)
-    keys = PromptKeys()
-    tokens = _padded(unique, longest, -(-MIN_GEMM_ROWS // longest))
-    first = _logits(model, tokens, keys, list(range(len(unique))), [n - 1 for n in lengths], device)
-    # pass 2: each completion but its last token (which predicts nothing kept)
-    inputs = [list(c[:-1]) for c in completions]
-    rows, cols = [], []
-    for i, c in enumerate(inputs):
-        rows += [i] * len(c)
-        cols += range(len(c))
-    if rows:
-        width = max(len(c) for c in inputs)
-        tokens = _padded(inputs, width, -(-MIN_GEMM_ROWS // width))
-        extra = tokens.shape[0] - len(inputs)  # empty rows: prompt 0 at length 0
-        cache = OverPrompt(
-            keys,
-            prompt_of + [0] * extra,
-            [len(prompts[i]) for i in range(len(prompts))] + [0] * extra,
-            width,
-        )
-        rest = _logits(model, tokens, cache, rows, cols, device)
-        logits = torch.cat([first, rest])
-    else:
-        logits = first
-    # row i's token 0 from its prompt's row of `first`, token j > 0 from `rest`
-    order, k = [], len(unique)
+    longest = max(len(p) for p in unique)
+    # the prompt grid alone fills a matmul's MIN_GEMM_ROWS (empty rows added), as the full
+    # forward's and the engine's token rows do
+    prompt_grid = _grid(unique, longest, -(-MIN_GEMM_ROWS // longest))
+    inputs = [list(c[:-1]) for c in completions]  # a completion's last token predicts nothing
+    width = max(len(c) for c in inputs)
+    packed = torch.cat([prompt_grid.flatten(), _grid(inputs, width).flatten()])[None]
+    cache = Packed(tuple(prompt_grid.shape), prompt_of, [len(p) for p in prompts], width)
+    # row i's token 0 from its prompt's last position, token j > 0 from its own position j - 1
+    cols = []
     for i, c in enumerate(completions):
         if c:
-            order.append(prompt_of[i])
-            order += range(k, k + len(c) - 1)
-            k += len(c) - 1
-    logits = logits.index_select(0, torch.tensor(order, device=device))
+            cols.append(prompt_of[i] * longest + len(prompts[i]) - 1)
+            cols += range(cache.start + i * width, cache.start + i * width + len(c) - 1)
+    wanted = len(cols)
+    cols += [cols[0] if cols else 0] * (MIN_GEMM_ROWS - wanted)  # head rows up to the minimum
+    rows = torch.zeros(len(cols), dtype=torch.long, device=device)
+    index = (rows, torch.tensor(cols, device=device))
+    logits = model(packed.to(device), kv_cache=cache.to(device), logits_positions=index)
     targets = torch.tensor([t for c in completions for t in c], device=device)
-    return logits, targets
+    return logits[:wanted], targets

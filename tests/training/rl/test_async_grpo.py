@@ -16,7 +16,7 @@ from kiln.training.rl.refit import merged_policy_state
 from tests.training.rl.test_grpo import _run
 
 TIMINGS = {"refit_s", "rollout_tokens_per_s", "train_tokens_per_s", "rollout_share", "step_s",
-           "rollout_wait_s"}  # fmt: skip
+           "rollout_wait_s", "train_cpu_s"}  # fmt: skip
 
 
 class Recording(GRPO):

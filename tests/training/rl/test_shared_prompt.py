@@ -69,3 +69,17 @@ def test_distinct_prompts_and_mla_take_the_full_forward():
     assert shared_prompt.applies(model, [[1, 2], [1, 2]])
     capped = tiny_model("mixtral", VOCAB, capacity_factor=1.0)
     assert not shared_prompt.applies(capped, [[1, 2], [1, 2]])
+
+
+@pytest.mark.parametrize("lengths", [[1, 1, 1, 1], [0, 3, 1, 0]])
+def test_one_token_and_empty_completions_equal_the_full_forward(lengths, monkeypatch):
+    """Nothing of the completions in the packed row (each is one token or none), or some
+    empty: the prompts' last positions alone give the logits."""
+    model = tiny_model("llama", VOCAB)
+    set_attention_backend(model, "invariant")
+    prompts = [_batch()[0][i] for i in (0, 0, 3, 3)]  # 9 and 4 tokens
+    completions = [list(range(10, 10 + n)) for n in lengths]
+    full = _full(model, prompts, completions, monkeypatch)
+    shared = completion_logits(model, prompts, completions)
+    assert shared.logits.shape[0] == sum(lengths)
+    assert torch.equal(shared.logits, full.logits)
