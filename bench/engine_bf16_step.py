@@ -146,7 +146,8 @@ def main() -> int:
             print(
                 f"{n} requests, {name}: prefill {m['prefill']:.1f} ms (plain "
                 f"{base['prefill']:.1f}, {base['prefill'] / m['prefill']:.2f}x faster), decode "
-                f"{m['decode']:.1f} ms ({base['decode']:.1f}, {base['decode'] / m['decode']:.2f}x), "
+                f"{m['decode']:.1f} ms ({base['decode']:.1f}, "
+                f"{base['decode'] / m['decode']:.2f}x), "
                 f"{m['tok_cpu']:.1f} tok/CPU-s ({base['tok_cpu']:.1f}, "
                 f"{m['tok_cpu'] / base['tok_cpu']:.2f}x); greedy = plain {same}/{n}, = fp32 "
                 f"{agree[name]}/{n}",

@@ -56,7 +56,9 @@ class InductorKernel:
             try:
                 return self.compiled(*args)
             except Exception as e:  # noqa: BLE001 - any compile failure: eager is correct too
-                log.warning("torch.compile of %s failed, eager from now on: %s", self.fn.__name__, e)
+                log.warning(
+                    "torch.compile of %s failed, eager from now on: %s", self.fn.__name__, e
+                )
                 self.compiled = None
         return self.fn(*args)
 
@@ -95,5 +97,8 @@ class CompiledRMSNorm(RMSNorm):
         ([1, T, D] steps, [N, D] sampled rows), so no request waits for it."""
         weight = self.weight
         with torch.no_grad():
-            for shape in ((1, COMPILE_MIN_ROWS, weight.shape[0]), (COMPILE_MIN_ROWS, weight.shape[0])):
+            for shape in (
+                (1, COMPILE_MIN_ROWS, weight.shape[0]),
+                (COMPILE_MIN_ROWS, weight.shape[0]),
+            ):
                 self(torch.zeros(shape, dtype=weight.dtype, device=weight.device))

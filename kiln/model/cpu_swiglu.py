@@ -10,7 +10,8 @@ rounding each instead of three: within bf16 rounding of the plain path, not bit-
 
 `PackedSwiGLU` wraps a `FeedForward` whose w1/w3 are `PackedLinear`s in the same children (same
 state-dict names, same modules for LoRA's forward hooks). A hooked w1 or w3 (a LoRA adapter
-adapts it) takes the plain path, so the hook still sees and changes its output.
+adapts it), or one no longer packed, takes the plain path, so a hook still sees and changes
+its output.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ class PackedSwiGLU(nn.Module):
         self.act = ffn.act
         self.w1, self.w2, self.w3 = ffn.w1, ffn.w2, ffn.w3  # declaration order of FeedForward
 
+    def _fusable(self) -> bool:
+        """Whether gate and up are still packed (someone may have swapped them back) and
+        unhooked (a LoRA adapter's hook edits their outputs)."""
+        w1, w3 = self.w1, self.w3
+        packed = hasattr(w1, "packed_weight") and hasattr(w3, "packed_weight")
+        return packed and not (w1._forward_hooks or w3._forward_hooks)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w1._forward_hooks or self.w3._forward_hooks:  # an adapter edits their outputs
+        if not self._fusable():
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
         a = x.reshape(-1, self.w1.in_features).to(torch.bfloat16).contiguous()
         pointwise = torch.ops.mkldnn._linear_pointwise
