@@ -93,10 +93,11 @@ class CompiledRMSNorm(RMSNorm):
         return super().forward(x)
 
     def warm_up(self) -> None:
-        """Compile now (at load) for this norm's width, dtype and both ranks the engine uses
-        ([1, T, D] steps, [N, D] sampled rows), so no request waits for it."""
+        """Compile now (at load) for this norm's dtype, both ranks the engine uses ([1, T, D]
+        steps, [N, D] sampled rows) and the engine's inference mode (dynamo guards on it: a
+        warm-up under no_grad would compile again on the first request), so no request waits."""
         weight = self.weight
-        with torch.no_grad():
+        with torch.inference_mode():
             for shape in (
                 (1, COMPILE_MIN_ROWS, weight.shape[0]),
                 (COMPILE_MIN_ROWS, weight.shape[0]),
