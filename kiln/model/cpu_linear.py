@@ -14,7 +14,9 @@ fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_li
 
 `pack_for_cpu(model)` lays a CPU model's linears out so: bf16 only when the CPU has bf16 matrix
 instructions (`cpu_has_bf16_matmul`; without them oneDNN would emulate bf16, slower than
-today's path), fp32 where torch has oneDNN and MKL. A packed weight is an opaque oneDNN tensor
+today's path), fp32 where torch has oneDNN and MKL. A bf16 model's elementwise work is laid out
+with them: SwiGLU inside the packed gate/up matmuls (cpu_swiglu.py) and, on request, RMSNorm
+compiled by inductor (cpu_norm.py). A packed weight is an opaque oneDNN tensor
 (`PackedWeight`): the state dict still holds a plain `weight` (unpacked on save, repacked on
 `load_state_dict`) and a deep copy repacks. A refit that writes into `state_dict()`'s tensors in
 place reaches a column-major weight but not a packed copy: engines that refit (RL rollouts) do
