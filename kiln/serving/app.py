@@ -104,6 +104,12 @@ class AppSettings(BaseModel):
     quantize_group_size: Literal[32, 64, 128, 256] = Field(
         32, description="int4: inputs that share one scale"
     )
+    cpu_compile: bool = Field(
+        True,
+        description="local backend, bfloat16 on a CPU with AMX or AVX-512-BF16: compile the "
+        "RMSNorms with torch.compile (inductor) at load, 5-20 s once; eager where there is no "
+        "C++ compiler",
+    )
     lora: LoRAServingConfig | None = Field(
         None,
         description="local backend: serve PEFT LoRA adapters over the model, chosen per request "
@@ -143,6 +149,7 @@ def make_backend(settings: AppSettings):
             dtype=settings.dtype,
             quantize=settings.quantize,
             quantize_group_size=settings.quantize_group_size,
+            cpu_compile=settings.cpu_compile,
             lora=settings.lora,
         )
 

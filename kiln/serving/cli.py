@@ -74,6 +74,13 @@ def _register_serve(subparsers) -> None:
         "the CPU's AMX / AVX-512-BF16 units when it has them",
     )
     p.add_argument(
+        "--no-cpu-compile",
+        dest="cpu_compile",
+        action="store_false",
+        help="local backend, bfloat16 on CPU: keep the RMSNorms eager (by default inductor "
+        "compiles them at load, 5-20 s)",
+    )
+    p.add_argument(
         "--quantize",
         choices=["int8", "int4", "fp8"],
         help="local backend: weight-only int8 / int4 on CPU, fp8 on CUDA GPUs (capability 8.9+)",

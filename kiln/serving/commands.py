@@ -43,6 +43,7 @@ def serve_settings(args: argparse.Namespace) -> dict:
         "dtype": {"bf16": "bfloat16", "fp32": "float32"}.get(args.dtype, args.dtype),
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
+        "cpu_compile": args.cpu_compile,
         "lora": lora_settings(args),
         "deployment": deployment,
     }

@@ -74,6 +74,12 @@ class ServeConfig(StageConfig):
     quantize_group_size: Literal[32, 64, 128, 256] = Field(
         32, description="int4: inputs that share one scale"
     )
+    cpu_compile: bool = Field(
+        True,
+        description="local backend, bfloat16 on a CPU with AMX or AVX-512-BF16: compile the "
+        "RMSNorms with torch.compile (inductor) at load, 5-20 s once; eager where there is no "
+        "C++ compiler",
+    )
     lora: LoRAServingConfig | None = Field(
         None,
         description="local backend: PEFT LoRA adapters served over the model ({adapters: {name: "
@@ -121,6 +127,7 @@ class ServeStage(Stage):
                 "dtype",
                 "quantize",
                 "quantize_group_size",
+                "cpu_compile",
                 "lora",
                 "deployment",
             }

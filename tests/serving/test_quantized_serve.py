@@ -97,3 +97,10 @@ def test_serve_dtype_reaches_the_settings_and_triton_refuses_it():
         launch(None, {**triton, "dtype": "bfloat16"})
     with pytest.raises(SystemExit):  # argparse: not a dtype the local backend serves
         build_parser().parse_args(["serve", "m", "--dtype", "float16"])
+
+
+def test_cpu_compile_is_on_by_default_and_reaches_the_settings():
+    for argv, expected in ((["serve", "m"], True), (["serve", "m", "--no-cpu-compile"], False)):
+        settings = serve_settings(build_parser().parse_args(argv))
+        assert settings["cpu_compile"] is expected
+        assert AppSettings.model_validate({**settings, "model_dir": "m"}).cpu_compile is expected

@@ -44,9 +44,12 @@ class LocalBackend:
         dtype: str = "float32",
         quantize: str | None = None,
         quantize_group_size: int = 32,
+        cpu_compile: bool = False,
         lora: LoRAServingConfig | None = None,
     ):
-        """`lora`: serve PEFT adapters over this model, chosen per request by `model`."""
+        """`lora`: serve PEFT adapters over this model, chosen per request by `model`.
+        `cpu_compile`: a bf16 model on a CPU with bf16 matrix units gets its RMSNorms compiled
+        by inductor at load (kiln/model/cpu_norm.py)."""
         # fp8's kernels are CUDA's: that model lives on the replica's GPU (Ray sets its device)
         device = "cuda" if quantize == "fp8" and torch.cuda.is_available() else None
         self.generator = Generator.load(
@@ -55,6 +58,7 @@ class LocalBackend:
             dtype=getattr(torch, dtype),
             quantize=quantize,
             quantize_group_size=quantize_group_size,
+            compile_norms=cpu_compile,
         )
         self.model_name = model_name or self.generator.model_name
         self.context_length: int | None = self.generator.max_seq_len
