@@ -13,7 +13,7 @@ from kiln.model import ModelConfig, Transformer
 from kiln.model.attention import set_attention_backend
 from kiln.model.batch_invariance import MIN_GEMM_ROWS, column_major_exact_rows
 from kiln.training.rl.logprobs import completion_logprobs
-from kiln.training.rl.refit import refit, state_checksum
+from kiln.training.rl.refit import copy_into, refit, state_checksum
 from kiln.training.rl.rollout import column_major_layout, generate_rollouts
 from tests.engine.tiny import tiny_model, train_tokenizer
 
@@ -98,3 +98,14 @@ def test_a_mixture_of_experts_keeps_the_padding_and_its_layout():
     before = {name: p.stride() for name, p in model.named_parameters()}
     assert column_major_layout(model) == MIN_GEMM_ROWS
     assert {name: p.stride() for name, p in model.named_parameters()} == before
+
+
+def test_a_refit_copy_into_a_column_major_weight_keeps_values_and_layout():
+    """Copied a block of rows at a time (200 rows: three full blocks and a part one)."""
+    src = torch.randn(200, 24)
+    dst = torch.zeros(24, 200).T
+    copy_into(dst, src)
+    assert torch.equal(dst, src) and dst.stride() == (1, 200)
+    row_major = torch.zeros(200, 24)
+    copy_into(row_major, src)
+    assert torch.equal(row_major, src)
