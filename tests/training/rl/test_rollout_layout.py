@@ -1,6 +1,6 @@
 """The rollout engine's column-major linear weights: a decode step of a few rows pads only to
 the rows the probe measured (2 on MKL) instead of 16, and the engine's sampling log-probs stay
-the trainer's bit for bit, before and after a refit, with a tied LM head."""
+the trainer's bit for bit, before and after a refit, with a tied LM head and an untied one."""
 
 import copy
 
@@ -18,11 +18,11 @@ from kiln.training.rl.rollout import column_major_layout, generate_rollouts
 from tests.engine.tiny import tiny_model, train_tokenizer
 
 
-def _tied_policy(vocab_size: int) -> Transformer:
+def _policy(vocab_size: int, tied: bool) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=vocab_size, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden_dim=256,
-        max_seq_len=160, tie_embeddings=True,
+        max_seq_len=160, tie_embeddings=tied,
     )  # fmt: skip
     policy = Transformer(cfg).train()
     set_attention_backend(policy, "invariant")
@@ -45,19 +45,24 @@ def _is_column_major(weight: torch.Tensor) -> bool:
     return weight.stride() == (1, weight.shape[0])
 
 
-def test_column_major_engine_samples_the_trainers_logprobs_exactly_with_few_rows():
+@pytest.mark.parametrize("tied", [True, False])
+def test_column_major_engine_samples_the_trainers_logprobs_exactly_with_few_rows(tied):
     tok = train_tokenizer()
-    policy = _tied_policy(tok.get_vocab_size())
+    policy = _policy(tok.get_vocab_size(), tied)
     # eight end-of-text ids: completions of many lengths, so decode steps run 12 rows down to 1
     gen = Generator(copy.deepcopy(policy), tok, eos_token_ids=list(range(8)))
-    rows = column_major_layout(gen.model)
+    rows, head_rows = column_major_layout(gen.model)
     if rows >= MIN_GEMM_ROWS:
         pytest.skip("this CPU's sgemm gives no smaller exact row count")
     engine = gen.model
-    assert engine.output.weight is not engine.tok_embeddings.weight  # the head: its own copy
-    assert all(_is_column_major(m.weight) for m in engine.modules() if type(m) is torch.nn.Linear)
-    assert policy.output.weight is policy.tok_embeddings.weight  # the trainer's is untouched
-    assert not _is_column_major(policy.layers["0"].feed_forward.w1.weight)
+    blocks = [m for m in engine.layers.modules() if type(m) is torch.nn.Linear]
+    assert all(_is_column_major(m.weight) for m in blocks)
+    if tied:  # the embedding's weight, row-major: the head keeps the 16-row padding
+        assert engine.output.weight is engine.tok_embeddings.weight
+        assert not _is_column_major(engine.output.weight) and head_rows == MIN_GEMM_ROWS
+    else:
+        assert _is_column_major(engine.output.weight) and head_rows < MIN_GEMM_ROWS
+    assert not _is_column_major(policy.layers["0"].feed_forward.w1.weight)  # the trainer's
 
     prompts = [tok.encode("the quick brown fox").ids, tok.encode("hello world, this").ids[:3]]
     params = SamplingParams(max_new_tokens=64, temperature=1.0)
@@ -71,9 +76,9 @@ def test_column_major_engine_samples_the_trainers_logprobs_exactly_with_few_rows
         logits.logsumexp(-1).mean().backward()
         opt.step()
         refit(policy, gen.model)
-        # the in-place refit keeps the layout and brings the untied head level with the trainer
-        assert _is_column_major(engine.output.weight)
-        assert torch.equal(engine.output.weight, policy.tok_embeddings.weight)
+        # the in-place refit keeps the layout and brings the engine level with the trainer
+        assert _is_column_major(engine.layers["0"].feed_forward.w1.weight)
+        assert _is_column_major(engine.output.weight) != tied
         assert state_checksum(engine.state_dict()) == state_checksum(policy.state_dict())
 
 
@@ -96,7 +101,7 @@ def test_a_mixture_of_experts_keeps_the_padding_and_its_layout():
     """Experts multiply 3-D weights outside nn.Linear: the layout is left alone, 16 rows."""
     model = tiny_model("mixtral", 64)
     before = {name: p.stride() for name, p in model.named_parameters()}
-    assert column_major_layout(model) == MIN_GEMM_ROWS
+    assert column_major_layout(model) == (MIN_GEMM_ROWS, MIN_GEMM_ROWS)
     assert {name: p.stride() for name, p in model.named_parameters()} == before
 
 
