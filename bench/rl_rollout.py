@@ -38,9 +38,9 @@ from kiln.training.rl.run import chat_template, load_policy
 LAYOUT = rollout.column_major_layout
 
 
-def _row_major(model) -> int:
+def _row_major(model) -> tuple[int, int]:
     """The engine as it was: weights as the trainer holds them, every matmul padded to 16."""
-    return MIN_GEMM_ROWS
+    return MIN_GEMM_ROWS, MIN_GEMM_ROWS
 
 
 def _sample(gen, prompts, args, seed: int, layout) -> tuple[float, list]:
