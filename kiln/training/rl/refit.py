@@ -38,11 +38,26 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+TRANSPOSE_BLOCK_ROWS = 64  # rows per piece of a copy into a column-major weight
+
+
 @torch.no_grad()
 def copy_state(state: dict[str, torch.Tensor], engine_model: nn.Module) -> None:
-    """Every tensor of the engine's model overwritten in place from `state`."""
+    """Every tensor of the engine's model overwritten in place from `state`, each in the
+    layout the engine holds it in (a rollout engine's linears are column-major)."""
     for name, tensor in engine_model.state_dict().items():
-        tensor.copy_(state[name])
+        copy_into(tensor, state[name])
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src); a row-major source into a column-major matrix goes a block of rows at a
+    time: one strided copy of a 49152 x 576 LM head runs 5-7x slower than the blocks, which
+    stay in cache (about a plain copy's speed)."""
+    if dst.dim() != 2 or dst.stride(0) != 1 or dst.shape[0] <= TRANSPOSE_BLOCK_ROWS:
+        dst.copy_(src)
+        return
+    for start in range(0, dst.shape[0], TRANSPOSE_BLOCK_ROWS):
+        dst[start : start + TRANSPOSE_BLOCK_ROWS].copy_(src[start : start + TRANSPOSE_BLOCK_ROWS])
 
 
 def refit(policy: nn.Module, engine_model: nn.Module) -> float:

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
 from kiln.engine.sequence import Sequence as EngineSequence
-from kiln.model.batch_invariance import MIN_GEMM_ROWS
+from kiln.model.batch_invariance import MIN_GEMM_ROWS, column_major_exact_rows
+from kiln.model.cpu_linear import column_major, linear_layers
 from kiln.model.paged_kv_cache import NULL_BLOCK, PagedBatch
 from kiln.training.rl.logprobs import completion_logprobs, token_logprobs
 
@@ -42,13 +44,15 @@ class RolloutEngine(Engine):
         super().__init__(*args, **kwargs)
         # id(sequence) -> every sampled token (the end-of-text one included) and its log-prob
         self.sampled: dict[int, tuple[list[int], list[float]]] = {}
+        rows, head_rows = column_major_layout(self.target.model)
         if self.target.model.cfg.attention_backend == "invariant":
-            self._forward = InvariantRows(self._forward)
+            self._forward = InvariantRows(self._forward, rows, head_rows)
 
     def _packable(self, work) -> bool:
         # InvariantRows pads a forward with dummy sequences, which a packed batch (one row of
         # all the step's tokens) cannot take: a step of fewer tokens runs as separate forwards
-        if isinstance(self._forward, InvariantRows) and sum(n for _, n in work) < MIN_GEMM_ROWS:
+        forward = self._forward
+        if isinstance(forward, InvariantRows) and sum(n for _, n in work) < forward.rows:
             return False
         return super()._packable(work)
 
@@ -69,28 +73,64 @@ class RolloutEngine(Engine):
 
 
 class InvariantRows:
-    """The engine's model runner with at least `MIN_GEMM_ROWS` rows into every matmul: a decode
-    step of a few sequences gets dummy sequences (no blocks: they read and write only the null
-    block, which pad tokens write anyway) and its LM head repeated positions, then both are
-    sliced off. Below that many rows MKL's small-matrix kernel rounds differently from the
-    trainer's one large forward (kiln/model/batch_invariance.py)."""
+    """The engine's model runner with at least `rows` rows into every matmul of the blocks
+    and `head_rows` into the LM head's: a decode step of fewer sequences gets dummy sequences
+    (no blocks: they read and write only the null block, which pad tokens write anyway) and
+    its LM head repeated positions, then both are sliced off. Below that many rows the matmul
+    kernels round differently from the trainer's one large forward
+    (kiln/model/batch_invariance.py): `MIN_GEMM_ROWS` for row-major weights, 2 for the
+    column-major ones `column_major_layout` gives the engine's model."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, rows: int = MIN_GEMM_ROWS, head_rows: int = MIN_GEMM_ROWS) -> None:
         self.runner = runner
+        self.rows = rows
+        self.head_rows = head_rows
 
     def __call__(
         self, tokens: torch.Tensor, cache: PagedBatch, rows: list[int], cols: list[int]
     ) -> torch.Tensor:
         batch, width = tokens.shape
-        extra = max(0, -(-MIN_GEMM_ROWS // width) - batch)
+        extra = max(0, -(-self.rows // width) - batch)
         if extra:
             tokens = torch.cat([tokens, tokens.new_zeros(extra, width)])
             cache = _with_dummy_rows(cache, extra)
         wanted = len(rows)
-        if 0 < wanted < MIN_GEMM_ROWS:
-            fill = MIN_GEMM_ROWS - wanted
+        if 0 < wanted < self.head_rows:
+            fill = self.head_rows - wanted
             rows, cols = rows + [rows[0]] * fill, cols + [cols[0]] * fill
         return self.runner(tokens, cache, rows, cols)[:wanted]
+
+
+def column_major_layout(model: nn.Module) -> tuple[int, int]:
+    """Store every linear weight of a CPU fp32 engine model column-major but a tied LM head's
+    (the embedding's, whose row lookups want it row-major; a copy of its own would double
+    every refit's slowest copy, a transposing one): the same values, which a refit's in-place
+    copy keeps in this layout. Returns the rows a forward needs, (for the blocks' linears, for
+    the LM head), to compute the trainer's numbers (batch_invariance.py):
+    `column_major_exact_rows` over the column-major weights' shapes, `MIN_GEMM_ROWS` for a
+    row-major head and wherever the layout does not apply (another device or dtype, no MKL,
+    a matmul outside `nn.Linear`: MoE experts, MLA's absorbed weights). Idempotent: the engine
+    calls it per batch."""
+    weight = model.tok_embeddings.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return MIN_GEMM_ROWS, MIN_GEMM_ROWS
+    if not torch.backends.mkl.is_available():
+        return MIN_GEMM_ROWS, MIN_GEMM_ROWS
+    linears = [linear for _, linear in linear_layers(model)]
+    covered = {id(linear.weight) for linear in linears} | {id(weight)}
+    if any(p.dim() > 1 and id(p) not in covered for p in model.parameters()):
+        return MIN_GEMM_ROWS, MIN_GEMM_ROWS
+    head = getattr(model, "output", None)
+    tied = isinstance(head, nn.Linear) and head.weight is weight
+    threads = torch.get_num_threads()
+    rows = {}
+    for linear in linears:
+        if tied and linear is head:
+            continue
+        column_major(linear)
+        rows[linear] = column_major_exact_rows(*linear.weight.shape, threads)
+    body = max((n for linear, n in rows.items() if linear is not head), default=MIN_GEMM_ROWS)
+    return body, rows.get(head, MIN_GEMM_ROWS)
 
 
 def _with_dummy_rows(batch: PagedBatch, extra: int) -> PagedBatch:

@@ -83,8 +83,8 @@ def _invariant_policy(vocab_size: int) -> Transformer:
 
 def test_invariant_engine_logprobs_are_the_trainers_bit_for_bit():
     """With the batch-invariant attention the engine's sampling log-probs (KV-cache decode,
-    prefix-cached prompts, decode steps of 1 to 12 rows padded to 16) equal the trainer's
-    recomputed ones exactly on CPU fp32, before and after a refit."""
+    prefix-cached prompts, decode steps of 1 to 12 rows padded to the engine's exact row count)
+    equal the trainer's recomputed ones exactly on CPU fp32, before and after a refit."""
     _, policy, gen, prompts = _setup(_invariant_policy(_tokenizer().get_vocab_size()))
     params = SamplingParams(max_new_tokens=96, temperature=1.0)
     for step in range(2):
