@@ -26,7 +26,8 @@ here, nothing is downloaded), prompt file, group size, max new tokens, lr, threa
 (math_exact, scored by Kiln's RewardSet over a pipe), one optimizer step per step; Kiln's and
 TRL's steps alternate (bench/rl_trl.py), and steps/s come from the median step of each past its
 first (warm-up: TRL's process is fresh). Without the venv the TRL lines say how to make it;
---skip-trl leaves TRL out.
+--skip-trl leaves TRL out. Kiln's process keeps freed memory for reuse as `kiln grpo` does
+(kiln/training/rl/malloc_tuning.py; TRL's keeps glibc's defaults); --default-malloc leaves it out.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from kiln.training.rl.distill import format_distill_step
 from kiln.training.rl.distill_config import DistillRunConfig
 from kiln.training.rl.distill_run import run_distill
 from kiln.training.rl.grpo import GRPO, format_step
+from kiln.training.rl.malloc_tuning import keep_freed_memory
 from kiln.training.rl.prompts import load_prompts
 from kiln.training.rl.run import chat_template, load_policy, run_grpo
 
@@ -276,8 +278,16 @@ def main() -> None:
     ap.add_argument("--async-lag", type=int, default=0, help="also run with max_policy_lag L")
     ap.add_argument("--trl-venv", default=TRL_VENV, help="the venv TRL's GRPOTrainer runs in")
     ap.add_argument("--skip-trl", action="store_true", help="leave the TRL comparison out")
+    ap.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's default malloc settings in Kiln's process (`kiln grpo` changes them)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # as `kiln grpo` does (malloc_tuning.py); TRL's process keeps glibc's defaults
+    tuned = False if args.default_malloc else keep_freed_memory()
+    print(f"kiln process: glibc malloc keeps freed memory: {tuned}")
     with tempfile.TemporaryDirectory() as work:
         base = _base(args.model, work)
         started = time.perf_counter()

@@ -14,6 +14,7 @@ from kiln.training.rl.distill import format_distill_step
 from kiln.training.rl.distill_run import load_distill_config
 from kiln.training.rl.grpo import format_step
 from kiln.training.rl.layouts import layout_world_size
+from kiln.training.rl.malloc_tuning import keep_freed_memory
 from kiln.training.rl.ray_launch import run_anywhere
 from kiln.training.rl.run import load_config
 from kiln.training.rl.tasks.arithmetic import ArithmeticConfig, write_splits
@@ -33,6 +34,7 @@ def _run(objective: str, cfg, out: str, on_step):
 
 def grpo_command(args) -> int:
     cfg = load_config(args.config, args.overrides)
+    keep_freed_memory()  # every step reuses the last one's memory (malloc_tuning.py)
     summary = _run("grpo", cfg, args.out, lambda m: print(format_step(m), flush=True))
     final = summary["final"]
     console.summary(
@@ -51,6 +53,7 @@ def grpo_command(args) -> int:
 
 def distill_command(args) -> int:
     cfg = load_distill_config(args.config, args.overrides)
+    keep_freed_memory()  # every step reuses the last one's memory (malloc_tuning.py)
     summary = _run("distill", cfg, args.out, lambda m: print(format_distill_step(m), flush=True))
     console.summary(
         [

@@ -20,7 +20,7 @@ from torch import nn
 
 from kiln.model.batch_invariance import MIN_GEMM_ROWS
 from kiln.training.rl import shared_prompt
-from kiln.training.rl.tied_embedding import sparse_tied_embedding
+from kiln.training.rl.tied_embedding import tied_embedding_in_place
 
 
 def sampler_log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
@@ -66,7 +66,7 @@ def completion_logits(
 
     Where prompts repeat (a GRPO group's) and the model allows, each distinct prompt is computed
     once for all its rows (shared_prompt.py): the same logits, fewer tokens."""
-    with sparse_tied_embedding(model):
+    with tied_embedding_in_place(model):
         return _completion_logits(model, prompts, completions)
 
 

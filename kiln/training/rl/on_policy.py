@@ -258,9 +258,13 @@ class OnPolicyLoop:
             if clip:
                 clip_grads_(params, clip, norm)
             return norm
-        if clip:
-            return torch.nn.utils.clip_grad_norm_(params, clip)
-        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        # torch scales by min(1, clip / (norm + 1e-6)): a pass over every gradient even when the
+        # factor is 1, which leaves them as they are (bit for bit), so only a clip scales
+        if clip and bool(clip / (norm + 1e-6) < 1.0):  # torch's factor, in its dtype
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        return norm
 
     # -- refit --------------------------------------------------------------------------------
 

@@ -47,11 +47,12 @@ def _command(argv):
     return import_object(args.handler)(args)
 
 
-def test_distill_command_writes_a_loadable_checkpoint(tmp_path, capsys):
+def test_distill_command_writes_a_loadable_checkpoint(tmp_path, capsys, malloc_tuned):
     student, prompts = _models(tmp_path)
     config, out = _config(tmp_path, prompts), tmp_path / "out"
     argv = ["distill", "--config", str(config), "--set", "steps=3", "--out", str(out)]
     assert _command(argv) == 0
+    assert malloc_tuned == [1]  # the command's process keeps freed memory (conftest.py)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
     assert len(lines) == 3 and "reverse-kl" in lines[0]  # --set overrode the file's steps
     run = json.loads((out / "run.json").read_text())

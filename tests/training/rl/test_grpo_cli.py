@@ -33,13 +33,14 @@ def _setup(tmp_path):
     return model, config, parser
 
 
-def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys):
+def test_grpo_command_writes_a_loadable_checkpoint(tmp_path, capsys, malloc_tuned):
     model, config, parser = _setup(tmp_path)
     out = tmp_path / "out"
     args = parser.parse_args(
         ["grpo", "--config", str(config), "--set", "steps=2", "--out", str(out)]
     )
     assert import_object(args.handler)(args) == 0
+    assert malloc_tuned == [1]  # the command's process keeps freed memory (conftest.py)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
     assert len(lines) == 2 and "lp-mismatch" in lines[0]  # --set overrode the file's steps
     run = json.loads((out / "run.json").read_text())
