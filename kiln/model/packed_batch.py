@@ -47,7 +47,7 @@ class PackedBatch:
         if in_place is None:
             k_pool, v_pool = cache.k[0], cache.v[0]
             in_place = paged_attention.takes(
-                k_pool.shape[3], v_pool.shape[3], 1, k_pool.dtype, str(k_pool.device)
+                k_pool.shape[3], v_pool.shape[3], 1, k_pool.dtype, k_pool.device.type
             )
         self.in_place = in_place
         bs = cache.block_size

@@ -42,6 +42,8 @@ _ISA_FLAGS = {
     "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
 
+BUILD_DIR: str | None = None  # where the op is built (None: torch's extension cache)
+
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "op": the loaded op or None once a load was tried
 
@@ -117,6 +119,7 @@ def _load():
             name=f"kiln_paged_attention_{isa.lower()}_{digest}",
             sources=[str(SOURCE)],
             extra_cflags=["-O3", *flags],
+            build_directory=BUILD_DIR,
             is_python_module=False,
             verbose=False,
         )
