@@ -1,12 +1,16 @@
 """Decode attention over the paged KV cache: the gather path (each row's blocks copied into a
-[rows, Hkv, end, Dh] buffer, then SDPA) against the in-place kernel (kiln/model/
-paged_attention.py), one layer of SmolLM2-135M's shape (9 query heads, 3 kv heads, Dh 64, 16-slot
-blocks), decode rows of 42-597 cached tokens as bench/serving_vllm.py's prompts plus 64 new.
+[rows, Hkv, end, Dh] buffer, then SDPA) against the in-place op (kiln/model/paged_attention.py).
 
     .venv/bin/python bench/paged_attention.py --rows 8,32 --dtype float32,bfloat16
+    .venv/bin/python bench/paged_attention.py --hf-dir HF --rows 8,32   # whole decode steps
 
-The two sides alternate within one run; printed: ms per layer for each, the ratio, the largest
-output difference and the load average.
+Without --hf-dir: one attention layer of SmolLM2-135M's shape (9 query heads, 3 kv heads, Dh 64,
+16-slot blocks scattered through the pool), decode rows of 42-596 cached tokens (the prompts of
+bench/serving_vllm.py plus up to 63 new). With --hf-dir (SmolLM2-135M's HF export): whole
+one-token decode steps of the model, one forward of `rows` rows packed, after real prompts of
+42-533 tokens (bench/engine_packed.py's) were prefilled into the paged cache. One torch thread.
+The two sides alternate within one run; printed: ms per layer or step for each (best of
+--rounds), the ratio, the largest output difference and the load average.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.engine_packed import prompts_of  # noqa: E402
+from kiln.engine.generator import Generator  # noqa: E402
 from kiln.model.attention import AttentionCore  # noqa: E402
 from kiln.model.paged_kv_cache import PagedKVCache  # noqa: E402
 
@@ -64,8 +70,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--hf-dir", help="time whole decode steps of this SmolLM2-135M HF export")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.hf_dir:
+        return steps(args)
     torch.manual_seed(0)
     core = AttentionCore(DIM)
     print(f"threads {args.threads}, load average {os.getloadavg()}")
@@ -91,6 +100,53 @@ def main() -> int:
                 f"  in-place {p:7.3f} ms  ratio {g / p:5.2f}x  max|diff| {diff:.2e}"
                 f"  load {os.getloadavg()[0]:.2f}"
             )
+    return 0
+
+
+def steps(args) -> int:
+    """Whole decode steps of the model: the same packed forward with and without the op."""
+    print(f"threads {args.threads}, load average {os.getloadavg()}")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    for name in args.dtype.split(","):
+        dtype = getattr(torch, name)
+        gen = Generator.load(args.hf_dir, dtype=dtype)
+        model = gen.model
+        prompts = sorted(prompts_of(gen, max(rows_list)), key=len, reverse=True)
+        need = sum(-(-(len(p) + 1) // BLOCK) for p in prompts)
+        cache = PagedKVCache.for_model(model.cfg, need + 1, BLOCK, dtype=dtype)
+        tables, at = [], 1
+        for p in prompts:
+            k = -(-(len(p) + 1) // BLOCK)
+            tables.append(list(range(at, at + k)))
+            at += k
+        with torch.inference_mode():
+            for p, table in zip(prompts, tables, strict=True):
+                model(torch.tensor([p]), kv_cache=cache.packed([table], [0], [len(p)]))
+            for rows in rows_list:
+                lengths = [len(p) for p in prompts[:rows]]
+                tokens = torch.tensor([[p[-1] for p in prompts[:rows]]])
+                index = (torch.zeros(rows, dtype=torch.long), torch.arange(rows))
+                times = {False: [], True: []}
+                logits = {}
+                for _ in range(args.rounds):
+                    for in_place in (False, True):
+                        start = time.perf_counter()
+                        for _ in range(args.reps // 3 or 1):
+                            batch = cache.packed(
+                                tables[:rows], lengths, [1] * rows, in_place=in_place
+                            )
+                            logits[in_place] = model(tokens, kv_cache=batch, logits_positions=index)
+                        times[in_place].append(
+                            (time.perf_counter() - start) / (args.reps // 3 or 1) * 1e3
+                        )
+                g, p = min(times[False]), min(times[True])
+                diff = (logits[True].float() - logits[False].float()).abs().max().item()
+                same = torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+                print(
+                    f"{name:8s} step of {rows:3d} rows ({sum(lengths) + rows} keys)  gather+SDPA"
+                    f" {g:7.1f} ms  in-place {p:7.1f} ms  ratio {g / p:5.2f}x  logits max|diff|"
+                    f" {diff:.2e}, argmax same {same}  load {os.getloadavg()[0]:.2f}"
+                )
     return 0
 
 
