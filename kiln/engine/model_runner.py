@@ -36,8 +36,7 @@ def prepare_paged_attention(model: nn.Module) -> None:
     weight = next(model.parameters(), None)
     if cfg is None or weight is None or getattr(cfg, "mla", None) is not None:
         return
-    group = cfg.n_heads // cfg.n_kv_heads
-    paged_attention.takes(cfg.head_dim, cfg.head_dim, group, weight.dtype, weight.device.type)
+    paged_attention.takes(cfg.head_dim, cfg.head_dim, weight.dtype, weight.device.type)
 
 
 class ModelRunner:

@@ -47,7 +47,7 @@ class PackedBatch:
         if in_place is None:
             k_pool, v_pool = cache.k[0], cache.v[0]
             in_place = paged_attention.takes(
-                k_pool.shape[3], v_pool.shape[3], 1, k_pool.dtype, k_pool.device.type
+                k_pool.shape[3], v_pool.shape[3], k_pool.dtype, k_pool.device.type
             )
         self.in_place = in_place
         bs = cache.block_size
@@ -137,7 +137,6 @@ class PackedBatch:
         in_place = (
             self.in_place
             and k.dtype == pools[0].dtype
-            and group <= paged_attention.MAX_GROUP
             and getattr(core, "takes_additive_mask", False)  # plain softmax(q k^T) v
         )
         window = cache.sliding_window if local else None

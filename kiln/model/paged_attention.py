@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 ENV = "KILN_PAGED_ATTENTION"  # "torch": never build or use the op
-MAX_GROUP = 16  # query heads per kv head the op takes (csrc's kMaxGroup)
+
 HEAD_DIMS = (32, 64, 128)  # what csrc's dispatch takes with 8- and 16-float vectors
 
 # at::vec picks its instruction set from these macros, as torch's own kernels are built per ISA
@@ -56,16 +56,13 @@ def available() -> bool:
     return _state["op"] is not None
 
 
-def takes(
-    head_dim: int, v_head_dim: int, group: int, dtype: torch.dtype, device: str = "cpu"
-) -> bool:
+def takes(head_dim: int, v_head_dim: int, dtype: torch.dtype, device: str = "cpu") -> bool:
     """Whether the op handles this shape, dtype and device (else the caller gathers)."""
     return (
         device == "cpu"
         and dtype in (torch.float32, torch.bfloat16)
         and head_dim == v_head_dim
         and head_dim in HEAD_DIMS
-        and group <= MAX_GROUP
         and available()
     )
 

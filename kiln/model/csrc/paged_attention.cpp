@@ -20,7 +20,6 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int kMaxGroup = 16;   // query heads per kv head
 
 inline Vec load(const float* p) { return Vec::loadu(p); }
 inline Vec load(const at::BFloat16* p) {
@@ -29,39 +28,61 @@ inline Vec load(const at::BFloat16* p) {
   return out;
 }
 
-// One (row, kv head): its `group` queries over the row's keys. C and VC (head_dim and value
-// width in vectors) are template parameters so a key's or value's vectors stay in registers.
+// the cache lines of the slot kAhead positions on, asked for while this one is computed
+constexpr int64_t kAhead = 4;
+
+template <typename T>
+inline void prefetch(const T* pool, const int64_t* blocks, int64_t block, int64_t slot_stride,
+                     int64_t pos) {
+  const char* p =
+      reinterpret_cast<const char*>(pool + (blocks[pos / block] * block + pos % block) * slot_stride);
+  for (int64_t b = 0; b < slot_stride * static_cast<int64_t>(sizeof(T)); b += 64)
+    __builtin_prefetch(p + b);
+}
+
+// One row: its heads x group queries over its keys, slot after slot, so a slot's keys (then
+// values) for every head are one contiguous read and a block one sequential stream (a step's
+// keys/values come from memory, not cache: the bandwidth, not the arithmetic, sets the pace).
+// C and VC (head_dim and value width in vectors) are template parameters so a key's or value's
+// vectors stay in registers.
 template <typename T, int C, int VC>
-void attend_one(const T* qrow, const T* kp, const T* vp, const int64_t* blocks, int64_t block,
-                int64_t k_slot, int64_t v_slot, int64_t h, int group, int64_t first,
-                int64_t count, float scale, std::vector<float>& scores, T* orow) {
+void attend_row(const T* qrow, const T* kp, const T* vp, const int64_t* blocks, int64_t block,
+                int heads, int group, int64_t first, int64_t count, float scale,
+                std::vector<float>& scores, std::vector<Vec>& work, T* orow) {
   constexpr int64_t L = Vec::size();
   constexpr int64_t dim = C * L, vdim = VC * L;
-  Vec qv[kMaxGroup][C];
-  for (int g = 0; g < group; ++g)
-    for (int c = 0; c < C; ++c) qv[g][c] = load(qrow + g * dim + c * L) * Vec(scale);
-  scores.resize(group * count);
-  float top[kMaxGroup];
-  std::fill(top, top + group, -std::numeric_limits<float>::infinity());
+  const int queries = heads * group;  // query q = h * group + g
+  const int64_t k_slot = heads * dim, v_slot = heads * vdim;
+  work.resize(static_cast<size_t>(queries) * (C + VC));
+  Vec* qv = work.data();                         // [queries][C]
+  Vec* acc = work.data() + queries * C;          // [queries][VC]
+  for (int q = 0; q < queries; ++q)
+    for (int c = 0; c < C; ++c) qv[q * C + c] = load(qrow + q * dim + c * L) * Vec(scale);
+  scores.resize(static_cast<size_t>(queries) * count);
+  std::vector<float> top(queries, -std::numeric_limits<float>::infinity());
   // scores: each key read once, against every query head of its group
   for (int64_t t = 0; t < count; ++t) {
     const int64_t pos = first + t;
-    const T* key = kp + (blocks[pos / block] * block + pos % block) * k_slot + h * dim;
-    Vec kc[C];
-    for (int c = 0; c < C; ++c) kc[c] = load(key + c * L);
-    for (int g = 0; g < group; ++g) {
-      Vec acc = qv[g][0] * kc[0];
-      for (int c = 1; c < C; ++c) acc = at::vec::fmadd(qv[g][c], kc[c], acc);
-      const float s = acc.reduce_add();
-      scores[g * count + t] = s;
-      top[g] = std::max(top[g], s);
+    const T* slot = kp + (blocks[pos / block] * block + pos % block) * k_slot;
+    if (t + kAhead < count) prefetch(kp, blocks, block, k_slot, pos + kAhead);
+    for (int h = 0; h < heads; ++h) {
+      Vec kc[C];
+      for (int c = 0; c < C; ++c) kc[c] = load(slot + h * dim + c * L);
+      for (int g = 0; g < group; ++g) {
+        const int q = h * group + g;
+        Vec a = qv[q * C] * kc[0];
+        for (int c = 1; c < C; ++c) a = at::vec::fmadd(qv[q * C + c], kc[c], a);
+        const float s = a.reduce_add();
+        scores[q * count + t] = s;
+        top[q] = std::max(top[q], s);
+      }
     }
   }
   // softmax numerators in place (exp_u20: torch's own vectorized exp), and their sums
-  float total[kMaxGroup];
-  for (int g = 0; g < group; ++g) {
-    float* s = scores.data() + g * count;
-    const Vec shift(top[g]);
+  std::vector<float> total(queries);
+  for (int q = 0; q < queries; ++q) {
+    float* s = scores.data() + q * count;
+    const Vec shift(top[q]);
     Vec sum(0.f);
     int64_t t = 0;
     for (; t + L <= count; t += L) {
@@ -71,30 +92,32 @@ void attend_one(const T* qrow, const T* kp, const T* vp, const int64_t* blocks, 
     }
     float rest = 0.f;
     for (; t < count; ++t) {
-      s[t] = std::exp(s[t] - top[g]);
+      s[t] = std::exp(s[t] - top[q]);
       rest += s[t];
     }
-    total[g] = sum.reduce_add() + rest;
+    total[q] = sum.reduce_add() + rest;
   }
   // weighted sum of values: each value read once
-  Vec acc[kMaxGroup][VC];
-  for (int g = 0; g < group; ++g)
-    for (int c = 0; c < VC; ++c) acc[g][c] = Vec(0.f);
+  for (int q = 0; q < queries * VC; ++q) acc[q] = Vec(0.f);
   for (int64_t t = 0; t < count; ++t) {
     const int64_t pos = first + t;
-    const T* value = vp + (blocks[pos / block] * block + pos % block) * v_slot + h * vdim;
-    Vec vc[VC];
-    for (int c = 0; c < VC; ++c) vc[c] = load(value + c * L);
-    for (int g = 0; g < group; ++g) {
-      const Vec p(scores[g * count + t]);
-      for (int c = 0; c < VC; ++c) acc[g][c] = at::vec::fmadd(p, vc[c], acc[g][c]);
+    const T* slot = vp + (blocks[pos / block] * block + pos % block) * v_slot;
+    if (t + kAhead < count) prefetch(vp, blocks, block, v_slot, pos + kAhead);
+    for (int h = 0; h < heads; ++h) {
+      Vec vc[VC];
+      for (int c = 0; c < VC; ++c) vc[c] = load(slot + h * vdim + c * L);
+      for (int g = 0; g < group; ++g) {
+        const int q = h * group + g;
+        const Vec p(scores[q * count + t]);
+        for (int c = 0; c < VC; ++c) acc[q * VC + c] = at::vec::fmadd(p, vc[c], acc[q * VC + c]);
+      }
     }
   }
-  for (int g = 0; g < group; ++g) {
-    const Vec inv(1.f / total[g]);
+  for (int q = 0; q < queries; ++q) {
+    const Vec inv(1.f / total[q]);
     float buf[VC * L];
-    for (int c = 0; c < VC; ++c) (acc[g][c] * inv).store(buf + c * L);
-    for (int64_t d = 0; d < vdim; ++d) orow[g * vdim + d] = static_cast<T>(buf[d]);
+    for (int c = 0; c < VC; ++c) (acc[q * VC + c] * inv).store(buf + c * L);
+    for (int64_t d = 0; d < vdim; ++d) orow[q * vdim + d] = static_cast<T>(buf[d]);
   }
 }
 
@@ -104,23 +127,22 @@ void decode_kernel(const at::Tensor& q, const at::Tensor& k_pool, const at::Tens
                    int64_t window, at::Tensor& out) {
   const int64_t rows = q.size(0), kv_heads = q.size(1), group = q.size(2), dim = q.size(3);
   const int64_t vdim = v_pool.size(3), block = k_pool.size(1), width = table.size(1);
-  const int64_t k_slot = kv_heads * dim, v_slot = kv_heads * vdim;  // one slot's stride
   const T* qp = q.data_ptr<T>();
   const T* kp = k_pool.data_ptr<T>();
   const T* vp = v_pool.data_ptr<T>();
   const int64_t* tp = table.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / kv_heads, h = task % kv_heads;
+    std::vector<Vec> work;
+    for (int64_t r = begin; r < end; ++r) {
       const int64_t n = lp[r];
       const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
-      attend_one<T, C, VC>(qp + (r * kv_heads + h) * group * dim, kp, vp, tp + r * width,
-                           block, k_slot, v_slot, h, static_cast<int>(group), first, n - first,
-                           static_cast<float>(scale), scores,
-                           op + (r * kv_heads + h) * group * vdim);
+      attend_row<T, C, VC>(qp + r * kv_heads * group * dim, kp, vp, tp + r * width, block,
+                           static_cast<int>(kv_heads), static_cast<int>(group), first, n - first,
+                           static_cast<float>(scale), scores, work,
+                           op + r * kv_heads * group * vdim);
     }
   });
 }
@@ -153,7 +175,6 @@ at::Tensor decode(const at::Tensor& q, const at::Tensor& k_pool, const at::Tenso
               "contiguous q and pools");
   TORCH_CHECK(q.scalar_type() == k_pool.scalar_type() && q.scalar_type() == v_pool.scalar_type(),
               "q and pools of one dtype");
-  TORCH_CHECK(q.size(2) <= kMaxGroup, "at most ", kMaxGroup, " query heads per kv head");
   TORCH_CHECK(q.size(3) == k_pool.size(3) && q.size(3) == v_pool.size(3) && q.size(3) % L == 0,
               "one head_dim for q, keys and values, a multiple of ", L);
   TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong &&
