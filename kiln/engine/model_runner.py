@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kiln.model import paged_attention
 from kiln.model.kv_cache import KVCache
 from kiln.model.paged_kv_cache import PagedBatch
 
@@ -28,12 +29,23 @@ def column_major_head(model: nn.Module) -> None:
     head.weight.data = head.weight.detach().t().contiguous().t()
 
 
+def prepare_paged_attention(model: nn.Module) -> None:
+    """Build (or load from the cache) the paged attention op now, where the model's decode
+    steps would use it, so the first request does not wait for a compiler."""
+    cfg = getattr(model, "cfg", None)
+    weight = next(model.parameters(), None)
+    if cfg is None or weight is None or getattr(cfg, "mla", None) is not None:
+        return
+    paged_attention.takes(cfg.head_dim, cfg.head_dim, weight.dtype, weight.device.type)
+
+
 class ModelRunner:
     """Runs `model` (a kiln `Transformer`) for the engine's scheduled work."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         column_major_head(model)
+        prepare_paged_attention(model)
 
     def __call__(
         self,

@@ -8,12 +8,18 @@ one [rows, 1] attention over keys padded to the run's longest row). vLLM-CPU's t
 backend splits prefill and decode the same way. A prompt's first chunk (nothing cached before
 it) attends over its own new keys/values as a full forward does: no gather, no mask.
 
+Where the paged attention op is available (paged_attention.py: a small C++ op built once per
+machine), a run of one-token rows skips the gather: each row attends over its blocks in place,
+and the whole run is one piece (no padding to bound). Otherwise, or for a core with a score
+soft-cap or the batch-invariant backend, decoding rows gather as above.
+
 A model whose attention has a cache contract of its own (MLA's latent) keeps `PagedBatch`."""
 
 from __future__ import annotations
 
 import torch
 
+from kiln.model import paged_attention
 from kiln.model.kv_cache import LayerKV
 
 DECODE_RUN_PADDING = 1.5  # a one-token row joins a run while its longest is <= this x its own
@@ -25,12 +31,25 @@ DECODE_RUN_KEYS = 8192
 
 class PackedBatch:
     """Built by `PagedKVCache.packed`: `counts[b]` new tokens of row b after its `lengths[b]`
-    cached ones, rows in the given order; T = sum(counts)."""
+    cached ones, rows in the given order; T = sum(counts). `in_place`: decoding rows attend
+    through the paged attention op (None: wherever it is available for the cache's shape)."""
 
     def __init__(
-        self, cache, block_tables: list[list[int]], lengths: list[int], counts: list[int]
+        self,
+        cache,
+        block_tables: list[list[int]],
+        lengths: list[int],
+        counts: list[int],
+        *,
+        in_place: bool | None = None,
     ) -> None:
         self.cache = cache
+        if in_place is None:
+            k_pool, v_pool = cache.k[0], cache.v[0]
+            in_place = paged_attention.takes(
+                k_pool.shape[3], v_pool.shape[3], k_pool.dtype, k_pool.device.type
+            )
+        self.in_place = in_place
         bs = cache.block_size
         ends = [n + c for n, c in zip(lengths, counts, strict=True)]
         width = -(-max(ends) // bs)
@@ -48,13 +67,15 @@ class PackedBatch:
         self.write_slots = slots.to(device)
         # pieces: (first token, rows, tokens per row, block table, end, query positions)
         self.pieces = []
-        for lo, hi in _pieces(lengths, counts):
+        for lo, hi in _pieces(lengths, counts, bounded=not in_place):
             end = max(ends[lo:hi])
-            rows_table = table[lo:hi, : -(-end // bs)]
+            rows_table = table[lo:hi, : -(-end // bs)].contiguous()
             query = torch.tensor(lengths[lo:hi])[:, None] + torch.arange(counts[lo])
             self.pieces.append(
                 (int(first[lo]), hi - lo, counts[lo], rows_table.to(device), end, query)
             )
+        # a decoding piece's keys per row (its cached tokens and the new one), for the op
+        self._ends = [(p[5][:, -1] + 1).to(device) for p in self.pieces]
         self._masks: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None
         self._folded: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -113,12 +134,27 @@ class PackedBatch:
                 tuple(_additive(_fold(m, group), additive) for m in pair) for pair in self._masks
             ]
         folded = self._folded[group, additive]
-        for (start, rows, n, table, end, _), masks in zip(self.pieces, folded, strict=True):
+        in_place = (
+            self.in_place
+            and k.dtype == pools[0].dtype
+            and getattr(core, "takes_additive_mask", False)  # plain softmax(q k^T) v
+        )
+        window = cache.sliding_window if local else None
+        pieces = zip(self.pieces, folded, self._ends, strict=True)
+        for (start, rows, n, table, end, _), masks, ends in pieces:
             if rows == 1 and end == n and k.dtype == pools[0].dtype:
                 # a prompt's first chunk: its keys are this forward's, its mask the plain causal
                 # one the core builds itself (SDPA's is_causal skips the masked half; no gather)
                 span = slice(start, start + n)
                 out.append(core(q[:, :, span], k[:, :, span], v[:, :, span])[0])
+                continue
+            if n == 1 and in_place:
+                # one-token rows over their blocks in place: no gather, no padding, no mask
+                piece_q = q[0, :, start : start + rows].transpose(0, 1)  # [rows, Hq, Dh]
+                piece_q = piece_q.reshape(rows, kv_heads, group, dim)
+                scale = core.scale if core.scale is not None else dim**-0.5
+                piece = paged_attention.decode(piece_q, *pools, table, ends, scale, window)
+                out.append(piece.reshape(rows, heads, -1).transpose(0, 1))
                 continue
             index = table.reshape(-1)
             gathered = []
@@ -160,20 +196,24 @@ def _additive(mask: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Ten
     )
 
 
-def _pieces(lengths: list[int], counts: list[int]) -> list[tuple[int, int]]:
-    """[lo, hi) row ranges: a row of several tokens alone; consecutive one-token rows together
-    while the run's longest context is at most DECODE_RUN_PADDING x the row's (so padding stays
-    bounded; the engine orders decoding rows longest first) and the run gathers at most
-    DECODE_RUN_KEYS key slots."""
+def _pieces(
+    lengths: list[int], counts: list[int], *, bounded: bool = True
+) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges: a row of several tokens alone; consecutive one-token rows together,
+    when `bounded` (they are gathered) only while the run's longest context is at most
+    DECODE_RUN_PADDING x the row's (so padding stays bounded; the engine orders decoding rows
+    longest first) and the run gathers at most DECODE_RUN_KEYS key slots."""
     out: list[tuple[int, int]] = []
     lo = 0
     for row, count in enumerate(counts):
         if row == lo:
             continue
-        longest = max(lengths[lo:row]) + 1
-        bounded = longest <= DECODE_RUN_PADDING * (lengths[row] + 1)
-        bounded = bounded and (row - lo + 1) * longest <= DECODE_RUN_KEYS
-        joins = count == 1 and counts[lo] == 1 and bounded
+        fits = True
+        if bounded:
+            longest = max(lengths[lo:row]) + 1
+            fits = longest <= DECODE_RUN_PADDING * (lengths[row] + 1)
+            fits = fits and (row - lo + 1) * longest <= DECODE_RUN_KEYS
+        joins = count == 1 and counts[lo] == 1 and fits
         if not joins:
             out.append((lo, row))
             lo = row

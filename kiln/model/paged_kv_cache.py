@@ -131,11 +131,17 @@ class PagedKVCache:
         )
 
     def packed(
-        self, block_tables: list[list[int]], lengths: list[int], counts: list[int]
+        self,
+        block_tables: list[list[int]],
+        lengths: list[int],
+        counts: list[int],
+        *,
+        in_place: bool | None = None,
     ) -> PackedBatch:
         """The forward view of these rows packed into one [1, sum(counts)] sequence, no pads:
-        row b's `counts[b]` new tokens after its `lengths[b]` cached ones (packed_batch.py)."""
-        return PackedBatch(self, block_tables, lengths, counts)
+        row b's `counts[b]` new tokens after its `lengths[b]` cached ones (packed_batch.py;
+        `in_place`: decoding rows through the paged attention op, None where available)."""
+        return PackedBatch(self, block_tables, lengths, counts, in_place=in_place)
 
 
 def _cached_widths(cfg: ModelConfig) -> tuple[int, int, int]:
