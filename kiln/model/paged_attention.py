@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def _load():
     try:
         from torch.utils import cpp_extension  # imports setuptools: only when building
 
+        _put_ninja_on_path()
+
         isa = torch.backends.cpu.get_cpu_capability()
         flags = _ISA_FLAGS.get(isa, [])
         digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
@@ -125,3 +128,15 @@ def _load():
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("paged attention op unavailable, gathering instead: %s", first_line)
         return None
+
+
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` wheel (a dependency) puts it in the venv's
+    bin, which is not on PATH when the venv is not activated (`.venv/bin/kiln serve`)."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])

@@ -20,14 +20,14 @@ from kiln.model.paged_kv_cache import PagedKVCache
 from tests.engine.conftest import one_torch_thread  # noqa: F401 - autouse: one torch thread
 from tests.engine.tiny import tiny_generator, tiny_model, train_tokenizer
 
-TOOLCHAIN = shutil.which("c++") is not None and shutil.which("ninja") is not None
+TOOLCHAIN = shutil.which("c++") is not None  # ninja is a dependency (its wheel)
 
 
 @pytest.fixture
 def op():
-    """The op, which must build wherever a compiler and ninja are found."""
+    """The op, which must build wherever a C++ compiler is found."""
     if not TOOLCHAIN or os.environ.get(paged_attention.ENV, "").lower() == "torch":
-        pytest.skip("no C++ compiler or ninja here (or the op is switched off)")
+        pytest.skip("no C++ compiler here (or the op is switched off)")
     assert paged_attention.available()
 
 
