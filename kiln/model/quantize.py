@@ -17,8 +17,10 @@ bf16 GEMM on AMX from 3 rows on (prefill, batched decoding). On a CPU with bf16 
 (`cpu_linear.cpu_has_bf16_matmul`) each layer also keeps its dequantized weight in bf16, packed
 for oneDNN, and multiplies more than `WEIGHT_ONLY_MAX_ROWS` rows through it: the same quantized
 weights (rounded once more, to bf16), 3 bytes per weight with int8 (2.5 with int4) against
-fp32's 4. Dynamic int8 activations on AMX-INT8 (oneDNN's qlinear, vLLM-CPU's W8A8) were as fast
-but cost SmolLM2 1.7% perplexity (per-token scales) against weight-only's 0.1%.
+fp32's 4. Without them (AVX2), int8 layers multiply more than 16 rows by their weight
+dequantized to fp32 a slice at a time (no copy kept). Dynamic int8 activations on AMX-INT8
+(oneDNN's qlinear, vLLM-CPU's W8A8) were as fast but cost SmolLM2 1.7% perplexity (per-token
+scales) against weight-only's 0.1%.
 
 The CPU kernels take bf16 activations (with fp32 ones they fall back to a path 40-95x slower,
 `bench/serving_quantized.py --part kernels`), so a layer casts its input to bf16 and its output
@@ -46,6 +48,13 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor core
 # (a [1536 x 576] layer: int8 41 / 55 / 69 us at 1 / 2 / 3 rows, packed bf16 45 / 47 / 49 us;
 # the [49152 x 576] head: int8 ahead up to 2 rows)
 WEIGHT_ONLY_MAX_ROWS = 2
+# Without bf16 units (AVX2 only) the int8 kernel keeps up with an fp32 GEMM to ~16 rows and falls
+# 1.5-2x behind from 32 on (prefill): more rows multiply by the weight dequantized to fp32, 256
+# output channels at a time so the dequantized slice stays in cache and no [N, K] fp32 copy is
+# kept (a [1536 x 576] layer at 32 / 128 rows: int8 kernel 1.5 / 5.6 ms, sliced 1.2 / 3.3 ms,
+# fp32 weights 0.9 / 2.8 ms)
+DEQUANTIZED_MIN_ROWS = 17
+DEQUANTIZED_SLICE = 256
 
 
 def _weight_only_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -64,6 +73,22 @@ def _many_rows(layer: nn.Module, a: torch.Tensor) -> bool:
     return layer.batched is not None and a.shape[0] > WEIGHT_ONLY_MAX_ROWS
 
 
+def _sliced_dequantized_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
+    """x [M, K] fp32 times the int8 weight's transpose, dequantized slice by slice in fp32:
+    each output equals `x @ dequantized().T`'s (the same exact weights, fp32 sums)."""
+    n = qweight.shape[0]
+    out = x.new_empty(x.shape[0], n)
+    buffer = x.new_empty(min(n, DEQUANTIZED_SLICE), qweight.shape[1])
+    for lo in range(0, n, DEQUANTIZED_SLICE):
+        hi = min(n, lo + DEQUANTIZED_SLICE)
+        w = buffer[: hi - lo]
+        w.copy_(qweight[lo:hi]).mul_(scales[lo:hi, None])
+        torch.matmul(x, w.t(), out=out[:, lo:hi])
+    return out
+
+
 class Int8WeightOnlyLinear(nn.Module):
     """`nn.Linear` with an int8 weight [N, K] and a bf16 scale per output channel."""
 
@@ -80,11 +105,16 @@ class Int8WeightOnlyLinear(nn.Module):
         self.batched = _batched_copy(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = _weight_only_input(x, self.in_features)
-        if _many_rows(self, a):
-            y = self.batched.matmul(a)
+        rows = x.numel() // self.in_features
+        if self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:
+            a = x.reshape(rows, self.in_features).float()
+            y = _sliced_dequantized_matmul(a, self.qweight, self.scales.float())
         else:
-            y = torch.ops.aten._weight_int8pack_mm(a, self.qweight, self.scales)
+            a = _weight_only_input(x, self.in_features)
+            if _many_rows(self, a):
+                y = self.batched.matmul(a)
+            else:
+                y = torch.ops.aten._weight_int8pack_mm(a, self.qweight, self.scales)
         y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -20,6 +20,7 @@ from kiln.evaluate.perplexity import perplexity
 from kiln.model import ModelConfig, Transformer
 from kiln.model.cpu_linear import cpu_has_bf16_matmul
 from kiln.model.quantize import (
+    DEQUANTIZED_MIN_ROWS,
     WEIGHT_ONLY_MAX_ROWS,
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
@@ -169,9 +170,13 @@ def test_many_rows_go_through_the_packed_bf16_copy_of_the_same_weight(rows):
         torch.testing.assert_close(y, expected, atol=2e-2, rtol=2e-2)
 
 
-def test_without_bf16_units_every_row_takes_the_weight_only_kernel(monkeypatch):
+def _no_bf16_units(monkeypatch) -> None:
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+
+
+def test_without_bf16_units_every_row_takes_the_weight_only_kernel(monkeypatch):
+    _no_bf16_units(monkeypatch)
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=False)
     x = torch.randn(8, 64)
@@ -180,6 +185,26 @@ def test_without_bf16_units_every_row_takes_the_weight_only_kernel(monkeypatch):
         torch.testing.assert_close(
             layer(x), _bf16_input_reference(x, layer, None), atol=2e-2, rtol=2e-2
         )
+
+
+@pytest.mark.parametrize("rows", [16, 17, 300])
+def test_without_bf16_units_many_int8_rows_multiply_the_dequantized_weight(monkeypatch, rows):
+    """From DEQUANTIZED_MIN_ROWS rows the int8 layer multiplies fp32 activations by its weight
+    dequantized slice by slice (here 600 output channels: 3 slices, the last partial): the
+    result is the fp32 product with the exact stored weight, not the bf16-activation kernel's."""
+    _no_bf16_units(monkeypatch)
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 600, bias=True)
+    layer = Int8WeightOnlyLinear(linear)
+    x = torch.randn(rows, 64)
+    exact = F.linear(x, layer.dequantized(), linear.bias)
+    kernel = _bf16_input_reference(x, layer, linear.bias)
+    y = layer(x)
+    if rows >= DEQUANTIZED_MIN_ROWS:
+        torch.testing.assert_close(y, exact, atol=1e-5, rtol=1e-5)
+        assert (kernel - exact).abs().max() > 1e-3  # the bf16 path would be told apart
+    else:
+        torch.testing.assert_close(y, kernel, atol=2e-2, rtol=2e-2)
 
 
 def test_a_quantized_model_deep_copies_with_its_packed_copies():
