@@ -4,6 +4,7 @@ workload, each side in its own process, the sides alternated.
     git worktree add ../before <commit>     # beside ../shared, whose corpus both read
     .venv/bin/python bench/engine_before_after.py --before ../before --hf-dir HF
     .venv/bin/python bench/engine_before_after.py --before ../before --hf-dir HF --dtype bf16
+    .venv/bin/python bench/engine_before_after.py --before ../before --hf-dir HF --quantize int8
 
 `bench/engine_packed.py`'s workload: --requests prompts of 42-533 tokens cut from
 ../shared/corpora, all submitted at once, --max-tokens new tokens greedy, one torch thread,
@@ -36,7 +37,7 @@ def one_run(args) -> dict:
 
     torch.set_num_threads(1)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    gen = Generator.load(args.hf_dir, dtype=dtype)
+    gen = Generator.load(args.hf_dir, dtype=dtype, quantize=args.quantize)
     prompts = prompts_of(gen, args.requests)
     load = os.getloadavg()[0]
     figures, tokens = run(Engine(gen, max_slots=128), prompts, args.max_tokens)
@@ -51,6 +52,7 @@ def main() -> int:
     ap.add_argument("--before", required=True, help="the other checkout (its repository root)")
     ap.add_argument("--hf-dir", required=True, help="SmolLM2-135M HF export (its hf/ folder)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--quantize", choices=("int8", "int4"), help="weight-only, as `kiln serve`")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)

@@ -84,9 +84,10 @@ class Generator:
     ) -> Generator:
         """From an exported HF dir, an ExportedModel dir (with `hf/`) or a kiln checkpoint dir.
         `quantize` ("int8", "int4", "fp8"): its linear layers' weights quantized after loading
-        (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale). A bf16 model on
-        a CPU with bf16 matrix units gets its linear weights packed for them (cpu_linear) and,
-        with `compile_norms`, its RMSNorms compiled by inductor (cpu_norm; 5-20 s here)."""
+        (kiln.model.quantize; `quantize_group_size`: int4's inputs per scale). Otherwise a CPU
+        model's linear layers are laid out for this CPU's kernels (cpu_linear: bf16 packed for
+        bf16 matrix units or multiplied in fp32 without them, fp32 column-major) and, with
+        `compile_norms`, a packed bf16 model's RMSNorms compiled by inductor (cpu_norm)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise InputError(f"{path}: no such model directory")
@@ -96,7 +97,6 @@ class Generator:
         if quantize is not None:
             quantize_model(model, quantize, group_size=quantize_group_size)
         else:
-            # a no-op unless bf16 on a CPU with AMX / AVX-512-BF16
             pack_for_cpu(model, compile_norms=compile_norms)
         name = (
             model_name

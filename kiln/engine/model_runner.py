@@ -20,7 +20,7 @@ def column_major_head(model: nn.Module) -> None:
     embedding gathers rows of it)."""
     head = getattr(model, "output", None)
     embeddings = getattr(model, "tok_embeddings", None)
-    if not isinstance(head, nn.Linear) or embeddings is None:
+    if type(head) is not nn.Linear or embeddings is None:  # a laid-out head keeps its layout
         return
     if head.weight is embeddings.weight or head.weight.shape[0] < WIDE_HEAD:
         return

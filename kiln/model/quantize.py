@@ -36,7 +36,12 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from kiln.model.cpu_linear import PackedBf16Weight, cpu_has_bf16_matmul, linear_layers
+from kiln.model.cpu_linear import (
+    PackedBf16Weight,
+    cpu_has_bf16_matmul,
+    linear_layers,
+    sliced_fp32_matmul,
+)
 from kiln.platform.errors import ConfigError
 
 QuantMethod = Literal["int8", "int4", "fp8"]
@@ -48,13 +53,11 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor core
 # (a [1536 x 576] layer: int8 41 / 55 / 69 us at 1 / 2 / 3 rows, packed bf16 45 / 47 / 49 us;
 # the [49152 x 576] head: int8 ahead up to 2 rows)
 WEIGHT_ONLY_MAX_ROWS = 2
-# Without bf16 units (AVX2 only) the int8 kernel keeps up with an fp32 GEMM to ~16 rows and falls
-# 1.5-2x behind from 32 on (prefill): more rows multiply by the weight dequantized to fp32, 256
-# output channels at a time so the dequantized slice stays in cache and no [N, K] fp32 copy is
-# kept (a [1536 x 576] layer at 32 / 128 rows: int8 kernel 1.5 / 5.6 ms, sliced 1.2 / 3.3 ms,
-# fp32 weights 0.9 / 2.8 ms)
+# Without bf16 units (AVX2) the int8 kernel keeps up with an fp32 GEMM to ~16 rows and falls
+# 1.5-2x behind from 32 on (prefill): more rows multiply by the weight dequantized to fp32 a slice
+# at a time, no fp32 copy kept (a [1536 x 576] layer at 32 / 128 rows: int8 kernel 1.5 / 5.6 ms,
+# sliced 1.2 / 3.3 ms, fp32 weights 0.9 / 2.8 ms)
 DEQUANTIZED_MIN_ROWS = 17
-DEQUANTIZED_SLICE = 256
 
 
 def _weight_only_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -71,22 +74,6 @@ def _batched_copy(layer: nn.Module) -> PackedBf16Weight | None:
 
 def _many_rows(layer: nn.Module, a: torch.Tensor) -> bool:
     return layer.batched is not None and a.shape[0] > WEIGHT_ONLY_MAX_ROWS
-
-
-def _sliced_dequantized_matmul(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
-) -> torch.Tensor:
-    """x [M, K] fp32 times the int8 weight's transpose, dequantized slice by slice in fp32:
-    each output equals `x @ dequantized().T`'s (the same exact weights, fp32 sums)."""
-    n = qweight.shape[0]
-    out = x.new_empty(x.shape[0], n)
-    buffer = x.new_empty(min(n, DEQUANTIZED_SLICE), qweight.shape[1])
-    for lo in range(0, n, DEQUANTIZED_SLICE):
-        hi = min(n, lo + DEQUANTIZED_SLICE)
-        w = buffer[: hi - lo]
-        w.copy_(qweight[lo:hi]).mul_(scales[lo:hi, None])
-        torch.matmul(x, w.t(), out=out[:, lo:hi])
-    return out
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -108,7 +95,7 @@ class Int8WeightOnlyLinear(nn.Module):
         rows = x.numel() // self.in_features
         if self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:
             a = x.reshape(rows, self.in_features).float()
-            y = _sliced_dequantized_matmul(a, self.qweight, self.scales.float())
+            y = sliced_fp32_matmul(a, self.qweight, self.scales.float())
         else:
             a = _weight_only_input(x, self.in_features)
             if _many_rows(self, a):

@@ -1,8 +1,8 @@
 """CPU linear layers laid out for their kernels (kiln.model.cpu_linear): a packed bf16 layer
 computes the bf16 product a plain layer does, a packed model's logits and state dict are the
 plain bf16 model's, a weight refit repacks, and without the CPU flags (monkeypatched away)
-nothing is packed; an fp32 model (column-major block linears, packed head) keeps its logits,
-state dict and greedy tokens, and follows a refit."""
+nothing is packed but more than two rows multiply in fp32; an fp32 model (column-major block
+linears, packed head) keeps its logits, state dict and greedy tokens, and follows a refit."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from kiln.model import ModelConfig, Transformer
 from kiln.model.cpu_linear import (
     PackedBf16Linear,
     PackedLinear,
+    UpcastBf16Linear,
     cpu_has_bf16_matmul,
     cpu_has_fp32_packing,
     pack_for_cpu,
@@ -109,13 +110,40 @@ def test_generator_load_bf16_packs_and_decodes_as_the_plain_bf16_model(tmp_path)
     assert agree >= 0.8 * sum(map(len, a)), (a, b)
 
 
-def test_no_bf16_units_no_packing(monkeypatch):
+def _no_bf16_units(monkeypatch) -> None:
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
     assert not cpu_has_bf16_matmul()
+
+
+def test_no_bf16_units_no_packing_but_many_rows_in_fp32(monkeypatch):
+    _no_bf16_units(monkeypatch)
     model = _tiny_bf16_model()
-    assert not pack_for_cpu(model)
-    assert type(model.output) is nn.Linear  # today's plain bf16 path
+    plain = copy.deepcopy(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert pack_for_cpu(model)
+    assert type(model.output) is UpcastBf16Linear  # bf16 weights kept, no packed copy
+    assert model.output.weight.dtype == torch.bfloat16
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    tokens = torch.randint(0, 96, (1, 2))  # two rows per linear: the plain bf16 kernel
+    assert torch.equal(model(tokens), plain(tokens))
+    tokens = torch.randint(0, 96, (2, 24))  # 48 rows: fp32 products, rounded once to bf16
+    got, ref = model(tokens).float(), plain(tokens).float()
+    assert (got - ref).abs().max() <= 0.1 * ref.abs().max()  # bf16 vs fp32 sums, 2 layers
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_upcast_bf16_linear_is_the_fp32_product_rounded_once(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 600, bias=bias).to(torch.bfloat16)  # 600: three slices, one partial
+    layer = UpcastBf16Linear.of(linear)
+    assert layer.weight is linear.weight  # the same parameters: a refit reaches them
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    bias_fp32 = None if linear.bias is None else linear.bias.float()
+    expected = F.linear(x.float(), linear.weight.float(), bias_fp32).to(torch.bfloat16)
+    torch.testing.assert_close(layer(x), expected, atol=0, rtol=2**-7)
 
 
 def test_only_the_amx_flag_is_enough(monkeypatch):
