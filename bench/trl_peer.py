@@ -143,6 +143,9 @@ def _config(out: str, **overrides) -> GRPOConfig:
         # TRL 1.x checkpoints activations by default; Kiln's GRPO keeps them: the same work
         "gradient_checkpointing": False,
         "dataloader_num_workers": 0,
+        # TRL's configs default to bf16 mixed precision (base_config.py: bf16 = not fp16), which
+        # on CPU autocasts the policy's forwards to bf16; Kiln's GRPO computes in fp32: the same
+        "bf16": False,
     }
     return GRPOConfig(**{**fields, **overrides})
 
