@@ -39,7 +39,7 @@ from kiln.engine.kv_cache_manager import DEFAULT_BLOCK_SIZE, KVCacheManager, blo
 from kiln.engine.lora_registry import DEFAULT_MAX_LORA_RANK, LoRARegistry
 from kiln.engine.model_runner import ModelRunner
 from kiln.engine.request import EngineRequest, Listener
-from kiln.engine.sampler import SamplingParams, make_generator, sample_next
+from kiln.engine.sampler import SamplingParams, make_generator, sample_tokens
 from kiln.engine.scheduler import Plan, Scheduler
 from kiln.engine.sequence import Sequence, StopRule
 from kiln.engine.speculative import SpeculativeDecoder
@@ -423,10 +423,10 @@ class Engine:
 
     @staticmethod
     def _sample_rows(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        return sample_next(
+        return sample_tokens(
             logits,
             [s.params for s in seqs],
             [s.rng for s in seqs],
             [(s.prompt_ids, s.token_ids) for s in seqs],
             [s.grammar for s in seqs],
-        ).tolist()
+        )

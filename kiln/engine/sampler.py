@@ -178,9 +178,7 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator | None])
     exponential per vocabulary entry (its Gumbel-max path): that was most of a sampled token's
     cost at a 49k vocabulary."""
     device = probs.device
-    u = torch.cat(
-        [torch.rand(1, dtype=torch.float64, generator=g, device=device) for g in generators]
-    )
+    u = _uniforms(generators, device)
     cdf = probs.double().cumsum(-1)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].tolist()
     vocab = probs.shape[-1]
@@ -188,6 +186,18 @@ def draw_rows(probs: torch.Tensor, generators: Sequence[torch.Generator | None])
         if token == vocab:  # u x total rounded up to the total: the last token with any mass
             tokens[i] = int(torch.nonzero(probs[i]).max())
     return tokens
+
+
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One float64 in [0, 1) from each generator, [n]. On CPU the draws travel as Python floats
+    (exact) into one tensor: a one-element tensor per row and their concatenation took twice
+    as long at a batch's 32 rows; elsewhere `item()` would wait on the device once a row."""
+    if device.type == "cpu":
+        draws = [torch.rand(1, dtype=torch.float64, generator=g).item() for g in generators]
+        return torch.tensor(draws, dtype=torch.float64)
+    return torch.cat(
+        [torch.rand(1, dtype=torch.float64, generator=g, device=device) for g in generators]
+    )
 
 
 def sample_next(
@@ -204,32 +214,51 @@ def sample_next(
 
     Every row gets what `sample_row` gives it alone: the distributions of all sampled rows are
     formed at once, and each row draws one number from its own generator (`draw_rows`)."""
+    tokens = sample_tokens(logits, params, generators, histories, grammars)
+    return torch.tensor(tokens, dtype=torch.long, device=logits.device)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+    grammars: Sequence[GrammarMatcher | None] | None = None,
+) -> list[int]:
+    """`sample_next` as a list of token ids, what the engine reads; rows that are all drawn
+    (an RL rollout's) skip the argmax and the row selections they would not change."""
     logits = logits.float()
     if grammars is not None and any(g is not None for g in grammars):
         logits = logits.clone()  # masked here; the caller's logits stay the model's
         apply_grammar_masks(logits, list(grammars))
-    out = logits.argmax(dim=-1)
     penalized = [histories is not None and p.penalized for p in params]
     work = [i for i, p in enumerate(params) if penalized[i] or not p.greedy]
+    # every `work` row's token is set below: the argmax only for the others
+    tokens = logits.argmax(dim=-1).tolist() if len(work) < len(params) else [0] * len(params)
     if not work:
-        return out
-    rows = logits[torch.tensor(work, device=logits.device)]
+        return tokens
+    if len(work) == len(params) and not any(penalized):  # read only: no copy needed
+        rows = logits
+    else:
+        rows = logits[torch.tensor(work, device=logits.device)]
     for j, i in enumerate(work):
         if penalized[i]:
             rows[j] = apply_penalties(rows[j], params[i], *histories[i])
     sampled = [j for j, i in enumerate(work) if not params[i].greedy]
     probs = valid = None
     if sampled:
-        probs, valid = sampling_probs_rows(rows[sampled], [params[work[j]] for j in sampled])
+        picked = rows if len(sampled) == len(work) else rows[sampled]
+        probs, valid = sampling_probs_rows(picked, [params[work[j]] for j in sampled])
         valid = valid.tolist()
-    tokens = out.tolist()
     formed = [n for n, ok in enumerate(valid or []) if ok]  # of `sampled`
     drawn = {sampled[n] for n in formed}
     for j, i in enumerate(work):  # penalized greedy rows and ill-defined ones: their argmax
         if j not in drawn:
             tokens[i] = int(torch.nan_to_num(rows[j].double(), nan=float("-inf")).argmax())
     if formed:
-        picks = draw_rows(probs[formed], [generators[work[sampled[n]]] for n in formed])
+        if len(formed) < len(sampled):
+            probs = probs[formed]
+        picks = draw_rows(probs, [generators[work[sampled[n]]] for n in formed])
         for n, token in zip(formed, picks, strict=True):
             tokens[work[sampled[n]]] = token
-    return torch.tensor(tokens, dtype=torch.long, device=out.device)
+    return tokens

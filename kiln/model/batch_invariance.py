@@ -85,8 +85,8 @@ def invariant_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v for q [B, Hq, S, Dh], k/v [B, Hkv, L, Dh] (GQA: Hq a multiple
     of Hkv, query head h reading key head h // (Hq / Hkv)). `mask` (bool, True = attend,
-    broadcast to [B, 1, S, L]) or, when None, causal with the queries the last S positions
-    (and within `window` of each query)."""
+    broadcast to [B, 1, S, L]; or its `invariant_bias`) or, when None, causal with the queries
+    the last S positions (and within `window` of each query)."""
     B, Hq, S, Dh = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     groups = Hq // Hkv
@@ -96,8 +96,11 @@ def invariant_attention(
         mask = key <= query
         if window is not None:
             mask &= query - key < window
+        bias = _additive(mask, q.dtype)
+    elif mask.dtype == torch.bool:
+        bias = invariant_bias(mask, q.dtype)
     else:
-        mask = mask.unsqueeze(2)  # [B, 1, S, L] -> [B, 1, 1, S, L]: every head of a group
+        bias = mask
     # keys padded to the softmax's block (masked out): a full forward pads its keys and values
     # with zeros (the products come out padded, no copy of the score matrix); a decode, whose
     # few queries make the score matrix the smaller, pads that instead. Both give the same
@@ -107,10 +110,10 @@ def invariant_attention(
     # loop, not MKL, on products of contraction x rows x columns < 400: over 1-3 keys of 8-wide
     # heads (tiny models) the sliced scores would take it and round unlike the trainer's
     pad_scores = groups * S < 2 * Dh and L >= KEY_BLOCK
-    if width != L:
-        mask = F.pad(mask, (0, width - L), value=False)
-        if not pad_scores:
-            k, v = (F.pad(t, (0, 0, 0, width - L)) for t in (k, v))
+    if bias.shape[-1] != width:
+        raise ValueError(f"a mask over {bias.shape[-1]} keys for {L} keys padded to {width}")
+    if width != L and not pad_scores:
+        k, v = (F.pad(t, (0, 0, 0, width - L)) for t in (k, v))
     # a key head's query heads side by side: one [groups * S, Dh] x [Dh, keys] matmul per key head
     scores = _matmul((q * scale).reshape(B, Hkv, groups * S, Dh), k.transpose(-1, -2))
     if pad_scores and width != L:
@@ -118,12 +121,31 @@ def invariant_attention(
     scores = scores.view(B, Hkv, groups, S, width)
     if softcap is not None:
         scores = soft_cap(scores, softcap)
-    # added, not masked_fill'ed: the same values (x + 0 = x, x - inf = -inf), and adding the
-    # mask's small [.., S, keys] table is ~4x faster than a broadcast masked_fill on CPU
-    bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
-    probs = torch.softmax(scores + bias.masked_fill_(~mask, float("-inf")), dim=-1)
+    probs = torch.softmax(scores + bias, dim=-1)
     probs = probs.view(B, Hkv, groups * S, width)
     if pad_scores:
         probs = probs[..., :L]
     out = _matmul(probs, v)
     return out.reshape(B, Hq, S, v.shape[-1])
+
+
+def invariant_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask [B, 1, S, L] (True = attend) as `invariant_attention` adds it to its scores:
+    [B, 1, 1, S, width] (every query head of a key head alike) of `dtype`, 0 where True and -inf
+    where False or past L, the keys padded up to `width`, a multiple of KEY_BLOCK. A caller
+    attending many times with one mask (every layer of a decode step) builds it once and passes
+    it as the mask: the same numbers, without a mask's padding and conversion per call."""
+    return _additive(mask.unsqueeze(2), dtype)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`mask` [..., L] padded (False) to KEY_BLOCK-wide keys, then as a float table to add to
+    the scores: added, not masked_fill'ed, the same values (x + 0 = x, x - inf = -inf), and
+    adding the mask's small [.., S, keys] table is ~4x faster than a broadcast masked_fill on
+    CPU."""
+    keys = mask.shape[-1]
+    width = -(-keys // KEY_BLOCK) * KEY_BLOCK
+    if width != keys:
+        mask = F.pad(mask, (0, width - keys), value=False)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, float("-inf"))

@@ -17,9 +17,12 @@ A model whose attention has a cache contract of its own (MLA's latent) keeps `Pa
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from kiln.model import paged_attention
+from kiln.model.batch_invariance import invariant_bias
 from kiln.model.kv_cache import LayerKV
 
 DECODE_RUN_PADDING = 1.5  # a one-token row joins a run while its longest is <= this x its own
@@ -53,29 +56,31 @@ class PackedBatch:
         bs = cache.block_size
         ends = [n + c for n, c in zip(lengths, counts, strict=True)]
         width = -(-max(ends) // bs)
-        table = torch.tensor([(b + [0] * width)[:width] for b in block_tables], dtype=torch.long)
-        cache.zero_through(int(table.max()))
-        count_t = torch.tensor(counts, dtype=torch.long)
-        row_of = torch.repeat_interleave(torch.arange(len(counts)), count_t)  # [T]
-        first = torch.cumsum(count_t, 0) - count_t
-        self.seq_len = int(count_t.sum())
-        token = torch.arange(self.seq_len)
-        positions = torch.tensor(lengths, dtype=torch.long)[row_of] + token - first[row_of]
-        slots = table[row_of, positions // bs] * bs + positions % bs
+        padded = [(b + [0] * width)[:width] for b in block_tables]
+        table = torch.tensor(padded, dtype=torch.long)
+        cache.zero_through(max(map(max, padded)))
+        # positions and slots in Python: a decode step has one token a row, for which a dozen
+        # small tensor ops cost more than these lists
+        spans = [range(n, end) for n, end in zip(lengths, ends, strict=True)]
+        positions = [p for span in spans for p in span]
+        slots = [
+            b[p // bs] * bs + p % bs for b, span in zip(padded, spans, strict=True) for p in span
+        ]
+        first = list(itertools.accumulate(counts, initial=0))  # each row's first token
+        self.seq_len = len(positions)
         device = cache.device
-        self._positions = positions[None].to(device)  # [1, T]
-        self.write_slots = slots.to(device)
+        self._positions = torch.tensor([positions], dtype=torch.long, device=device)  # [1, T]
+        self.write_slots = torch.tensor(slots, dtype=torch.long, device=device)
         # pieces: (first token, rows, tokens per row, block table, end, query positions)
         self.pieces = []
+        # a decoding piece's keys per row (its cached tokens and the new one), for the op
+        self._ends: list[torch.Tensor | None] = []
         for lo, hi in _pieces(lengths, counts, bounded=not in_place):
             end = max(ends[lo:hi])
             rows_table = table[lo:hi, : -(-end // bs)].contiguous()
-            query = torch.tensor(lengths[lo:hi])[:, None] + torch.arange(counts[lo])
-            self.pieces.append(
-                (int(first[lo]), hi - lo, counts[lo], rows_table.to(device), end, query)
-            )
-        # a decoding piece's keys per row (its cached tokens and the new one), for the op
-        self._ends = [(p[5][:, -1] + 1).to(device) for p in self.pieces]
+            query = torch.tensor([list(span) for span in spans[lo:hi]])
+            self.pieces.append((first[lo], hi - lo, counts[lo], rows_table.to(device), end, query))
+            self._ends.append(torch.tensor(ends[lo:hi], device=device) if in_place else None)
         self._masks: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None
         self._folded: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -97,10 +102,12 @@ class PackedBatch:
                 continue
             key = torch.arange(end)
             causal = key[None, None, :] <= query[:, :, None]  # [rows, n, end]
-            windowed = causal
-            if window is not None:
-                windowed = causal & (query[:, :, None] - key[None, None, :] < window)
             device = self.cache.device
+            if window is None:  # one mask object for both: prepared once (`_prepared_pair`)
+                mask = causal[:, None].to(device)
+                masks.append((mask, mask))
+                continue
+            windowed = causal & (query[:, :, None] - key[None, None, :] < window)
             masks.append((causal[:, None].to(device), windowed[:, None].to(device)))
         self._masks = masks
         self._folded = {}
@@ -127,13 +134,11 @@ class PackedBatch:
         heads, dim, kv_heads = q.shape[1], q.shape[3], k.shape[1]
         group = heads // kv_heads
         out = []
-        # once per forward, not per layer: folded for GQA and, where the core takes it, additive
-        additive = q.dtype if getattr(core, "takes_additive_mask", False) else None
-        if (group, additive) not in self._folded:
-            self._folded[group, additive] = [
-                tuple(_additive(_fold(m, group), additive) for m in pair) for pair in self._masks
-            ]
-        folded = self._folded[group, additive]
+        # once per forward, not per layer: folded for GQA and in the form the core adds
+        form = _mask_form(core, q.dtype)
+        if (group, form) not in self._folded:
+            self._folded[group, form] = [_prepared_pair(pair, group, form) for pair in self._masks]
+        folded = self._folded[group, form]
         in_place = (
             self.in_place
             and k.dtype == pools[0].dtype
@@ -186,11 +191,40 @@ def _fold(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:
     return mask[:, :, None].expand(rows, 1, group, n, end).reshape(rows, 1, group * n, end)
 
 
-def _additive(mask: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
-    """A bool mask as SDPA would turn it into a float one on every call (0 where True, -inf
-    where False, in `dtype`), or as it is when `dtype` is None."""
-    if dtype is None or mask is None:
+def _mask_form(core, dtype: torch.dtype) -> tuple[str, torch.dtype] | None:
+    """The float form of a mask `core` takes, which would otherwise be built from the bool one
+    on every call: SDPA's additive mask, the batch-invariant attention's padded bias; None
+    where the core takes the bool mask."""
+    if getattr(core, "takes_additive_mask", False):
+        return "additive", dtype
+    if getattr(core, "backend", None) == "invariant":
+        return "invariant", dtype
+    return None
+
+
+def _prepared_pair(
+    pair: tuple[torch.Tensor | None, torch.Tensor | None],
+    group: int,
+    form: tuple[str, torch.dtype] | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A piece's (causal, windowed) masks folded for GQA and `_prepared`; one mask for both
+    where they are one (no sliding window)."""
+    causal, windowed = pair
+    first = _prepared(_fold(causal, group), form)
+    return first, first if windowed is causal else _prepared(_fold(windowed, group), form)
+
+
+def _prepared(
+    mask: torch.Tensor | None, form: tuple[str, torch.dtype] | None
+) -> torch.Tensor | None:
+    """A bool mask in `form` (`_mask_form`): for SDPA the float one it would turn it into on
+    every call (0 where True, -inf where False), for the invariant attention its
+    `invariant_bias`; as it is when `form` is None."""
+    if form is None or mask is None:
         return mask
+    kind, dtype = form
+    if kind == "invariant":
+        return invariant_bias(mask, dtype)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
         ~mask, float("-inf")
     )

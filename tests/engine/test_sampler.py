@@ -15,6 +15,7 @@ from kiln.engine.sampler import (
     draw_rows,
     make_generator,
     sample_next,
+    sample_tokens,
     sampling_probs,
 )
 
@@ -155,3 +156,20 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_a_batch():
         together = sample_next(logits, params, batch)
         by_itself = sample_next(logits[3:4], params[3:4], [alone])
         assert together[3] == by_itself[0]
+
+
+def test_a_batch_of_only_sampled_rows_equals_the_per_row_sampler():
+    # every row drawn (an RL rollout's batch): no argmax and no row selection, the same tokens,
+    # and the caller's logits left as they were
+    torch.manual_seed(4)
+    params = [SamplingParams(temperature=t, seed=s) for s, t in enumerate((1.0, 0.7, 1.3, 1.0))]
+    ours = [make_generator(p, "cpu") for p in params]
+    theirs = [make_generator(p, "cpu") for p in params]
+    for step in range(20):
+        logits = torch.randn(4, 50)
+        if step % 4 == 0:  # a row that cannot be sampled takes its argmax
+            logits[2] = float("nan")
+        before = logits.clone()
+        got = sample_tokens(logits, params, ours)
+        assert got == _reference_next(logits, params, theirs, None).tolist(), step
+        torch.testing.assert_close(logits, before, rtol=0, atol=0, equal_nan=True)

@@ -11,7 +11,7 @@ import torch
 
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
-from kiln.model import KVCache
+from kiln.model import KVCache, packed_batch
 from kiln.model.attention import AttentionCore
 from kiln.model.packed_batch import _pieces
 from kiln.model.paged_kv_cache import PagedKVCache
@@ -65,31 +65,41 @@ def test_packed_rows_equal_contiguous_rows(shape, overrides):
             assert len(seq) > len(prompts[r]) + 1  # every row decoded past its prompt
 
 
+def _mixed_step_logits(model) -> torch.Tensor:
+    """Logits of one packed forward of three decoding rows and a prompt chunk, after their
+    prompts' forwards."""
+    torch.manual_seed(3)
+    lengths, counts = [9, 6, 6, 3], [1, 1, 1, 5]
+    tables = [[9, 3, 17], [2, 21], [4, 25], [1, 36, 10]]
+    prompts = [torch.randint(0, 60, (n,)) for n in lengths]
+    paged = PagedKVCache.for_model(model.cfg, num_blocks=40, block_size=4)
+    with torch.inference_mode():
+        for r in range(4):
+            model(prompts[r][None], kv_cache=paged.packed([tables[r]], [0], [lengths[r]]))
+        tokens = torch.randint(0, 60, (1, sum(counts)), generator=torch.Generator().manual_seed(0))
+        return model(tokens, kv_cache=paged.packed(tables, lengths, counts))
+
+
 @pytest.mark.parametrize("shape", ["llama", "mistral"])
 def test_additive_masks_give_the_bool_masks_output_bit_for_bit(shape, monkeypatch):
     # PackedBatch hands SDPA float masks built once per forward; SDPA would build the same
     # from a bool mask on every call, so the logits must not move by a single bit
     model = tiny_model(shape, 60)
-    torch.manual_seed(3)
-    lengths, counts = [9, 6, 6, 3], [1, 1, 1, 5]  # three decoding rows and a prompt chunk
-    tables = [[9, 3, 17], [2, 21], [4, 25], [1, 36, 10]]
-    prompts = [torch.randint(0, 60, (n,)) for n in lengths]
-
-    def logits(additive: bool) -> torch.Tensor:
-        monkeypatch.setattr(AttentionCore, "takes_additive_mask", additive)
-        paged = PagedKVCache.for_model(model.cfg, num_blocks=40, block_size=4)
-        with torch.inference_mode():
-            model(prompts[0][None], kv_cache=paged.packed([tables[0]], [0], [9]))
-            for r in (1, 2, 3):
-                model(prompts[r][None], kv_cache=paged.packed([tables[r]], [0], [lengths[r]]))
-            tokens = torch.randint(
-                0, 60, (1, sum(counts)), generator=torch.Generator().manual_seed(0)
-            )
-            return model(tokens, kv_cache=paged.packed(tables, lengths, counts))
-
     assert AttentionCore(16).takes_additive_mask  # the SDPA core takes them by default
-    bool_mask, additive = logits(False), logits(True)
-    assert torch.equal(bool_mask, additive)
+    monkeypatch.setattr(AttentionCore, "takes_additive_mask", False)
+    bool_mask = _mixed_step_logits(model)
+    monkeypatch.setattr(AttentionCore, "takes_additive_mask", True)
+    assert torch.equal(bool_mask, _mixed_step_logits(model))
+
+
+@pytest.mark.parametrize("shape", ["llama", "mistral"])
+def test_invariant_bias_built_once_gives_the_bool_masks_output_bit_for_bit(shape, monkeypatch):
+    # the batch-invariant attention gets its padded additive bias built once per forward; from
+    # a bool mask it builds the same on every call, and RL's log-probs must not move a bit
+    model = tiny_model(shape, 60, attention_backend="invariant")
+    once = _mixed_step_logits(model)
+    monkeypatch.setattr(packed_batch, "_mask_form", lambda core, dtype: None)
+    assert torch.equal(once, _mixed_step_logits(model))
 
 
 def test_decoding_runs_split_where_padding_passes_the_bound():
