@@ -30,7 +30,7 @@ from kiln.model.batch_invariance import MIN_GEMM_ROWS
 from kiln.text.tokenizer import end_of_text_ids
 from kiln.training.rl import rollout
 from kiln.training.rl.config import GRPORunConfig
-from kiln.training.rl.logprobs import completion_logprobs
+from kiln.training.rl.logprobs import rollout_mismatch_max
 from kiln.training.rl.prompts import load_prompts, render_prompt
 from kiln.training.rl.refit import refit
 from kiln.training.rl.run import chat_template, load_policy
@@ -54,18 +54,6 @@ def _sample(gen, prompts, args, seed: int, layout) -> tuple[float, list]:
         return time.process_time() - started, out
     finally:
         rollout.column_major_layout = LAYOUT
-
-
-def _mismatch(policy, out) -> float:
-    with torch.no_grad():
-        scores = completion_logprobs(
-            policy, [r.prompt_ids for r in out], [r.completion_ids for r in out], 1.0
-        )
-    return max(
-        abs(a - b)
-        for r, row in zip(out, scores.logp, strict=True)
-        for a, b in zip(r.logprobs, row[: len(r.completion_ids)].tolist(), strict=True)
-    )
 
 
 def main() -> None:
@@ -106,7 +94,7 @@ def main() -> None:
             refit(policy, gen.model)
             refit_s = time.perf_counter() - started
             f = figures[name]
-            f["mismatch"] = max(f["mismatch"], _mismatch(policy, out))
+            f["mismatch"] = max(f["mismatch"], rollout_mismatch_max(policy, out))
             if rep:
                 f["cpu"].append(cpu)
                 f["refit"].append(refit_s)

@@ -198,13 +198,13 @@ def children_where(model: nn.Module, keep) -> list[tuple[nn.Module, str, nn.Modu
 
 
 def pack_for_cpu(model: nn.Module, compile_norms: bool = False) -> bool:
-    """Lay a CPU model's linear layers out for the CPU's kernels in place: bf16 ones packed
-    (`PackedBf16Linear`) when the CPU has bf16 matrix units, with SwiGLU's silu and product
-    in the gate/up matmuls (`PackedSwiGLU`) and, with `compile_norms`, RMSNorms compiled by
-    inductor for prefill-sized steps (`CompiledRMSNorm`, compiled here: 5-20 s once per
-    process), and multiplied in fp32 (`UpcastBf16Linear`) without them; fp32 ones column-major,
-    the LM head (`model.output`) packed. Returns whether it
-    did (False: another dtype, device or CPU)."""
+    """Lay a CPU model's linear layers out for the CPU's kernels in place. bf16 with bf16 matrix
+    units: linears packed (`PackedBf16Linear`), SwiGLU's silu and product in the gate/up
+    matmuls (`PackedSwiGLU`) and, with `compile_norms`, RMSNorms compiled by inductor for
+    prefill-sized steps (`CompiledRMSNorm`, compiled here: 5-20 s once per process). bf16
+    without them: linears that multiply many rows in fp32 (`UpcastBf16Linear`). fp32: linears
+    column-major, the LM head (`model.output`) packed. Returns whether it did (False: another
+    dtype, device or CPU)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu":
         return False

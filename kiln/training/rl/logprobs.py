@@ -161,3 +161,24 @@ def mismatch(
     if diff.numel() == 0:
         return 0.0, 0.0
     return float(diff.mean()), float(diff.max())
+
+
+def rollout_mismatch_max(model: nn.Module, rollouts, temperature: float = 1.0) -> float:
+    """The largest |engine - trainer| log-prob over `rollouts`' completion tokens (objects with
+    `prompt_ids`, `completion_ids` and the engine's `logprobs`), the trainer's recomputed here
+    by `completion_logprobs` without gradients."""
+    with torch.no_grad():
+        scores = completion_logprobs(
+            model,
+            [r.prompt_ids for r in rollouts],
+            [r.completion_ids for r in rollouts],
+            temperature,
+        )
+    return max(
+        (
+            abs(a - b)
+            for r, row in zip(rollouts, scores.logp, strict=True)
+            for a, b in zip(r.logprobs, row[: len(r.completion_ids)].tolist(), strict=True)
+        ),
+        default=0.0,
+    )

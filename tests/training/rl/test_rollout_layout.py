@@ -12,7 +12,7 @@ from kiln.engine.sampler import SamplingParams
 from kiln.model import ModelConfig, Transformer
 from kiln.model.attention import set_attention_backend
 from kiln.model.batch_invariance import MIN_GEMM_ROWS, column_major_exact_rows
-from kiln.training.rl.logprobs import completion_logprobs
+from kiln.training.rl.logprobs import rollout_mismatch_max
 from kiln.training.rl.refit import copy_into, refit, state_checksum
 from kiln.training.rl.rollout import column_major_layout, generate_rollouts
 from tests.engine.tiny import tiny_model, train_tokenizer
@@ -27,18 +27,6 @@ def _policy(vocab_size: int, tied: bool) -> Transformer:
     policy = Transformer(cfg).train()
     set_attention_backend(policy, "invariant")
     return policy
-
-
-def _worst(policy, rollouts) -> float:
-    with torch.no_grad():
-        scores = completion_logprobs(
-            policy, [r.prompt_ids for r in rollouts], [r.completion_ids for r in rollouts], 1.0
-        )
-    return max(
-        abs(a - b)
-        for r, row in zip(rollouts, scores.logp, strict=True)
-        for a, b in zip(r.logprobs, row[: len(r.completion_ids)].tolist(), strict=True)
-    )
 
 
 def _is_column_major(weight: torch.Tensor) -> bool:
@@ -70,7 +58,7 @@ def test_column_major_engine_samples_the_trainers_logprobs_exactly_with_few_rows
         rollouts = generate_rollouts(gen, prompts, group_size=6, params=params, seed=11)
         lengths = sorted(len(r.completion_ids) for r in rollouts)
         assert lengths[-1] > lengths[-2] + 4 and len(set(lengths)) > 6  # 1-row steps
-        assert _worst(policy, rollouts) == 0.0, step
+        assert rollout_mismatch_max(policy, rollouts) == 0.0, step
         opt = torch.optim.SGD(policy.parameters(), lr=0.05)
         logits = policy(torch.tensor([rollouts[0].prompt_ids + rollouts[0].completion_ids]))
         logits.logsumexp(-1).mean().backward()
