@@ -11,50 +11,22 @@ KILN_PAGED_ATTENTION=torch, the caller keeps the gather path; `decode` is the op
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import shutil
-import threading
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from kiln.model import native_ops
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 ENV = "KILN_PAGED_ATTENTION"  # "torch": never build or use the op
 
 HEAD_DIMS = (32, 64, 128)  # what csrc's dispatch takes with 8- and 16-float vectors
 
-# at::vec picks its instruction set from these macros, as torch's own kernels are built per ISA
-_ISA_FLAGS = {
-    "AVX512": [
-        "-DCPU_CAPABILITY=AVX512",
-        "-DCPU_CAPABILITY_AVX512",
-        "-mavx512f",
-        "-mavx512bw",
-        "-mavx512vl",
-        "-mavx512dq",
-        "-mavx2",
-        "-mfma",
-        "-mf16c",
-    ],
-    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
-}
-
-BUILD_DIR: str | None = None  # where the op is built (None: torch's extension cache)
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "op": the loaded op or None once a load was tried
-
 
 def available() -> bool:
     """Whether the op is loaded (building it on first call; False, logged once, if it cannot)."""
-    with _lock:
-        if "op" not in _state:
-            _state["op"] = _load()
-    return _state["op"] is not None
+    if os.environ.get(ENV, "").lower() == "torch":
+        return False
+    return native_ops.load("paged_attention", "paged attention op", "gathering instead")
 
 
 def takes(head_dim: int, v_head_dim: int, dtype: torch.dtype, device: str = "cpu") -> bool:
@@ -102,41 +74,3 @@ def decode_reference(q, k_pool, v_pool, table, lengths, scale, window=None) -> t
         scores = q[r].float() @ keys.transpose(1, 2) * scale  # [Hkv, G, n]
         out.append((torch.softmax(scores, -1) @ values).to(q.dtype))
     return torch.stack(out)
-
-
-def _load():
-    if os.environ.get(ENV, "").lower() == "torch":
-        return None
-    try:
-        from torch.utils import cpp_extension  # imports setuptools: only when building
-
-        _put_ninja_on_path()
-
-        isa = torch.backends.cpu.get_cpu_capability()
-        flags = _ISA_FLAGS.get(isa, [])
-        digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
-        cpp_extension.load(
-            name=f"kiln_paged_attention_{isa.lower()}_{digest}",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", *flags],
-            build_directory=BUILD_DIR,
-            is_python_module=False,
-            verbose=False,
-        )
-        return torch.ops.kiln_paged.decode
-    except Exception as exc:  # no compiler, no ninja, a build error: keep the torch path
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.warning("paged attention op unavailable, gathering instead: %s", first_line)
-        return None
-
-
-def _put_ninja_on_path() -> None:
-    """torch runs `ninja` from PATH; the `ninja` wheel (a dependency) puts it in the venv's
-    bin, which is not on PATH when the venv is not activated (`.venv/bin/kiln serve`)."""
-    if shutil.which("ninja") is not None:
-        return
-    try:
-        import ninja
-    except ImportError:
-        return
-    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])

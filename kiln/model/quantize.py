@@ -36,6 +36,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
+from kiln.model import int8_matmul
 from kiln.model.cpu_linear import (
     PackedBf16Weight,
     cpu_has_bf16_matmul,
@@ -90,12 +91,18 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scales", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
         self.batched = _batched_copy(self)
+        # without bf16 units, Kiln's own int8 op takes the few-row products (int8_matmul.py)
+        self.own_kernel = self.batched is None and int8_matmul.available()
+        self.register_buffer("fp32_scales", scale.float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:
             a = x.reshape(rows, self.in_features).float()
-            y = sliced_fp32_matmul(a, self.qweight, self.scales.float())
+            y = sliced_fp32_matmul(a, self.qweight, self.fp32_scales)
+        elif self.own_kernel:
+            a = x.reshape(rows, self.in_features).float()
+            y = int8_matmul.mm(a, self.qweight, self.fp32_scales)
         else:
             a = _weight_only_input(x, self.in_features)
             if _many_rows(self, a):

@@ -15,7 +15,7 @@ import torch
 
 from kiln.engine.engine import Engine
 from kiln.engine.sampler import SamplingParams
-from kiln.model import KVCache, paged_attention
+from kiln.model import KVCache, native_ops, paged_attention
 from kiln.model.paged_kv_cache import PagedKVCache
 from tests.engine.conftest import one_torch_thread  # noqa: F401 - autouse: one torch thread
 from tests.engine.tiny import tiny_generator, tiny_model, train_tokenizer
@@ -149,7 +149,9 @@ def test_the_engine_gives_the_same_greedy_tokens_with_and_without_the_op(op, cou
     outputs = {}
     for name in ("op", "gather"):
         if name == "gather":
-            monkeypatch.setitem(paged_attention._state, "op", None)  # as without a compiler
+            monkeypatch.setitem(
+                native_ops._loaded, "paged_attention", False
+            )  # as without a compiler
             counted.clear()
         engine = Engine(gen, max_slots=4, prefill_chunk=16, block_size=4)
         params = SamplingParams(max_new_tokens=8)
@@ -165,10 +167,10 @@ def test_the_engine_gives_the_same_greedy_tokens_with_and_without_the_op(op, cou
 def test_without_a_toolchain_the_op_is_unavailable_and_packing_gathers(
     tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(paged_attention, "_state", {})
-    monkeypatch.setattr(paged_attention, "BUILD_DIR", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(native_ops, "_loaded", {})
+    monkeypatch.setattr(native_ops, "BUILD_DIR", str(tmp_path))  # nothing built there
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, no ninja
-    with caplog.at_level(logging.WARNING, logger=paged_attention.__name__):
+    with caplog.at_level(logging.WARNING, logger=native_ops.__name__):
         assert not paged_attention.available()
     assert "paged attention op unavailable" in caplog.text
     model = tiny_model("llama", 60, dim=128)
@@ -179,6 +181,6 @@ def test_without_a_toolchain_the_op_is_unavailable_and_packing_gathers(
 
 
 def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setattr(paged_attention, "_state", {})
+    monkeypatch.setattr(native_ops, "_loaded", {})
     monkeypatch.setenv(paged_attention.ENV, "torch")
     assert not paged_attention.available()

@@ -1,0 +1,122 @@
+"""The int8 matmul op (kiln/model/int8_matmul.py): fp32 activations times int8 weights and a
+scale per output channel, equal to the fp32 product with the dequantized weight for every shape
+(tails of K and N included); without bf16 units an int8 layer's decode-sized batches go through
+it, and a quantized model decodes the same greedy tokens through it as through the exact fp32
+product it stands for."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from kiln.engine.generator import Generator
+from kiln.engine.sampler import SamplingParams
+from kiln.model import int8_matmul, native_ops, quantize
+from kiln.model.quantize import DEQUANTIZED_MIN_ROWS, Int8WeightOnlyLinear, quantize_model
+from tests.engine.tiny import tiny_model
+
+TOOLCHAIN = shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+@pytest.fixture
+def op():
+    if not TOOLCHAIN or os.environ.get(int8_matmul.ENV, "").lower() == "torch":
+        pytest.skip("no C++ compiler here: the op cannot be built (int8 layers use torch's kernel)")
+    assert int8_matmul.available()
+
+
+def _codes(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+        torch.rand(n, generator=g) * 0.01 + 1e-4,
+    )
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 16])
+@pytest.mark.parametrize("n,k", [(4, 8), (40, 64), (43, 61), (7, 3), (576, 1536)])
+def test_the_op_is_the_fp32_product_with_the_dequantized_weight(op, m, n, k):
+    qweight, scales = _codes(n, k, seed=m * 1000 + n + k)
+    a = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    got = int8_matmul.mm(a, qweight, scales)
+    want = int8_matmul.mm_reference(a, qweight, scales)
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got, want, atol=1e-5 * k**0.5, rtol=1e-5)
+
+
+def test_the_op_splits_the_channels_over_threads_with_the_same_result(op):
+    qweight, scales = _codes(1536, 576, seed=1)
+    a = torch.randn(2, 576)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = int8_matmul.mm(a, qweight, scales)
+        torch.set_num_threads(2)
+        two = int8_matmul.mm(a, qweight, scales)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # each output is one thread's sum, in the same order
+
+
+def _no_bf16_units(monkeypatch) -> None:
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, DEQUANTIZED_MIN_ROWS - 1])
+def test_without_bf16_units_decode_batches_take_the_op_with_fp32_activations(op, monkeypatch, rows):
+    """torch's int8 kernel rounds activations to bf16; the op keeps them fp32, so the layer is
+    the exact fp32 product with its stored weight (up to summation order)."""
+    _no_bf16_units(monkeypatch)
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 600, bias=True)
+    layer = Int8WeightOnlyLinear(linear)
+    assert layer.own_kernel
+    calls = []
+    real = int8_matmul.mm
+    monkeypatch.setattr(int8_matmul, "mm", lambda *args: calls.append(1) or real(*args))
+    x = torch.randn(rows, 64)
+    exact = nn.functional.linear(x, layer.dequantized(), linear.bias)
+    torch.testing.assert_close(layer(x), exact, atol=1e-5, rtol=1e-5)
+    assert calls == [1]
+
+
+def test_switched_off_by_the_environment_int8_layers_keep_torchs_kernel(monkeypatch):
+    monkeypatch.setenv(int8_matmul.ENV, "torch")
+    _no_bf16_units(monkeypatch)
+    assert not int8_matmul.available()
+    assert not Int8WeightOnlyLinear(nn.Linear(16, 8)).own_kernel
+
+
+def test_without_a_toolchain_the_op_is_unavailable_and_logged(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(native_ops, "_loaded", {})
+    monkeypatch.setattr(native_ops, "BUILD_DIR", str(tmp_path))  # nothing built there
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, no ninja
+    with caplog.at_level(logging.WARNING, logger=native_ops.__name__):
+        assert not int8_matmul.available()
+    assert "int8 matmul op unavailable" in caplog.text
+
+
+def test_a_quantized_model_decodes_the_greedy_tokens_of_its_exact_fp32_product(op, monkeypatch):
+    """The engine through the op (one row a step) against the same int8 model with every product
+    taken as fp32 times the dequantized weight (the sliced path, forced from one row on)."""
+    _no_bf16_units(monkeypatch)
+    torch.manual_seed(0)
+    model = quantize_model(tiny_model("llama", 320), "int8")
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 11]
+    params = SamplingParams(max_new_tokens=12)
+    calls = []
+    real = int8_matmul.mm
+    monkeypatch.setattr(int8_matmul, "mm", lambda *args: calls.append(1) or real(*args))
+    through_op = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
+    assert calls
+    monkeypatch.setattr(quantize, "DEQUANTIZED_MIN_ROWS", 1)
+    calls.clear()
+    exact = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
+    assert not calls
+    assert through_op == exact
