@@ -31,7 +31,7 @@ COMPONENTS = {
     "endpoint.launch": "kiln.serving.launch:launch",
     # `kiln stages` lists the model presets
     "model.config": "kiln.model.config:ModelConfig",
-    "model.presets": "kiln.model.config:PRESETS",
+    "model.presets": "kiln.model.presets:PRESETS",
 }
 
 register_builtin_stages(AREA_STAGES)

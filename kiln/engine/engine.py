@@ -37,7 +37,7 @@ from torch import nn
 from kiln.engine.grammar import GrammarCompiler
 from kiln.engine.kv_cache_manager import DEFAULT_BLOCK_SIZE, KVCacheManager, blocks_for
 from kiln.engine.lora_registry import DEFAULT_MAX_LORA_RANK, LoRARegistry
-from kiln.engine.model_runner import ModelRunner
+from kiln.engine.model_runner import ModelRunner, decodes_in_place
 from kiln.engine.request import EngineRequest, Listener
 from kiln.engine.sampler import SamplingParams, make_generator, sample_tokens
 from kiln.engine.scheduler import Plan, Scheduler
@@ -124,6 +124,7 @@ class Engine:
         can_run = self.loras.admit if self.loras is not None else None
         self.scheduler = Scheduler(self.kv, max_slots, budget, self.max_len, can_run)
         self._forward = ModelRunner(model)
+        self._in_place = decodes_in_place(model, cache)  # PackedBatch's `in_place`
         self._mla = getattr(model.cfg, "mla", None) is not None  # caches a latent: padded path
         self.speculator = (
             SpeculativeDecoder(
@@ -376,8 +377,9 @@ class Engine:
         ending = [row for row, (r, n) in enumerate(group) if r.uncomputed == n]
         if packed:
             tokens = torch.tensor([[t for chunk in chunks for t in chunk]], dtype=torch.long)
-            batch = kv.cache.packed(tables, lengths, [n for _, n in group])
-            last = list(itertools.accumulate(n for _, n in group))
+            counts = [n for _, n in group]
+            batch = kv.cache.packed(tables, lengths, counts, in_place=self._in_place)
+            last = list(itertools.accumulate(counts))
             logits = self._forward(
                 tokens.to(self.device), batch, [0] * len(ending), [last[r] - 1 for r in ending]
             )

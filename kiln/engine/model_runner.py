@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kiln.model import paged_attention
+from kiln.model.attention import AttentionCore
 from kiln.model.kv_cache import KVCache
-from kiln.model.paged_kv_cache import PagedBatch
+from kiln.model.packed_batch import paged_attention_takes
+from kiln.model.paged_kv_cache import PagedBatch, PagedKVCache
 
 WIDE_HEAD = 16384  # vocabularies from here on get the column-major head
 
@@ -29,14 +30,19 @@ def column_major_head(model: nn.Module) -> None:
     head.weight.data = head.weight.detach().t().contiguous().t()
 
 
-def prepare_paged_attention(model: nn.Module) -> None:
-    """Build (or load from the cache) the paged attention op now, where the model's decode
-    steps would use it, so the first request does not wait for a compiler."""
-    cfg = getattr(model, "cfg", None)
-    weight = next(model.parameters(), None)
-    if cfg is None or weight is None or getattr(cfg, "mla", None) is not None:
-        return
-    paged_attention.takes(cfg.head_dim, cfg.head_dim, weight.dtype, weight.device.type)
+def decodes_in_place(model: nn.Module, cache: PagedKVCache) -> bool:
+    """Whether `model`'s packed forwards over `cache` read decoding rows' keys and values in
+    place through the paged attention op (PackedBatch's `in_place`). The op computes plain
+    softmax(q k^T) v, so the model's attention is checked first: a model with none of that
+    (the batch-invariant cores of the RL rollouts, soft-capped scores, MLA's latent) never
+    builds the op. Otherwise the op is built (or loaded from its cache) now, so the first
+    request does not wait for a compiler."""
+    if getattr(getattr(model, "cfg", None), "mla", None) is not None:
+        return False
+    cores = (m for m in model.modules() if isinstance(m, AttentionCore))
+    if not any(core.takes_additive_mask for core in cores):
+        return False
+    return paged_attention_takes(cache)
 
 
 class ModelRunner:
@@ -45,7 +51,6 @@ class ModelRunner:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         column_major_head(model)
-        prepare_paged_attention(model)
 
     def __call__(
         self,

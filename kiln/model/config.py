@@ -1,4 +1,5 @@
-"""Model shape: one typed config, with presets from a test-sized model up to Llama-3-8B."""
+"""Model shape: one typed config with its checks and parameter counts. Its named shapes are
+presets.py; MLA's and RoPE scaling's own fields are mla_config.py and rope_scaling.py."""
 
 from __future__ import annotations
 
@@ -6,75 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kiln.model.mla_config import MLAConfig, mla_params
+from kiln.model.presets import PRESETS
+from kiln.model.rope_scaling import RopeScaling
 from kiln.platform.errors import ConfigError
-
-
-class RopeScaling(BaseModel):
-    """RoPE frequency scaling for long contexts: Llama-3.1's (`rope_type: llama3`) or YaRN
-    (`rope_type: yarn`, DeepSeek-V3), as HF `rope_parameters` / `rope_scaling` name them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rope_type: Literal["llama3", "yarn"] = Field(
-        "llama3", description="Scaling scheme: llama3 (Llama 3.1) or yarn (DeepSeek-V3)."
-    )
-    factor: float = Field(
-        8.0, gt=0, description="How much longer than original_max_seq_len the context is stretched."
-    )
-    low_freq_factor: float = Field(
-        1.0, gt=0, description="Wavelengths above original_max_seq_len / this are scaled by factor."
-    )
-    high_freq_factor: float = Field(
-        4.0, gt=0, description="Wavelengths below original_max_seq_len / this are not scaled."
-    )
-    original_max_seq_len: int = Field(
-        8192, gt=0, description="The context length the model was pretrained with."
-    )
-    beta_fast: float = Field(
-        32.0, gt=0, description="YaRN: rotations above which dims extrapolate."
-    )
-    beta_slow: float = Field(1.0, gt=0, description="YaRN: rotations below which dims interpolate.")
-    mscale: float | None = Field(
-        None, description="YaRN: numerator scale of the cos/sin attention factor (DeepSeek: 1.0)."
-    )
-    mscale_all_dim: float | None = Field(
-        None,
-        description="YaRN: denominator scale of the attention factor; with MLA the softmax scale "
-        "is also multiplied by mscale(factor, mscale_all_dim)**2 (DeepSeek: 1.0).",
-    )
-    attention_factor: float | None = Field(
-        None, gt=0, description="YaRN: cos/sin multiplier (None: derived from the mscales)."
-    )
-    truncate: bool = Field(True, description="YaRN: round the correction range to whole dims.")
-
-
-class MLAConfig(BaseModel):
-    """Multi-head Latent Attention (DeepSeek-V2/V3): low-rank q and kv, decoupled RoPE key."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kv_lora_rank: int = Field(512, gt=0, description="Width of the compressed kv latent.")
-    q_lora_rank: int | None = Field(
-        1536, gt=0, description="Width of the compressed query (None: one full q projection)."
-    )
-    qk_nope_head_dim: int = Field(128, gt=0, description="Per-head q/k dims without RoPE.")
-    qk_rope_head_dim: int = Field(
-        64, gt=0, description="Per-head q dims with RoPE; the one RoPE key all heads share."
-    )
-    v_head_dim: int = Field(128, gt=0, description="Per-head value width.")
-    rope_interleave: bool = Field(
-        True,
-        description="Hugging Face weights lay RoPE dims out in interleaved pairs (DeepSeek's "
-        "rope_interleave); kiln permutes them to its own layout on import and back on export.",
-    )
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    def cache_width(self) -> int:
-        """Numbers cached per token per layer: the latent and the shared RoPE key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 class ModelConfig(BaseModel):
@@ -326,89 +262,3 @@ class ModelConfig(BaseModel):
         h = self.expert_hidden_dim
         routed = self.top_k if active else self.n_experts
         return d * self.n_experts + 3 * d * h * (routed + self.n_shared_experts)
-
-
-def mla_params(mla: MLAConfig, dim: int, n_heads: int) -> int:
-    """Parameters of one MLA layer: q (low-rank or full), kv down/up projections, latent norms,
-    output projection."""
-    q_out = n_heads * mla.qk_head_dim
-    r = mla.q_lora_rank
-    q = dim * q_out if r is None else dim * r + r + r * q_out
-    kv = dim * mla.cache_width() + mla.kv_lora_rank
-    kv += mla.kv_lora_rank * n_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-    return q + kv + n_heads * mla.v_head_dim * dim
-
-
-PRESETS: dict[str, dict] = {
-    # Tests: fast on 2 CPU cores, 4 layers so pp=2 with 2 virtual stages has a layer per stage.
-    "tiny": {
-        "vocab_size": 256,
-        "dim": 64,
-        "n_layers": 4,
-        "n_heads": 4,
-        "n_kv_heads": 2,
-        "ffn_hidden_dim": 128,
-        "max_seq_len": 256,
-    },
-    # GPT-2-small sized Llama.
-    "125m": {
-        "vocab_size": 32000,
-        "dim": 768,
-        "n_layers": 12,
-        "n_heads": 12,
-        "n_kv_heads": 12,
-        "ffn_hidden_dim": 2048,
-        "max_seq_len": 2048,
-    },
-    # Llama-3.2-1B shape.
-    "1b": {
-        "vocab_size": 128256,
-        "dim": 2048,
-        "n_layers": 16,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_hidden_dim": 8192,
-        "rope_theta": 500000.0,
-        "max_seq_len": 4096,
-        "tie_embeddings": True,
-    },
-    # DeepSeek-V3 shape, 671B parameters, 37B active (FLOP and memory planning).
-    "deepseek_v3": {
-        "vocab_size": 129280,
-        "dim": 7168,
-        "n_layers": 61,
-        "n_heads": 128,
-        "ffn_hidden_dim": 18432,
-        "norm_eps": 1e-6,
-        "mla": {"kv_lora_rank": 512, "q_lora_rank": 1536},
-        "n_experts": 256,
-        "top_k": 8,
-        "moe_hidden_dim": 2048,
-        "n_shared_experts": 1,
-        "first_dense_layers": 3,
-        "router_score": "sigmoid",
-        "n_expert_groups": 8,
-        "topk_groups": 4,
-        "routed_scaling_factor": 2.5,
-        "moe_aux_loss_coef": 0.0,
-        "rope_scaling": {
-            "rope_type": "yarn",
-            "factor": 40.0,
-            "original_max_seq_len": 4096,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
-        "max_seq_len": 163840,
-    },
-    # Llama-3-8B shape (FLOP and memory planning).
-    "llama3_8b": {
-        "vocab_size": 128256,
-        "dim": 4096,
-        "n_layers": 32,
-        "n_heads": 32,
-        "n_kv_heads": 8,
-        "ffn_hidden_dim": 14336,
-        "rope_theta": 500000.0,
-        "max_seq_len": 8192,
-    },
-}

@@ -35,7 +35,8 @@ DECODE_RUN_KEYS = 8192
 class PackedBatch:
     """Built by `PagedKVCache.packed`: `counts[b]` new tokens of row b after its `lengths[b]`
     cached ones, rows in the given order; T = sum(counts). `in_place`: decoding rows attend
-    through the paged attention op (None: wherever it is available for the cache's shape)."""
+    through the paged attention op (None: wherever it is available for the cache's shape; the
+    engine passes whether its model's attention can use the op, model_runner.decodes_in_place)."""
 
     def __init__(
         self,
@@ -48,10 +49,7 @@ class PackedBatch:
     ) -> None:
         self.cache = cache
         if in_place is None:
-            k_pool, v_pool = cache.k[0], cache.v[0]
-            in_place = paged_attention.takes(
-                k_pool.shape[3], v_pool.shape[3], k_pool.dtype, k_pool.device.type
-            )
+            in_place = paged_attention_takes(cache)
         self.in_place = in_place
         bs = cache.block_size
         ends = [n + c for n, c in zip(lengths, counts, strict=True)]
@@ -180,6 +178,13 @@ class PackedBatch:
 
     def advance(self, seq_len: int) -> None:
         self._masks, self._folded = None, {}
+
+
+def paged_attention_takes(cache) -> bool:
+    """Whether the paged attention op handles `cache`'s heads, dtype and device (building it
+    on the first call)."""
+    k_pool, v_pool = cache.k[0], cache.v[0]
+    return paged_attention.takes(k_pool.shape[3], v_pool.shape[3], k_pool.dtype, k_pool.device.type)
 
 
 def _fold(mask: torch.Tensor | None, group: int) -> torch.Tensor | None:

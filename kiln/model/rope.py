@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from kiln.model.config import RopeScaling
+from kiln.model.rope_scaling import RopeScaling
 from kiln.model.yarn import attention_factor, yarn_inverse_frequencies
 
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from kiln.model.config import RopeScaling
+from kiln.model.rope_scaling import RopeScaling
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.model.config import MLAConfig, ModelConfig
+from kiln.model.config import ModelConfig
 from kiln.model.formats.hf import read_hf_dir
 from kiln.model.formats.weights import build_model
 from kiln.model.kv_cache import KVCache
+from kiln.model.mla_config import MLAConfig
 from kiln.model.paged_kv_cache import PagedKVCache
 from kiln.model.transformer import Transformer
 from tests.model.hf_parity import (

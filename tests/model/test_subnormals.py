@@ -16,8 +16,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kiln.model.config import MLAConfig, ModelConfig, RopeScaling
+from kiln.model.config import ModelConfig
+from kiln.model.mla_config import MLAConfig
 from kiln.model.moe import moe_aux_loss
+from kiln.model.rope_scaling import RopeScaling
 from kiln.model.transformer import Transformer
 
 TINY = torch.finfo(torch.float32).tiny  # the smallest normal fp32

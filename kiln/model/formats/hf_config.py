@@ -6,9 +6,10 @@ vendors this file with hf_names.py.
 
 from __future__ import annotations
 
-from kiln.model.config import ModelConfig, RopeScaling
+from kiln.model.config import ModelConfig
 from kiln.model.formats.hf_deepseek import deepseek_v3_config, deepseek_v3_fields
 from kiln.model.formats.hf_names import NAME_MAPS
+from kiln.model.rope_scaling import RopeScaling
 from kiln.platform.errors import ConfigError
 
 

@@ -3,7 +3,8 @@ dense first layers. hf_config.py calls these for `model_type: deepseek_v3`."""
 
 from __future__ import annotations
 
-from kiln.model.config import MLAConfig, ModelConfig
+from kiln.model.config import ModelConfig
+from kiln.model.mla_config import MLAConfig
 from kiln.platform.errors import ConfigError
 
 # What DeepSeek-V3 is, switch by switch: an export needs each, an import sets them.

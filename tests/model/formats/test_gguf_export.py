@@ -11,10 +11,11 @@ import os
 import pytest
 import torch
 
-from kiln.model.config import ModelConfig, RopeScaling
+from kiln.model.config import ModelConfig
 from kiln.model.formats.gguf import read_gguf
 from kiln.model.formats.gguf_writer import permute, rope_factors, write_gguf
 from kiln.model.formats.hf import read_hf_dir
+from kiln.model.rope_scaling import RopeScaling
 from kiln.platform.errors import ConfigError
 from kiln.serving.export.stages import ExportConfig, export_model
 

@@ -8,11 +8,11 @@ import torch
 
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
-from kiln.model import ModelConfig, Transformer
+from kiln.model import ModelConfig, Transformer, paged_attention
 from kiln.model.attention import set_attention_backend
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.refit import refit
-from kiln.training.rl.rollout import generate_rollouts
+from kiln.training.rl.rollout import RolloutEngine, generate_rollouts
 from tests.engine.tiny import tiny_model, train_tokenizer
 
 PARAMS = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.9)
@@ -97,6 +97,32 @@ def test_invariant_engine_logprobs_are_the_trainers_bit_for_bit():
         (-(scores.logp * scores.mask).sum()).backward()
         opt.step()
         refit(policy, gen.model)
+
+
+def test_a_batch_invariant_engine_never_builds_the_paged_attention_op(monkeypatch):
+    """The op computes plain softmax attention, which the invariant cores never run: a rollout
+    engine must not pay its build (~30 s on a fresh machine), neither at start nor on a packed
+    step. The same model on SDPA, which would use it, does load it."""
+    loads = []
+    monkeypatch.setattr(paged_attention, "_state", {})
+    monkeypatch.setattr(paged_attention, "_load", lambda: loads.append("build"))  # None: no op
+    _, _, gen, prompts = _setup(_invariant_policy(_tokenizer().get_vocab_size()))
+    packed = []
+    monkeypatch.setattr(RolloutEngine, "_packed", _recording(RolloutEngine._packed, packed))
+    assert generate_rollouts(gen, prompts, group_size=3, params=PARAMS, seed=7)
+    assert packed  # packed steps ran, whose batches used to ask for the op
+    assert loads == []
+    set_attention_backend(gen.model, "sdpa")
+    generate_rollouts(gen, prompts, group_size=3, params=PARAMS, seed=7)
+    assert loads == ["build"]
+
+
+def _recording(method, calls: list):
+    def recorded(self, *args):
+        calls.append(args)
+        return method(self, *args)
+
+    return recorded
 
 
 def test_a_seed_repeats_its_rollouts():
