@@ -8,7 +8,7 @@ import torch
 
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
-from kiln.model import ModelConfig, Transformer, paged_attention
+from kiln.model import ModelConfig, Transformer, native_ops
 from kiln.model.attention import set_attention_backend
 from kiln.training.rl.logprobs import completion_logprobs, mismatch
 from kiln.training.rl.refit import refit
@@ -104,8 +104,8 @@ def test_a_batch_invariant_engine_never_builds_the_paged_attention_op(monkeypatc
     engine must not pay its build (~30 s on a fresh machine), neither at start nor on a packed
     step. The same model on SDPA, which would use it, does load it."""
     loads = []
-    monkeypatch.setattr(paged_attention, "_state", {})
-    monkeypatch.setattr(paged_attention, "_load", lambda: loads.append("build"))  # None: no op
+    monkeypatch.setattr(native_ops, "_loaded", {})
+    monkeypatch.setattr(native_ops, "_build", lambda name, *_: loads.append(name) or False)
     _, _, gen, prompts = _setup(_invariant_policy(_tokenizer().get_vocab_size()))
     packed = []
     monkeypatch.setattr(RolloutEngine, "_packed", _recording(RolloutEngine._packed, packed))
@@ -114,7 +114,7 @@ def test_a_batch_invariant_engine_never_builds_the_paged_attention_op(monkeypatc
     assert loads == []
     set_attention_backend(gen.model, "sdpa")
     generate_rollouts(gen, prompts, group_size=3, params=PARAMS, seed=7)
-    assert loads == ["build"]
+    assert loads == ["paged_attention"]
 
 
 def _recording(method, calls: list):
