@@ -8,7 +8,8 @@ bf16 linear at 1-64 rows (`bench/serving_quantized.py --part kernels`).
 
 fp32: MKL's sgemm multiplies `x @ W.T` (an [N, K] row-major weight, "NT") 1.3-2x slower at 4-64
 rows than `x @ M` with M the same weight stored column-major ("NN"); a block's linears keep
-their values and their `nn.Linear` but hold the weight column-major. The LM head (49152 x 576
+their values and parameters but hold the weight column-major, and multiply decode-sized batches
+through Kiln's own op where it builds (`DecodeLinear`, decode_matmul.py). The LM head (49152 x 576
 for SmolLM2, tied to the embedding, whose row lookups want it row-major) gets a oneDNN-reordered
 fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_linear.py`).
 
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from kiln.model import decode_matmul
 from kiln.model.cpu_norm import CompiledRMSNorm
 from kiln.model.cpu_swiglu import PackedSwiGLU, can_fuse_swiglu
 from kiln.model.moe import MoE
@@ -123,6 +125,34 @@ class UpcastBf16Linear(nn.Linear):
         if self.bias is not None:
             y += self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+class DecodeLinear(nn.Linear):
+    """An fp32 `nn.Linear` held column-major whose decode-sized batches
+    (`decode_matmul.FP32_ROWS` rows) go through Kiln's decode matmul op, 1.2-1.4x MKL's NN sgemm
+    there; other row counts through MKL. The same parameters as the layer it wraps."""
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> DecodeLinear:
+        column_major(linear)
+        layer = cls(linear.in_features, linear.out_features, bias=False, device="meta")
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        weight_kn = self.weight.t()  # [K, N], contiguous while the weight stays column-major
+        if (
+            rows not in decode_matmul.FP32_ROWS
+            or x.dtype != torch.float32
+            or self.weight.requires_grad
+            or not weight_kn.is_contiguous()
+        ):
+            return super().forward(x)
+        y = decode_matmul.fp32_mm(x.reshape(rows, self.in_features), weight_kn)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 class PackedLinear(nn.Module):
@@ -227,6 +257,8 @@ def pack_for_cpu(model: nn.Module, compile_norms: bool = False) -> bool:
         for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
             if linear is head:
                 setattr(parent, name, PackedLinear(linear, torch.float32))
+            elif decode_matmul.available():
+                setattr(parent, name, DecodeLinear.of(linear))
             else:
                 column_major(linear)
     else:

@@ -36,7 +36,7 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from kiln.model import int8_matmul
+from kiln.model import decode_matmul
 from kiln.model.cpu_linear import (
     PackedBf16Weight,
     cpu_has_bf16_matmul,
@@ -91,8 +91,8 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scales", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
         self.batched = _batched_copy(self)
-        # without bf16 units, Kiln's own int8 op takes the few-row products (int8_matmul.py)
-        self.own_kernel = self.batched is None and int8_matmul.available()
+        # without bf16 units, Kiln's own op takes the few-row products (decode_matmul.py)
+        self.own_kernel = self.batched is None and decode_matmul.available()
         self.register_buffer("fp32_scales", scale.float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ class Int8WeightOnlyLinear(nn.Module):
             y = sliced_fp32_matmul(a, self.qweight, self.fp32_scales)
         elif self.own_kernel:
             a = x.reshape(rows, self.in_features).float()
-            y = int8_matmul.mm(a, self.qweight, self.fp32_scales)
+            y = decode_matmul.int8_mm(a, self.qweight, self.fp32_scales)
         else:
             a = _weight_only_input(x, self.in_features)
             if _many_rows(self, a):

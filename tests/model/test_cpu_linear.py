@@ -187,7 +187,7 @@ def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied):
     laid_out = copy.deepcopy(plain)
     assert pack_for_cpu(laid_out)
     assert isinstance(laid_out.output, PackedLinear) and laid_out.output.dtype == torch.float32
-    block_linears = [m for m in laid_out.modules() if type(m) is nn.Linear]
+    block_linears = [m for m in laid_out.modules() if isinstance(m, nn.Linear)]
     assert block_linears and all(m.weight.stride(0) == 1 for m in block_linears)  # column-major
     assert laid_out.tok_embeddings.weight.is_contiguous()  # the embedding's rows stay rows
     tokens = torch.randint(0, 96, (3, 20))
@@ -203,7 +203,7 @@ def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied):
     laid_out = copy.deepcopy(laid_out)
     laid_out.load_state_dict(other.state_dict())
     torch.testing.assert_close(laid_out(tokens), other(tokens), rtol=1e-5, atol=1e-5)
-    assert all(m.weight.stride(0) == 1 for m in laid_out.modules() if type(m) is nn.Linear)
+    assert all(m.weight.stride(0) == 1 for m in laid_out.modules() if isinstance(m, nn.Linear))
 
 
 @needs_fp32_packing
