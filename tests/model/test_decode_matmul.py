@@ -33,6 +33,13 @@ def op():
     assert decode_matmul.available()
 
 
+def _counted(monkeypatch, op: str) -> list:
+    """A list that grows by one each time decode_matmul.<op> is called."""
+    calls, real = [], getattr(decode_matmul, op)
+    monkeypatch.setattr(decode_matmul, op, lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
 def _codes(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return (
@@ -80,9 +87,7 @@ def test_without_bf16_units_decode_batches_take_the_op_with_fp32_activations(op,
     linear = nn.Linear(64, 600, bias=True)
     layer = Int8WeightOnlyLinear(linear)
     assert layer.own_kernel
-    calls = []
-    real = decode_matmul.int8_mm
-    monkeypatch.setattr(decode_matmul, "int8_mm", lambda *args: calls.append(1) or real(*args))
+    calls = _counted(monkeypatch, "int8_mm")
     x = torch.randn(rows, 64)
     exact = nn.functional.linear(x, layer.dequantized(), linear.bias)
     torch.testing.assert_close(layer(x), exact, atol=1e-5, rtol=1e-5)
@@ -113,9 +118,7 @@ def test_a_quantized_model_decodes_the_greedy_tokens_of_its_exact_fp32_product(o
     model = quantize_model(tiny_model("llama", 320), "int8")
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 11]
     params = SamplingParams(max_new_tokens=12)
-    calls = []
-    real = decode_matmul.int8_mm
-    monkeypatch.setattr(decode_matmul, "int8_mm", lambda *args: calls.append(1) or real(*args))
+    calls = _counted(monkeypatch, "int8_mm")
     through_op = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
     assert calls
     monkeypatch.setattr(quantize, "DEQUANTIZED_MIN_ROWS", 1)
@@ -143,9 +146,7 @@ def test_an_fp32_layer_takes_the_op_for_decode_sized_batches_only(op, monkeypatc
     expected_weight = linear.weight.detach().clone()
     layer = DecodeLinear.of(linear).requires_grad_(False)
     assert layer.weight.stride(0) == 1 and torch.equal(layer.weight, expected_weight)
-    calls = []
-    real = decode_matmul.fp32_mm
-    monkeypatch.setattr(decode_matmul, "fp32_mm", lambda *args: calls.append(1) or real(*args))
+    calls = _counted(monkeypatch, "fp32_mm")
     x = torch.randn(rows, 64)
     torch.testing.assert_close(layer(x), nn.functional.linear(x, expected_weight, linear.bias))
     assert bool(calls) == (rows in decode_matmul.FP32_ROWS)
@@ -158,9 +159,7 @@ def test_an_fp32_model_decodes_the_same_greedy_tokens_with_the_op(op, monkeypatc
     assert any(isinstance(m, DecodeLinear) for m in model.modules())
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 11, [4, 4], [8, 1, 8]]  # 5 rows a decode step
     params = SamplingParams(max_new_tokens=12)
-    calls = []
-    real = decode_matmul.fp32_mm
-    monkeypatch.setattr(decode_matmul, "fp32_mm", lambda *args: calls.append(1) or real(*args))
+    calls = _counted(monkeypatch, "fp32_mm")
     through_op = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
     assert calls
     monkeypatch.setattr(decode_matmul, "FP32_ROWS", range(0))
