@@ -129,7 +129,7 @@ class UpcastBf16Linear(nn.Linear):
 
 class DecodeLinear(nn.Linear):
     """An fp32 `nn.Linear` held column-major whose decode-sized batches
-    (`decode_matmul.FP32_ROWS` rows) go through Kiln's decode matmul op, 1.2-1.4x MKL's NN sgemm
+    (`decode_matmul.FP32_ROWS` rows) go through Kiln's decode matmul op, up to 1.3x MKL's NN sgemm
     there; other row counts through MKL. The same parameters as the layer it wraps."""
 
     @classmethod

@@ -5,8 +5,8 @@ badly here: MKL's fp32 sgemm streams ~5 GB/s at 8 rows where one core reads 12-1
 int8 weight-only kernel (`_weight_int8pack_mm`, which also rounds activations to bf16) is no
 faster than an fp32 GEMV on AVX2. Both ops accumulate fp32 activations in fp32:
 
-* `int8_mm`: int8 weights [N, K] and a scale per output channel (`Int8WeightOnlyLinear`, fewer
-  than `quantize.DEQUANTIZED_MIN_ROWS` rows).
+* `int8_mm`: int8 weights [N, K] and a scale per output channel (`Int8WeightOnlyLinear`,
+  `INT8_ROWS` rows).
 * `fp32_mm`: an fp32 weight held column-major, [K, N] (`cpu_linear.DecodeLinear`,
   `FP32_ROWS` rows; a single row stays with MKL's GEMV, which already streams at full speed).
 
@@ -23,9 +23,12 @@ from kiln.model import native_ops
 
 ENV = "KILN_DECODE_MATMUL"  # "torch": never build or use the op
 
-# rows fp32_mm takes: 1.2-1.4x MKL's NN sgemm from 4 to 16 rows, level at 2, behind from 32
+# rows fp32_mm takes: 1.2-1.4x MKL's NN sgemm from 4 to 24 rows, level at 2 and at 32
 # (SmolLM2-135M's 210 block linears, one thread, weights from memory: bench/decode_matmul.py)
-FP32_ROWS = range(4, 17)
+FP32_ROWS = range(4, 33)
+# rows int8_mm takes: 1.5-1.9x torch's int8 kernel at 1-32 rows, and from 17 to 32 rows ahead of
+# the weight dequantized to fp32 (what more rows get, quantize.DEQUANTIZED_MIN_ROWS)
+INT8_ROWS = range(1, 33)
 
 
 def available() -> bool:

@@ -17,8 +17,8 @@ bf16 GEMM on AMX from 3 rows on (prefill, batched decoding). On a CPU with bf16 
 (`cpu_linear.cpu_has_bf16_matmul`) each layer also keeps its dequantized weight in bf16, packed
 for oneDNN, and multiplies more than `WEIGHT_ONLY_MAX_ROWS` rows through it: the same quantized
 weights (rounded once more, to bf16), 3 bytes per weight with int8 (2.5 with int4) against
-fp32's 4. Without them (AVX2), int8 layers multiply up to 16 rows through Kiln's decode matmul
-op (decode_matmul.py: fp32 activations, 1.6-1.9x torch's int8 kernel there) and more by their
+fp32's 4. Without them (AVX2), int8 layers multiply up to 32 rows through Kiln's decode matmul
+op (decode_matmul.py: fp32 activations, 1.5-1.9x torch's int8 kernel there) and more by their
 weight dequantized to fp32 a slice at a time (no copy kept). Dynamic int8 activations on AMX-INT8
 (oneDNN's qlinear, vLLM-CPU's W8A8) were as fast but cost SmolLM2 1.7% perplexity (per-token
 scales) against weight-only's 0.1%.
@@ -55,10 +55,10 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with fp8 tensor core
 # (a [1536 x 576] layer: int8 41 / 55 / 69 us at 1 / 2 / 3 rows, packed bf16 45 / 47 / 49 us;
 # the [49152 x 576] head: int8 ahead up to 2 rows)
 WEIGHT_ONLY_MAX_ROWS = 2
-# Without bf16 units (AVX2) the int8 kernels (torch's, and Kiln's decode op, ahead of an fp32
-# GEMM to 16 rows) fall behind one from 32 on (prefill): more rows multiply by the weight dequantized to fp32 a slice
-# at a time, no fp32 copy kept (a [1536 x 576] layer at 32 / 128 rows: int8 kernel 1.5 / 5.6 ms,
-# sliced 1.2 / 3.3 ms, fp32 weights 0.9 / 2.8 ms)
+# Without bf16 units (AVX2) more rows than Kiln's decode op takes (or, where it did not build,
+# than torch's int8 kernel keeps up with an fp32 GEMM at: ~16) multiply by the weight dequantized
+# to fp32 a slice at a time, no fp32 copy kept (a [1536 x 576] layer at 32 / 128 rows: torch's
+# int8 kernel 1.5 / 5.6 ms, sliced 1.2 / 3.3 ms, fp32 weights 0.9 / 2.8 ms)
 DEQUANTIZED_MIN_ROWS = 17
 
 
@@ -98,12 +98,12 @@ class Int8WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:
-            a = x.reshape(rows, self.in_features).float()
-            y = sliced_fp32_matmul(a, self.qweight, self.fp32_scales)
-        elif self.own_kernel:
+        if self.own_kernel and rows in decode_matmul.INT8_ROWS:
             a = x.reshape(rows, self.in_features).float()
             y = decode_matmul.int8_mm(a, self.qweight, self.fp32_scales)
+        elif self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:
+            a = x.reshape(rows, self.in_features).float()
+            y = sliced_fp32_matmul(a, self.qweight, self.fp32_scales)
         else:
             a = _weight_only_input(x, self.in_features)
             if _many_rows(self, a):

@@ -78,7 +78,7 @@ def _no_bf16_units(monkeypatch) -> None:
         monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, DEQUANTIZED_MIN_ROWS - 1])
+@pytest.mark.parametrize("rows", [1, 2, 8, DEQUANTIZED_MIN_ROWS, 32])
 def test_without_bf16_units_decode_batches_take_the_op_with_fp32_activations(op, monkeypatch, rows):
     """torch's int8 kernel rounds activations to bf16; the op keeps them fp32, so the layer is
     the exact fp32 product with its stored weight (up to summation order)."""
@@ -121,6 +121,7 @@ def test_a_quantized_model_decodes_the_greedy_tokens_of_its_exact_fp32_product(o
     calls = _counted(monkeypatch, "int8_mm")
     through_op = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
     assert calls
+    monkeypatch.setattr(decode_matmul, "INT8_ROWS", range(0))
     monkeypatch.setattr(quantize, "DEQUANTIZED_MIN_ROWS", 1)
     calls.clear()
     exact = Generator(model, tokenizer=None, eos_token_ids=[]).generate_ids(prompts, params)
