@@ -114,7 +114,12 @@ def _load():
 
         isa = torch.backends.cpu.get_cpu_capability()
         flags = _ISA_FLAGS.get(isa, [])
-        digest = hashlib.sha1(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+        # the source's path too: torch's cache is per user, and its build.ninja names the
+        # source file, so two checkouts (or venvs) of the same source on one machine would
+        # each rebuild the op (~17 CPU s) whenever the other had built it last
+        digest = hashlib.sha1(
+            SOURCE.read_bytes() + " ".join(flags).encode() + str(SOURCE.resolve()).encode()
+        ).hexdigest()[:10]
         cpp_extension.load(
             name=f"kiln_paged_attention_{isa.lower()}_{digest}",
             sources=[str(SOURCE)],
