@@ -1,4 +1,4 @@
-"""Matmuls for decode-sized batches on CPUs without bf16 matrix units: a small C++ op
+"""Matmuls for decode-sized batches on CPU: a small C++ op
 (csrc/decode_matmul.cpp, built on first use by native_ops). Decoding multiplies a few rows by
 every weight once a step, so the weight's bytes set the pace, and the library kernels spend them
 badly here: MKL's fp32 sgemm streams ~5 GB/s at 8 rows where one core reads 12-17, and torch's
@@ -6,7 +6,7 @@ int8 weight-only kernel (`_weight_int8pack_mm`, which also rounds activations to
 faster than an fp32 GEMV on AVX2. Both ops accumulate fp32 activations in fp32:
 
 * `int8_mm`: int8 weights [N, K] and a scale per output channel (`Int8WeightOnlyLinear`,
-  `INT8_ROWS` rows).
+  `INT8_ROWS` rows, `INT8_ROWS_BESIDE_BF16` where bf16 units multiply more).
 * `fp32_mm`: an fp32 weight held column-major, [K, N] (`cpu_linear.DecodeLinear`,
   `FP32_ROWS` rows; a single row stays with MKL's GEMV, which already streams at full speed).
 
@@ -29,6 +29,9 @@ FP32_ROWS = range(4, 33)
 # rows int8_mm takes: 1.5-1.9x torch's int8 kernel at 1-32 rows, and from 17 to 32 rows ahead of
 # the weight dequantized to fp32 (what more rows get, quantize.DEQUANTIZED_MIN_ROWS)
 INT8_ROWS = range(1, 33)
+# with bf16 units, up to where the layer's packed bf16 copy (oneDNN, twice the bytes) catches up:
+# 1.2-1.7x it and 1.3x torch's int8 kernel at 1-4 rows, 0.9x at 8 (AVX-512-BF16, Zen 4)
+INT8_ROWS_BESIDE_BF16 = range(1, 5)
 
 
 def available() -> bool:

@@ -17,9 +17,10 @@ bf16 GEMM on AMX from 3 rows on (prefill, batched decoding). On a CPU with bf16 
 (`cpu_linear.cpu_has_bf16_matmul`) each layer also keeps its dequantized weight in bf16, packed
 for oneDNN, and multiplies more than `WEIGHT_ONLY_MAX_ROWS` rows through it: the same quantized
 weights (rounded once more, to bf16), 3 bytes per weight with int8 (2.5 with int4) against
-fp32's 4. Without them (AVX2), int8 layers multiply up to 32 rows through Kiln's decode matmul
-op (decode_matmul.py: fp32 activations, 1.5-1.9x torch's int8 kernel there) and more by their
-weight dequantized to fp32 a slice at a time (no copy kept). Dynamic int8 activations on AMX-INT8
+fp32's 4. Where Kiln's decode matmul op builds (decode_matmul.py: fp32 activations, 1.3-1.9x
+torch's int8 kernel), int8 layers multiply their first rows through it instead: up to 4 beside
+the packed bf16 copy, up to 32 without bf16 units (AVX2), where more rows multiply the weight
+dequantized to fp32 a slice at a time (no copy kept). Dynamic int8 activations on AMX-INT8
 (oneDNN's qlinear, vLLM-CPU's W8A8) were as fast but cost SmolLM2 1.7% perplexity (per-token
 scales) against weight-only's 0.1%.
 
@@ -92,13 +93,17 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scales", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
         self.batched = _batched_copy(self)
-        # without bf16 units, Kiln's own op takes the few-row products (decode_matmul.py)
-        self.own_kernel = self.batched is None and decode_matmul.available()
+        # Kiln's own op takes the few-row products (decode_matmul.py): with bf16 units as many
+        # as it beats the packed bf16 copy at, without them those torch's kernel would take
+        self.own_kernel = decode_matmul.available()
         self.register_buffer("fp32_scales", scale.float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if self.own_kernel and rows in decode_matmul.INT8_ROWS:
+        own_rows = (
+            decode_matmul.INT8_ROWS if self.batched is None else decode_matmul.INT8_ROWS_BESIDE_BF16
+        )
+        if self.own_kernel and rows in own_rows:
             a = x.reshape(rows, self.in_features).float()
             y = decode_matmul.int8_mm(a, self.qweight, self.fp32_scales)
         elif self.batched is None and rows >= DEQUANTIZED_MIN_ROWS:

@@ -94,6 +94,29 @@ def test_without_bf16_units_decode_batches_take_the_op_with_fp32_activations(op,
     assert calls == [1]
 
 
+@pytest.mark.parametrize("rows", [1, 4, 5, 8])
+def test_with_bf16_units_the_op_takes_the_rows_below_the_packed_copys(op, monkeypatch, rows):
+    """Beside the packed bf16 copy (the CPU has bf16 units: here told so) the op takes 1-4 rows,
+    fp32-exact; more go through the bf16 copy, whose bf16 activations tell the two apart."""
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: True, raising=False)
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 600, bias=True)
+    layer = Int8WeightOnlyLinear(linear)
+    assert layer.batched is not None
+    calls = _counted(monkeypatch, "int8_mm")
+    x = torch.randn(rows, 64)
+    exact = nn.functional.linear(x, layer.dequantized(), linear.bias)
+    y = layer(x)
+    if rows in decode_matmul.INT8_ROWS_BESIDE_BF16:
+        assert calls == [1]
+        torch.testing.assert_close(y, exact, atol=1e-5, rtol=1e-5)
+    else:
+        assert calls == []
+        assert (y - exact).abs().max() > 1e-4  # bf16 activations
+        torch.testing.assert_close(y, exact, atol=5e-2, rtol=5e-2)
+
+
 def test_switched_off_by_the_environment_int8_layers_keep_torchs_kernel(monkeypatch):
     monkeypatch.setenv(decode_matmul.ENV, "torch")
     _no_bf16_units(monkeypatch)
