@@ -17,8 +17,8 @@ def make_adapter(
     base: nn.Module, cfg: LoRAConfig, out_dir: str, seed: int, std: float = 0.3
 ) -> nn.Module:
     """Write a PEFT adapter folder of random A/B (std `std`) over `base`; returns the merged
-    model (base weights + scaling * B A), a plain `Transformer`."""
-    adapted = copy.deepcopy(base)
+    model (base weights + scaling * B A), laid out as `base` is."""
+    adapted = _unpacked(base)
     apply_lora(adapted, cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -31,3 +31,11 @@ def make_adapter(
     merged = copy.deepcopy(base)
     merged.load_state_dict(merged_state_dict(state, cfg.scaling))
     return merged.eval()
+
+
+def _unpacked(model: nn.Module) -> nn.Module:
+    """A copy of `model` with plain `nn.Linear` layers, as training (`kiln sft`) adapts them: a
+    served model's may be packed for the CPU's kernels (cpu_linear.pack_for_cpu)."""
+    plain = type(model)(model.cfg).to(model.tok_embeddings.weight.dtype)
+    plain.load_state_dict(model.state_dict())
+    return plain
