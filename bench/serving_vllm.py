@@ -139,15 +139,25 @@ def shared_prefix_sets(hf_dir: str, sizes: list[int], seed: int = 0) -> list[lis
         docs = [json.loads(line)["text"] for line in f]
     rng = random.Random(seed)
     rng.shuffle(docs)
-    head = next(d for d in docs if d.isascii() and len(tok.encode(d[:6000]).ids) >= PREFIX_TOKENS)
-    prefix = tok.decode(tok.encode(head[:6000]).ids[:PREFIX_TOKENS])
-    tails = [t for t in docs if t is not head and len(tok.encode(t[:2000]).ids) >= TAIL_MAX]
-    if len(tails) < sum(sizes):
-        raise SystemExit(f"{CORPUS}: only {len(tails)} usable documents")
-    prompts = [
-        prefix + "\n\n" + tok.decode(tok.encode(t[:2000]).ids[: rng.randint(TAIL_MIN, TAIL_MAX)])
-        for t in tails[: sum(sizes)]
-    ]
+    head, prefix = next(
+        (d, ids)
+        for d in docs
+        if d.isascii()
+        for ids in [tok.encode(d[:6000]).ids]
+        if len(ids) >= PREFIX_TOKENS
+    )
+    prefix = tok.decode(prefix[:PREFIX_TOKENS])
+    prompts = []
+    for text in docs:
+        if len(prompts) == sum(sizes):
+            break
+        if text is head:
+            continue
+        ids = tok.encode(text[:2000]).ids
+        if len(ids) >= TAIL_MAX:
+            prompts.append(prefix + "\n\n" + tok.decode(ids[: rng.randint(TAIL_MIN, TAIL_MAX)]))
+    if len(prompts) < sum(sizes):
+        raise SystemExit(f"{CORPUS}: only {len(prompts)} usable documents")
     return _split(prompts, sizes)
 
 

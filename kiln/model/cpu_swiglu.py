@@ -29,18 +29,12 @@ def can_fuse_swiglu(ffn: nn.Module) -> bool:
     (bf16 or fp32)."""
     # cpu_linear's PackedLinear by its attributes: cpu_linear imports this module
     w1, w3 = getattr(ffn, "w1", None), getattr(ffn, "w3", None)
-    packed = [
-        w.dtype
-        for w in (w1, w3)
-        if hasattr(w, "packed_weight")
-        and w.dtype in (torch.bfloat16, torch.float32)
-        and w.bias is None
-    ]
     return (
         not isinstance(ffn, PackedSwiGLU)
         and getattr(ffn, "act", None) is F.silu
-        and len(packed) == 2
-        and packed[0] == packed[1]
+        and all(hasattr(w, "packed_weight") and w.bias is None for w in (w1, w3))
+        and w1.dtype == w3.dtype
+        and w1.dtype in (torch.bfloat16, torch.float32)
     )
 
 
